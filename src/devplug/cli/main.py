@@ -1,0 +1,51 @@
+"""Entry point of the `devplug` command.
+
+Each sub-command lives in its own module under devplug.cli with two functions,
+`configure(parser)` and `run(args) -> int`; modules import their heavy dependencies
+inside `run`, so `devplug --help` and `devplug check` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# sub-command -> (module in devplug.cli, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("serve", "serve the resources of a config file to the kubelet"),
+    "check": ("check", "validate a config file and print the devices it would serve"),
+}
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="devplug", description="Kubernetes device plugins and a kubelet simulator."
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        cmd = importlib.import_module(f"devplug.cli.{module}")
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.configure(command_parser)
+        command_parser.set_defaults(_module=cmd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from devplug.logs import setup_logging
+
+    setup_logging(args.log_level, args.log_format)
+    code: int = args._module.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

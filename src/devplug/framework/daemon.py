@@ -1,0 +1,97 @@
+"""Run plugins as a node daemon: discovery, sockets, registration, signals, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from devplug.api.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
+from devplug.framework.dirwatch import DirWatcher
+from devplug.framework.endpoint import Endpoint
+from devplug.framework.plugin import Plugin
+
+log = logging.getLogger("devplug.daemon")
+
+
+class Daemon:
+    """Serves several plugins, each on its own socket, from one process."""
+
+    def __init__(self, plugins: Sequence[Plugin], plugin_dir: Path | str = DEVICE_PLUGIN_PATH):
+        names = [p.resource_name for p in plugins]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a resource is served twice: {sorted(names)}")
+        self.plugin_dir = Path(plugin_dir)
+        self.endpoints = [Endpoint(p, self.plugin_dir) for p in plugins]
+        self._watched = {KUBELET_SOCKET, *(p.socket_name for p in plugins)}
+
+    def _on_folder_event(self, folder: Path, name: str) -> None:
+        if name and name not in self._watched:
+            return
+        if not name:  # the folder itself went away: recreate it, watch again
+            self.plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            self._watcher.watch(self.plugin_dir)
+        for endpoint in self.endpoints:
+            endpoint.wake()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set or a plugin's scan fails (which is raised)."""
+        self.plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        self._watcher = DirWatcher(self._on_folder_event)
+        self._watcher.watch(self.plugin_dir)
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(self._watcher.run(), name="dirwatch")]
+        for endpoint in self.endpoints:
+            tasks.append(asyncio.create_task(_scan(endpoint.plugin), name=f"scan {endpoint.name}"))
+            tasks.append(asyncio.create_task(endpoint.run(), name=f"serve {endpoint.name}"))
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait(
+                    {stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stopping in done:
+                    return
+                for task in done:
+                    tasks.remove(task)
+                    task.result()  # a failure stops the daemon; a finished scan is fine
+        finally:
+            stopping.cancel()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*(e.stop() for e in self.endpoints))
+            self._watcher.close()
+            log.info("stopped")
+
+
+async def _scan(plugin: Plugin) -> None:
+    await plugin.scan()
+    if not plugin.published:
+        raise RuntimeError(f"{plugin.resource_name}: scan() returned without publishing devices")
+
+
+def run(*plugins: Plugin, plugin_dir: Path | str = DEVICE_PLUGIN_PATH) -> None:
+    """Serve `plugins` until SIGTERM or SIGINT, then clean up and return."""
+    asyncio.run(serve(plugins, plugin_dir))
+
+
+async def serve(plugins: Sequence[Plugin], plugin_dir: Path | str = DEVICE_PLUGIN_PATH) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, _on_signal, stop, signum)
+    try:
+        await Daemon(plugins, plugin_dir).run(stop)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(signum)
+
+
+def _on_signal(stop: asyncio.Event, signum: int) -> None:
+    log.info("%s received, shutting down", signal.Signals(signum).name)
+    stop.set()

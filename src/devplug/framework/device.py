@@ -1,0 +1,188 @@
+"""What a plugin publishes: devices, and what a container needs to use each of them.
+
+Each device carries its own container edits (device nodes, mounts, env, annotations,
+CDI names), so the framework can answer Allocate for any plugin by merging the edits
+of the chosen devices; a plugin only has to describe its hardware.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from devplug.framework.names import device_id_problem
+
+_PERMISSIONS = re.compile(r"^(?!.*(.).*\1)[rwm]{1,3}$")
+_CDI_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*=[A-Za-z0-9_.:-]+$")
+
+
+def permissions_problem(permissions: str) -> str | None:
+    if _PERMISSIONS.match(permissions):
+        return None
+    return f"permissions {permissions!r} must combine r, w and m, each at most once"
+
+
+def cdi_name_problem(name: str) -> str | None:
+    if _CDI_NAME.match(name):
+        return None
+    return f"CDI device name {name!r} is not fully qualified ('vendor.com/class=name')"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """A host device node to create in the container (a DeviceSpec on the wire)."""
+
+    host_path: str
+    container_path: str = ""
+    permissions: str = "rw"
+
+    def __post_init__(self) -> None:
+        if not self.host_path.startswith("/"):
+            raise ValueError(f"device node path {self.host_path!r} is not absolute")
+        if not self.container_path:
+            object.__setattr__(self, "container_path", self.host_path)
+        if problem := permissions_problem(self.permissions):
+            raise ValueError(problem)
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A host path to bind-mount into the container."""
+
+    host_path: str
+    container_path: str = ""
+    read_only: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.host_path.startswith("/"):
+            raise ValueError(f"mount host path {self.host_path!r} is not absolute")
+        if not self.container_path:
+            object.__setattr__(self, "container_path", self.host_path)
+
+
+def _frozen_map(values: Mapping[str, str]) -> Mapping[str, str]:
+    return MappingProxyType(dict(values))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Device:
+    """One schedulable unit of a resource, with what a container needs to use it.
+
+    `healthy=False` keeps the device in the list (the kubelet counts it in capacity but
+    not in allocatable) instead of making it vanish, which is what the kubelet expects
+    of a device that failed.
+    """
+
+    id: str
+    healthy: bool = True
+    numa_nodes: tuple[int, ...] = ()
+    nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if problem := device_id_problem(self.id):
+            raise ValueError(problem)
+        # Accept any iterable from callers, store immutable values.
+        object.__setattr__(self, "numa_nodes", tuple(sorted(set(self.numa_nodes))))
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "mounts", tuple(self.mounts))
+        object.__setattr__(self, "cdi_devices", tuple(self.cdi_devices))
+        object.__setattr__(self, "env", _frozen_map(self.env))
+        object.__setattr__(self, "annotations", _frozen_map(self.annotations))
+        for name in self.cdi_devices:
+            if problem := cdi_name_problem(name):
+                raise ValueError(problem)
+        if any(n < 0 for n in self.numa_nodes):
+            raise ValueError(f"device {self.id!r}: NUMA node IDs must be >= 0")
+
+    def with_health(self, healthy: bool) -> Device:
+        if healthy == self.healthy:
+            return self
+        return Device(
+            self.id,
+            healthy,
+            self.numa_nodes,
+            self.nodes,
+            self.mounts,
+            self.env,
+            self.annotations,
+            self.cdi_devices,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Device):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def _key(self) -> tuple[object, ...]:
+        return (
+            self.id,
+            self.healthy,
+            self.numa_nodes,
+            self.nodes,
+            self.mounts,
+            tuple(sorted(self.env.items())),
+            tuple(sorted(self.annotations.items())),
+            self.cdi_devices,
+        )
+
+
+@dataclass(slots=True)
+class ContainerEdits:
+    """What one container gets: the framework's form of a ContainerAllocateResponse.
+
+    Returned by `Plugin.allocate`; a custom hook usually takes the default result
+    from `super().allocate(...)` and adds to it.
+    """
+
+    env: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)
+    nodes: list[DeviceNode] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+    cdi_devices: list[str] = field(default_factory=list)
+
+
+def merge_edits(devices: Iterable[Device]) -> ContainerEdits:
+    """Combine the edits of several devices into one container's edits.
+
+    Device nodes and mounts are de-duplicated by container path (the first wins), so
+    devices that share a node, such as the replicas of a shared device, add it once.
+    An env var or annotation set by several devices to different values gets those
+    values joined by commas in device order ("0,1"), the convention of the
+    VISIBLE_DEVICES-style variables runtimes read.
+    """
+    nodes: dict[str, DeviceNode] = {}
+    mounts: dict[str, Mount] = {}
+    env: dict[str, dict[str, None]] = {}
+    annotations: dict[str, dict[str, None]] = {}
+    cdi: dict[str, None] = {}
+    for device in devices:
+        for node in device.nodes:
+            nodes.setdefault(node.container_path, node)
+        for mount in device.mounts:
+            mounts.setdefault(mount.container_path, mount)
+        for key, value in device.env.items():
+            _add_value(env, key, value)
+        for key, value in device.annotations.items():
+            _add_value(annotations, key, value)
+        for name in device.cdi_devices:
+            cdi[name] = None
+    return ContainerEdits(
+        env={k: ",".join(v) for k, v in env.items()},
+        mounts=list(mounts.values()),
+        nodes=list(nodes.values()),
+        annotations={k: ",".join(v) for k, v in annotations.items()},
+        cdi_devices=list(cdi),
+    )
+
+
+def _add_value(values: dict[str, dict[str, None]], key: str, value: str) -> None:
+    values.setdefault(key, {})[value] = None  # an insertion-ordered set

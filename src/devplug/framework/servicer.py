@@ -1,0 +1,232 @@
+"""The DevicePlugin gRPC service: the wire adapter between the kubelet and a Plugin.
+
+Requests are validated here, once, for every plugin, so hooks only ever see known,
+unique, healthy devices; each refusal carries the gRPC status the kubelet expects
+and is logged once with the resource it concerns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+
+from devplug.api.constants import HEALTHY, UNHEALTHY
+from devplug.api.v1beta1 import api_pb2 as pb
+from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug.framework.device import ContainerEdits, Device
+from devplug.framework.plugin import AllocationError, Plugin
+
+log = logging.getLogger("devplug.plugin")
+
+
+def device_to_wire(device: Device) -> pb.Device:
+    message = pb.Device(ID=device.id, health=HEALTHY if device.healthy else UNHEALTHY)
+    if device.numa_nodes:
+        message.topology.nodes.extend(pb.NUMANode(ID=n) for n in device.numa_nodes)
+    return message
+
+
+def edits_to_wire(edits: ContainerEdits) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=edits.env,
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in edits.mounts
+        ],
+        devices=[
+            pb.DeviceSpec(
+                container_path=n.container_path, host_path=n.host_path, permissions=n.permissions
+            )
+            for n in edits.nodes
+        ],
+        annotations=edits.annotations,
+        cdi_devices=[pb.CDIDevice(name=name) for name in edits.cdi_devices],
+    )
+
+
+def resolve(plugin: Plugin, ids: Sequence[str], *, need_healthy: bool = True) -> list[Device]:
+    """The devices behind `ids`, or an AllocationError saying what is wrong with them."""
+    table = plugin.devices
+    unknown = [i for i in ids if i not in table]
+    if unknown:
+        raise AllocationError(f"unknown device IDs: {_show(unknown)}")
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        twice = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+        raise AllocationError(f"device IDs requested more than once: {_show(twice)}")
+    devices = [table[i] for i in ids]
+    if need_healthy:
+        sick = [d.id for d in devices if not d.healthy]
+        if sick:
+            raise AllocationError(
+                f"unhealthy devices: {_show(sick)}", grpc.StatusCode.FAILED_PRECONDITION
+            )
+    return devices
+
+
+def _show(ids: Sequence[str], limit: int = 10) -> str:
+    shown = ", ".join(ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    def __init__(self, plugin: Plugin) -> None:
+        self.plugin = plugin
+        self._closing = asyncio.Event()
+        self._wire_generation = -1
+        self._wire_list = pb.ListAndWatchResponse()
+
+    def close(self) -> None:
+        """End every ListAndWatch stream cleanly (status OK) before the server stops."""
+        self._closing.set()
+
+    def _current_list(self) -> pb.ListAndWatchResponse:
+        # Built once per change, shared by every stream.
+        if self._wire_generation != self.plugin.generation:
+            self._wire_generation = self.plugin.generation
+            self._wire_list = pb.ListAndWatchResponse(
+                devices=[device_to_wire(d) for d in self.plugin.devices.values()]
+            )
+        return self._wire_list
+
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext[pb.Empty, pb.DevicePluginOptions]
+    ) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(
+            pre_start_required=self.plugin.pre_start_required,
+            get_preferred_allocation_available=self.plugin.preferred_allocation,
+        )
+
+    async def ListAndWatch(
+        self,
+        request: pb.Empty,
+        context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        generation = self.plugin.generation
+        yield self._current_list()
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            while not self._closing.is_set():
+                changed = asyncio.ensure_future(self.plugin.wait_changed(generation))
+                await asyncio.wait({changed, closing}, return_when=asyncio.FIRST_COMPLETED)
+                if not changed.done():
+                    changed.cancel()
+                    break
+                generation = changed.result()
+                yield self._current_list()
+        finally:
+            closing.cancel()
+
+    async def GetPreferredAllocation(
+        self,
+        request: pb.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[
+            pb.PreferredAllocationRequest, pb.PreferredAllocationResponse
+        ],
+    ) -> pb.PreferredAllocationResponse:
+        if not self.plugin.preferred_allocation:
+            await self._refuse(
+                context,
+                "GetPreferredAllocation",
+                AllocationError(
+                    "preferred allocation is not offered", grpc.StatusCode.UNIMPLEMENTED
+                ),
+            )
+        response = pb.PreferredAllocationResponse()
+        try:
+            for index, creq in enumerate(request.container_requests):
+                ids = await self._preferred_one(index, creq)
+                response.container_responses.add(deviceIDs=ids)
+        except AllocationError as error:
+            await self._refuse(context, "GetPreferredAllocation", error)
+        return response
+
+    async def _preferred_one(
+        self, index: int, creq: pb.ContainerPreferredAllocationRequest
+    ) -> Sequence[str]:
+        table = self.plugin.devices
+        # IDs the plugin no longer knows are skipped, not refused: the kubelet's view
+        # can lag one update behind, and a refusal would fail the pod's admission.
+        available = [table[i] for i in dict.fromkeys(creq.available_deviceIDs) if i in table]
+        offered = {d.id for d in available}
+        must_ids = list(dict.fromkeys(creq.must_include_deviceIDs))
+        outside = [i for i in must_ids if i not in offered]
+        prefix = f"container request {index}: "
+        if outside:
+            raise AllocationError(prefix + f"must-include IDs not available: {_show(outside)}")
+        size = creq.allocation_size
+        if size < len(must_ids):
+            raise AllocationError(
+                prefix + f"allocation size {size} is smaller than {len(must_ids)} must-include IDs"
+            )
+        if size > len(available):
+            raise AllocationError(
+                prefix + f"allocation size {size} exceeds the {len(available)} available devices"
+            )
+        picked = list(await self.plugin.preferred(available, [table[i] for i in must_ids], size))
+        if len(picked) != size or not set(must_ids) <= set(picked) or not set(picked) <= offered:
+            raise AllocationError(
+                prefix + "the plugin's preferred() broke its contract", grpc.StatusCode.INTERNAL
+            )
+        return picked
+
+    async def Allocate(
+        self,
+        request: pb.AllocateRequest,
+        context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
+    ) -> pb.AllocateResponse:
+        response = pb.AllocateResponse()
+        try:
+            for index, creq in enumerate(request.container_requests):
+                ids = list(creq.devices_ids)
+                if not ids:
+                    response.container_responses.add()
+                    continue
+                try:
+                    devices = resolve(self.plugin, ids)
+                except AllocationError as error:
+                    raise AllocationError(
+                        f"container request {index}: {error}", error.code
+                    ) from None
+                edits = await self.plugin.allocate(devices)
+                response.container_responses.append(edits_to_wire(edits))
+        except AllocationError as error:
+            await self._refuse(context, "Allocate", error)
+        except Exception as error:  # a hook failed: the daemon keeps serving
+            log.exception("%s: Allocate hook failed", self.plugin.resource_name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"allocate failed: {error}")
+        return response
+
+    async def PreStartContainer(
+        self,
+        request: pb.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[
+            pb.PreStartContainerRequest, pb.PreStartContainerResponse
+        ],
+    ) -> pb.PreStartContainerResponse:
+        try:
+            devices = resolve(self.plugin, list(request.devices_ids), need_healthy=False)
+            await self.plugin.pre_start(devices)
+        except AllocationError as error:
+            await self._refuse(context, "PreStartContainer", error)
+        except Exception as error:
+            log.exception("%s: PreStartContainer hook failed", self.plugin.resource_name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"pre-start failed: {error}")
+        return pb.PreStartContainerResponse()
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, error: AllocationError
+    ) -> None:
+        log.warning(
+            "%s: %s refused (%s): %s",
+            self.plugin.resource_name,
+            method,
+            error.code.name,
+            error,
+            extra={"resource": self.plugin.resource_name, "method": method},
+        )
+        await context.abort(error.code, str(error))
