@@ -4,19 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
-
 from devplug.api.constants import REGISTER_DIAL_TIMEOUT_S, VERSION
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-
-# kubelet.sock exists from bind(), a moment before the kubelet listens: retry the
-# connection quickly instead of gRPC's default 1 s first backoff.
-_FAST_RECONNECT = [
-    ("grpc.initial_reconnect_backoff_ms", 10),
-    ("grpc.min_reconnect_backoff_ms", 10),
-    ("grpc.max_reconnect_backoff_ms", 500),
-]
+from devplug.framework.channel import unix_channel
 
 
 async def register(
@@ -28,7 +19,7 @@ async def register(
     timeout: float = REGISTER_DIAL_TIMEOUT_S + 5,
 ) -> None:
     """Register with the kubelet; raises grpc.aio.AioRpcError when it refuses."""
-    async with grpc.aio.insecure_channel(f"unix://{kubelet_socket}", options=_FAST_RECONNECT) as ch:
+    async with unix_channel(kubelet_socket) as ch:
         await pb_grpc.RegistrationStub(ch).Register(
             pb.RegisterRequest(
                 version=VERSION, endpoint=endpoint, resource_name=resource_name, options=options
