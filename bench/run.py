@@ -1,0 +1,271 @@
+"""devplug benchmark: the daemon and the simulator measured on this machine.
+
+Prints one JSON document on stdout and a one-line summary on stderr. Everything runs
+over real unix sockets against a real `devplug serve` process, with a Python grpcio
+client, the way the kubelet talks to a plugin (the kubelet's client is Go, so these
+latencies include Python client overhead the kubelet does not have).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from devplug.api.v1beta1 import api_pb2 as pb
+from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug.framework.channel import FAST_RECONNECT
+
+SEQUENTIAL_CALLS = 3000
+CONCURRENT_CLIENTS = 8
+CONCURRENT_CALLS = 500  # per client
+IDLE_SECONDS = 10.0
+HEALTH_ROUNDS = 10
+REREGISTER_ROUNDS = 20
+BIG_LIST = 10_000
+TARGETS = {
+    "allocate_seq_p50_ms": 0.8,
+    "allocate_seq_p99_ms": 2.5,
+    "reregister_p99_ms": 200.0,
+    "health_max_ms": 1000.0,
+    "idle_cpu_percent": 0.5,
+    "rss_idle_mib": 40.0,
+}
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def pick(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
+
+    return {"p50_ms": pick(0.50), "p99_ms": pick(0.99), "max_ms": pick(1.0), "n": len(ordered)}
+
+
+def proc_status(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def write_config(root: Path, nodes: Path) -> Path:
+    config = root / "bench.yaml"
+    config.write_text(
+        f"""resources:
+  - name: bench.devplug.io/alloc
+    virtual: 16
+  - name: bench.devplug.io/big
+    virtual: {BIG_LIST}
+  - name: bench.devplug.io/node
+    allowAnyPath: true
+    groups:
+      - paths:
+          - path: {nodes}/bench*
+"""
+    )
+    return config
+
+
+@contextmanager
+def daemon(config: Path, plugin_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "devplug.cli.main",
+            "--log-level",
+            "warning",
+            "serve",
+            "--config",
+            str(config),
+            "--plugin-dir",
+            str(plugin_dir),
+        ],
+    )
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def stub_for(plugin_dir: Path, resource: str) -> tuple[grpc.Channel, pb_grpc.DevicePluginStub]:
+    socket = plugin_dir / ("devplug-" + resource.replace("/", "-") + ".sock")
+    channel = grpc.insecure_channel(f"unix://{socket}", options=FAST_RECONNECT)
+    stub = pb_grpc.DevicePluginStub(channel)
+    stub.GetDevicePluginOptions(pb.Empty(), wait_for_ready=True, timeout=30)
+    return channel, stub
+
+
+def allocate_request() -> pb.AllocateRequest:
+    return pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=["alloc-1", "alloc-2"])]
+    )
+
+
+def timed_calls(call: Callable[[], object], count: int) -> list[float]:
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
+def bench_allocate(plugin_dir: Path) -> dict[str, Any]:
+    channel, stub = stub_for(plugin_dir, "bench.devplug.io/alloc")
+    request = allocate_request()
+    with channel:
+        timed_calls(lambda: stub.Allocate(request), 300)  # warm-up
+        sequential = timed_calls(lambda: stub.Allocate(request), SEQUENTIAL_CALLS)
+    results: list[list[float]] = []
+
+    def client() -> None:
+        ch, st = stub_for(plugin_dir, "bench.devplug.io/alloc")
+        with ch:
+            timed_calls(lambda: st.Allocate(request), 50)
+            barrier.wait()
+            results.append(timed_calls(lambda: st.Allocate(request), CONCURRENT_CALLS))
+
+    barrier = threading.Barrier(CONCURRENT_CLIENTS + 1)
+    threads = [threading.Thread(target=client) for _ in range(CONCURRENT_CLIENTS)]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    concurrent = [s for r in results for s in r]
+    return {
+        "sequential": percentiles(sequential),
+        "sequential_calls_per_s": round(len(sequential) / sum(sequential)),
+        "concurrent_8": percentiles(concurrent),
+        "concurrent_calls_per_s": round(len(concurrent) / elapsed),
+    }
+
+
+def wait_for_health(stream: Any, device: str, health: str) -> None:
+    for message in stream:
+        if any(device == d.ID and d.health == health for d in message.devices):
+            return
+    raise RuntimeError("stream ended")
+
+
+def bench_health(plugin_dir: Path, nodes: Path) -> dict[str, Any]:
+    channel, stub = stub_for(plugin_dir, "bench.devplug.io/node")
+    node = nodes / "bench0"
+    device = "bench0"
+    down, up = [], []
+    with channel:
+        stream = stub.ListAndWatch(pb.Empty())
+        wait_for_health(stream, device, "Healthy")
+        for _ in range(HEALTH_ROUNDS):
+            started = time.perf_counter()
+            node.unlink()
+            wait_for_health(stream, device, "Unhealthy")
+            down.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+            wait_for_health(stream, device, "Healthy")
+            up.append(time.perf_counter() - started)
+        stream.cancel()
+    return {"removed_to_unhealthy": percentiles(down), "restored_to_healthy": percentiles(up)}
+
+
+def bench_big_list(plugin_dir: Path) -> dict[str, Any]:
+    channel, stub = stub_for(plugin_dir, "bench.devplug.io/big")
+    samples, size = [], 0
+    with channel:
+        for _ in range(5):
+            started = time.perf_counter()
+            stream = stub.ListAndWatch(pb.Empty())
+            first = next(stream)
+            samples.append(time.perf_counter() - started)
+            size = len(first.devices)
+            stream.cancel()
+    return {"devices": size, "first_list": percentiles(samples)}
+
+
+def bench_idle(pid: int) -> dict[str, Any]:
+    before = cpu_seconds(pid)
+    started = time.monotonic()
+    time.sleep(IDLE_SECONDS)  # measuring idleness: nothing to wait for but time
+    used = cpu_seconds(pid) - before
+    wall = time.monotonic() - started
+    return {"seconds": round(wall, 1), "cpu_percent": round(100 * used / wall, 3)}
+
+
+def main() -> int:
+    report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
+    with tempfile.TemporaryDirectory(prefix="devplug-bench-") as tmp:
+        root = Path(tmp)
+        nodes = root / "dev"
+        nodes.mkdir()
+        os.mknod(nodes / "bench0", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        plugin_dir = root / "plugins"
+        config = write_config(root, nodes)
+        with daemon(config, plugin_dir) as proc:
+            for resource in ("alloc", "big", "node"):
+                stub_for(plugin_dir, f"bench.devplug.io/{resource}")[0].close()
+            report["idle"] = bench_idle(proc.pid)
+            report["rss_idle_mib"] = round(proc_status(proc.pid, "VmRSS") / 1024, 1)
+            report["allocate"] = bench_allocate(plugin_dir)
+            report["list_and_watch_10k"] = bench_big_list(plugin_dir)
+            report["health"] = bench_health(plugin_dir, nodes)
+            report["rss_after_load_mib"] = round(proc_status(proc.pid, "VmRSS") / 1024, 1)
+        report.update(run_async_benches(root))
+    report["targets"] = TARGETS
+    print(json.dumps(report, indent=2))
+    print(summary(report), file=sys.stderr)
+    return 0
+
+
+def run_async_benches(root: Path) -> dict[str, Any]:
+    """Benchmarks that need the kubelet simulator (re-registration, admission)."""
+    return asyncio.run(_async_benches(root))
+
+
+async def _async_benches(root: Path) -> dict[str, Any]:
+    return {}
+
+
+def summary(report: dict[str, Any]) -> str:
+    alloc = report["allocate"]
+    seq, conc = alloc["sequential"], alloc["concurrent_8"]
+    parts = [
+        f"allocate p50 {seq['p50_ms']} ms p99 {seq['p99_ms']} ms",
+        f"8 clients p50 {conc['p50_ms']} ms p99 {conc['p99_ms']} ms"
+        f" ({alloc['concurrent_calls_per_s']}/s)",
+        f"health {report['health']['removed_to_unhealthy']['max_ms']} ms max",
+        f"10k list {report['list_and_watch_10k']['first_list']['p50_ms']} ms",
+        f"idle cpu {report['idle']['cpu_percent']}%",
+        f"rss {report['rss_idle_mib']}/{report['rss_after_load_mib']} MiB",
+    ]
+    if "reregister" in report:
+        parts.append(f"re-register p99 {report['reregister']['p99_ms']} ms")
+    if "simulator" in report:
+        parts.append(f"sim {report['simulator']['pods_per_s']} pods/s")
+    return "bench: " + ", ".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
