@@ -16,6 +16,10 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "serve the resources of a config file to the kubelet"),
     "check": ("check", "validate a config file and print the devices it would serve"),
+    "kubelet": ("kubelet", "run the kubelet device-manager simulator"),
+    "pods": ("pods", "apply, delete or list pods on a running kubelet simulator"),
+    "node": ("node", "show a kubelet simulator's resources, allocations and registrations"),
+    "kubelet-restart": ("kubelet_restart", "restart a kubelet simulator as a kubelet restarts"),
 }
 
 EXIT_USAGE = 2

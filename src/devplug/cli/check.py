@@ -1,0 +1,89 @@
+"""`devplug check`: validate a config file and show the devices it would serve now."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from devplug.sources import SourcePlugin
+
+EXIT_OK = 0
+EXIT_INVALID = 2
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="the config file")
+    parser.add_argument(
+        "--output", choices=["text", "json"], default="text", help="report format (text)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from devplug.sources import ConfigError, build_plugins, load_config
+
+    try:
+        plugins = build_plugins(load_config(args.config))
+        report = [_resource_report(p) for p in plugins]
+    except (ConfigError, ValueError) as e:
+        problem = str(e) if isinstance(e, ConfigError) else f"{args.config}: {e}"
+        print(problem, file=sys.stderr)
+        return EXIT_INVALID
+    if args.output == "json":
+        import json
+
+        json.dump({"config": args.config, "valid": True, "resources": report}, sys.stdout, indent=2)
+        print()
+    else:
+        _print_text(args.config, report)
+    return EXIT_OK
+
+
+def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
+    from devplug.sources import VirtualPlugin
+
+    devices = plugin.discover()
+    return {
+        "name": plugin.resource_name,
+        "kind": "virtual" if isinstance(plugin, VirtualPlugin) else "host",
+        "count": plugin.spec.count,
+        "idsEnv": plugin.ids_env,
+        "preferredAllocation": plugin.preferred_allocation,
+        "devices": [
+            {
+                "id": d.id,
+                "health": "Healthy" if d.healthy else "Unhealthy",
+                "numaNodes": list(d.numa_nodes),
+                "hostPaths": [n.host_path for n in d.nodes],
+            }
+            for d in devices
+        ],
+        "warnings": list(plugin.warnings),
+    }
+
+
+def _print_text(config: str, report: list[dict[str, Any]]) -> None:
+    print(f"{config}: valid, {len(report)} resource(s)")
+    for resource in report:
+        devices = resource["devices"]
+        healthy = sum(d["health"] == "Healthy" for d in devices)
+        print(
+            f"\n{resource['name']} ({resource['kind']}, count {resource['count']}, "
+            f"env {resource['idsEnv']}): {len(devices)} device(s), {healthy} healthy"
+        )
+        rows = [
+            (
+                d["id"],
+                d["health"],
+                "numa " + ",".join(map(str, d["numaNodes"])) if d["numaNodes"] else "-",
+                " ".join(d["hostPaths"]) or "-",
+            )
+            for d in devices
+        ]
+        widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
+        for row in rows:
+            cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)] + [row[3]]
+            print("  " + "  ".join(cells))
+        for warning in resource["warnings"]:
+            print(f"  warning: {warning}")

@@ -1,0 +1,156 @@
+"""`devplug kubelet`: run the kubelet device-manager simulator until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from devplug.api.constants import (
+    DEVICE_PLUGIN_PATH,
+    ENDPOINT_GRACE_PERIOD_S,
+    REGISTER_DIAL_TIMEOUT_S,
+)
+
+log = logging.getLogger("devplug.kubelet")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plugin-dir",
+        default=DEVICE_PLUGIN_PATH,
+        metavar="DIR",
+        help=f"the device-plugins folder to serve kubelet.sock in (default: {DEVICE_PLUGIN_PATH})",
+    )
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="checkpoint, pod-resources/kubelet.sock, control.sock and the pod list "
+        "(default: the plugin folder's parent)",
+    )
+    parser.add_argument("--topology-policy", choices=POLICIES, default="none")
+    parser.add_argument(
+        "--numa-nodes",
+        type=int,
+        metavar="N",
+        help="NUMA nodes of the node (default: those the devices report)",
+    )
+    parser.add_argument(
+        "--pods", nargs="+", default=[], metavar="FILE", help="pod manifests to apply at start"
+    )
+    parser.add_argument(
+        "--wait-for",
+        action="append",
+        default=[],
+        metavar="RESOURCE[=N]",
+        help="before applying --pods, wait until RESOURCE is registered (with N healthy devices)",
+    )
+    parser.add_argument(
+        "--control", metavar="SOCKET", help="control socket (default: STATE_DIR/control.sock)"
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=ENDPOINT_GRACE_PERIOD_S,
+        metavar="SECONDS",
+        help="how long a resource whose plugin went away stays (default: 300, the kubelet's)",
+    )
+    parser.add_argument(
+        "--dial-timeout",
+        type=float,
+        default=REGISTER_DIAL_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long Register waits to reach the plugin (default: 10, the kubelet's)",
+    )
+    parser.add_argument("--output", choices=["table", "json"], default="table")
+
+
+def parse_wait(spec: str) -> tuple[str, int | None]:
+    """'example.com/gpu=2' -> ('example.com/gpu', 2); 'example.com/gpu' -> (.., None)."""
+    name, sep, count = spec.partition("=")
+    if not sep:
+        return name, None
+    try:
+        return name, int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected RESOURCE or RESOURCE=N") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    manifests = []
+    try:
+        waits = [parse_wait(w) for w in args.wait_for]
+        for name in args.pods:
+            manifests.append(sys.stdin.read() if name == "-" else Path(name).read_text())
+    except (OSError, argparse.ArgumentTypeError) as error:
+        print(f"devplug kubelet: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        return asyncio.run(_serve(args, manifests, waits))
+    except ValueError as error:
+        print(f"devplug kubelet: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    except Exception:
+        log.exception("stopped on a failure")
+        return EXIT_FAILED
+
+
+async def _serve(
+    args: argparse.Namespace, manifests: list[str], waits: list[tuple[str, int | None]]
+) -> int:
+    from devplug.simulator import Kubelet, ManifestError
+    from devplug.simulator.report import json_lines, results_text
+
+    kubelet = Kubelet(
+        args.plugin_dir,
+        args.state_dir,
+        topology_policy=args.topology_policy,
+        numa_nodes=args.numa_nodes,
+        grace_period=args.grace_period,
+        dial_timeout=args.dial_timeout,
+        control_socket=args.control,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    code = EXIT_OK
+    try:
+        await kubelet.start()
+        print(
+            f"kubelet simulator ready: registration {kubelet.registration_socket}, "
+            f"pod resources {kubelet.pod_resources_socket}, control {kubelet.control_socket}",
+            flush=True,
+        )
+        if kubelet.checkpoint_problem:
+            print(f"checkpoint not used: {kubelet.checkpoint_problem}", file=sys.stderr)
+        for resource, count in waits:
+            try:
+                await kubelet.wait_for_resource(resource, count=count, timeout=60)
+            except TimeoutError as error:
+                log.error("%s", error)
+        for text in manifests:
+            try:
+                results = await kubelet.apply(text)
+            except ManifestError as error:
+                print(f"devplug kubelet: --pods: {error}", file=sys.stderr)
+                code = EXIT_INVALID
+                continue
+            out = json_lines(results) if args.output == "json" else [results_text(results)]
+            print("\n".join(out), flush=True)
+        await stop.wait()
+    finally:
+        await kubelet.stop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(signum)
+    return code

@@ -1,0 +1,325 @@
+"""The config file of the config-driven plugins: schema, loading, one-line errors, ID rules.
+
+The schema is checked in two passes: msgspec checks the shape (types, required and
+unknown keys), then `_check` the meaning (names, paths, limits). Either way a bad file
+gives one `ConfigError` whose message names the file, the field and the problem:
+`config.yaml: resources[0].count: expected an integer >= 1, got 0`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import posixpath
+import re
+from collections.abc import Callable
+from typing import NoReturn
+
+import msgspec
+import yaml
+
+from devplug.api.constants import MAX_DEVICE_ID_LENGTH
+from devplug.framework.device import cdi_name_problem, permissions_problem
+from devplug.framework.names import resource_name_problem
+
+MAX_COUNT = 1000
+MAX_VIRTUAL = 10_000
+DEFAULT_CONFIG = "default.yaml"
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message is one line."""
+
+
+class _Schema(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    pass
+
+
+class PathSpec(_Schema):
+    path: str
+    permissions: str = "rw"
+    container_path: str = ""
+
+
+class MountSpec(_Schema):
+    host_path: str
+    container_path: str = ""
+    read_only: bool = False
+
+
+class GroupSpec(_Schema):
+    paths: list[PathSpec]
+    mounts: list[MountSpec] = []
+    env: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    cdi_devices: list[str] = []
+    numa_node: int | None = None
+
+
+class ResourceSpec(_Schema):
+    name: str
+    count: int = 1
+    allow_any_path: bool = False
+    preferred_allocation: bool = True
+    groups: list[GroupSpec] | None = None
+    virtual: int | None = None
+
+
+class Config(_Schema):
+    resources: list[ResourceSpec]
+
+
+# -- loading ---------------------------------------------------------------------------
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and check a config file; raise ConfigError with a one-line message."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"{source}: cannot read the config: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: cannot read the config: not UTF-8 text") from None
+    return parse_config(text, source)
+
+
+def load_default_config() -> Config:
+    """The config packaged with devplug (virtual resources and /dev/null-style nodes)."""
+    from importlib import resources as package_files  # only when used: it loads zipfile
+
+    text = package_files.files("devplug.sources").joinpath(DEFAULT_CONFIG).read_text("utf-8")
+    return parse_config(text, f"<packaged {DEFAULT_CONFIG}>")
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Check config text; `source` names it in error messages."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        data = yaml.load(text, Loader=loader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise ConfigError(f"{where}: invalid YAML: {_one_line(e.problem or str(e))}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: invalid YAML: {_one_line(str(e))}") from None
+    if data is None:
+        raise ConfigError(f"{source}: the config is empty: expected a mapping with 'resources'")
+    try:
+        config = msgspec.convert(data, Config)
+    except msgspec.ValidationError as e:
+        raise ConfigError(_shape_message(source, str(e))) from None
+    _check(config, source)
+    return config
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# msgspec's type names, as a config author would say them.
+_TYPES = {
+    "object": "a mapping",
+    "array": "a list",
+    "array | null": "a list",
+    "str": "a string",
+    "int": "an integer",
+    "int | null": "an integer",
+    "bool": "true or false",
+    "float": "a number",
+    "null": "nothing (null)",
+}
+_AT = re.compile(r"^(?P<problem>.*) - at `(?P<path>[^`]*)`$")
+_AT_KEY = re.compile(r"^(?P<problem>.*) - at `key` in `(?P<path>[^`]*)`$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>.*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>.*)`$")
+_EXPECTED = re.compile(r"^Expected `(?P<want>[^`]*)`(?:, got `(?P<got>[^`]*)`)?$")
+
+
+def _shape_message(source: str, message: str) -> str:
+    """msgspec's 'Expected `int`, got `str` - at `$.resources[0].count`' -> 'FILE:
+    resources[0].count: expected an integer, got a string'."""
+    key_problem = False
+    if m := _AT_KEY.match(message):
+        key_problem = True
+    else:
+        m = _AT.match(message)
+    problem, path = (m["problem"], m["path"]) if m else (message, "$")
+    path = path.removeprefix("$").removeprefix(".")
+    if m := _UNKNOWN.match(problem):
+        path, problem = _join(path, m["field"]), "unknown key"
+    elif m := _MISSING.match(problem):
+        path, problem = _join(path, m["field"]), "required key is missing"
+    elif m := _EXPECTED.match(problem):
+        want, got = m["want"], m["got"]
+        problem = f"expected {_TYPES.get(want, want)}"
+        if got:
+            problem += f", got {_TYPES.get(got, got)}"
+        if key_problem:
+            problem = f"keys must be strings: {problem}"
+        if not path and want == "object":
+            problem += " (the config must be a mapping with 'resources')"
+    path = path.replace("[...]", "[*]")
+    return f"{source}: {path}: {_one_line(problem)}" if path else f"{source}: {problem}"
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+# -- meaning ------------------------------------------------------------------------------
+
+
+def _check(config: Config, source: str) -> None:
+    def fail(field: str, problem: str) -> NoReturn:
+        raise ConfigError(f"{source}: {field}: {_one_line(problem)}")
+
+    if not config.resources:
+        fail("resources", "expected at least one resource")
+    seen: dict[str, int] = {}
+    for i, resource in enumerate(config.resources):
+        at = f"resources[{i}]"
+        if problem := resource_name_problem(resource.name):
+            fail(f"{at}.name", problem)
+        if resource.name in seen:
+            fail(
+                f"{at}.name",
+                f"duplicate resource {resource.name!r}, see resources[{seen[resource.name]}]",
+            )
+        seen[resource.name] = i
+        if problem := _int_problem(resource.count, 1, MAX_COUNT):
+            fail(f"{at}.count", problem)
+        if resource.groups is not None and resource.virtual is not None:
+            fail(at, "both 'groups' and 'virtual' are set: a resource has exactly one of them")
+        if resource.groups is None and resource.virtual is None:
+            fail(at, "neither 'groups' nor 'virtual' is set: a resource has exactly one of them")
+        if resource.virtual is not None:
+            if problem := _int_problem(resource.virtual, 1, MAX_VIRTUAL):
+                fail(f"{at}.virtual", problem)
+            continue
+        if resource.groups is None:  # for the type checker: `virtual` handled above
+            continue
+        if not resource.groups:
+            fail(f"{at}.groups", "expected at least one group")
+        ids: dict[str, str] = {}
+        for j, group in enumerate(resource.groups):
+            _check_group(group, f"{at}.groups[{j}]", resource.allow_any_path, fail)
+            if not any(has_glob(p.path) for p in group.paths):
+                device_id = path_device_id(group.paths[0].path)
+                if device_id in ids:
+                    fail(
+                        f"{at}.groups[{j}].paths[0].path",
+                        f"device ID {device_id!r} is already the ID of {ids[device_id]}",
+                    )
+                ids[device_id] = f"{at}.groups[{j}]"
+
+
+def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -> None:
+    if not group.paths:
+        fail(f"{at}.paths", "expected at least one path")
+    for k, spec in enumerate(group.paths):
+        where = f"{at}.paths[{k}]"
+        if problem := _host_path_problem(spec.path, allow_any_path):
+            fail(f"{where}.path", problem)
+        if problem := permissions_problem(spec.permissions):
+            fail(f"{where}.permissions", problem)
+        if spec.container_path:
+            if not spec.container_path.startswith("/"):
+                fail(
+                    f"{where}.containerPath",
+                    f"expected an absolute path, got {spec.container_path!r}",
+                )
+            if has_glob(spec.path):
+                fail(
+                    f"{where}.containerPath",
+                    "not allowed on a glob path: every match would get the same container path",
+                )
+    for k, mount in enumerate(group.mounts):
+        where = f"{at}.mounts[{k}]"
+        if not mount.host_path.startswith("/"):
+            fail(f"{where}.hostPath", f"expected an absolute path, got {mount.host_path!r}")
+        if mount.container_path and not mount.container_path.startswith("/"):
+            fail(
+                f"{where}.containerPath", f"expected an absolute path, got {mount.container_path!r}"
+            )
+    for key in group.env:
+        if not key or "=" in key or "\0" in key:
+            fail(f"{at}.env", f"bad variable name {key!r}")
+    for k, name in enumerate(group.cdi_devices):
+        if problem := cdi_name_problem(name):
+            fail(f"{at}.cdiDevices[{k}]", problem)
+    if group.numa_node is not None and group.numa_node < 0:
+        fail(f"{at}.numaNode", f"expected an integer >= 0, got {group.numa_node}")
+
+
+_Fail = Callable[[str, str], NoReturn]
+
+
+def _int_problem(value: int, low: int, high: int) -> str | None:
+    if value < low:
+        return f"expected an integer >= {low}, got {value}"
+    if value > high:
+        return f"expected an integer <= {high}, got {value}"
+    return None
+
+
+def _host_path_problem(path: str, allow_any_path: bool) -> str | None:
+    if not path.startswith("/"):
+        return f"expected an absolute path, got {path!r}"
+    if "\0" in path:
+        return "the path contains a NUL character"
+    if not allow_any_path and not posixpath.normpath(path).startswith("/dev/"):
+        return f"{path!r} is outside /dev (set 'allowAnyPath: true' on the resource to allow it)"
+    return None
+
+
+# -- device IDs and names ------------------------------------------------------------------
+
+
+def has_glob(path: str) -> bool:
+    return glob.has_magic(path)
+
+
+_UNSAFE_ID_CHARS = re.compile(r"[\s,]|[^\x20-\x7e]")
+_ENV_UNSAFE = re.compile(r"[^A-Za-z0-9]")
+
+
+def path_device_id(path: str) -> str:
+    """'/dev/bus/usb/001/002' -> 'bus-usb-001-002' (outside /dev: '/a/b' -> 'a-b').
+
+    Not capped: see `cap_id`.
+    """
+    path = posixpath.normpath(path)
+    stem = path.removeprefix("/dev/") if path.startswith("/dev/") else path.lstrip("/")
+    return _UNSAFE_ID_CHARS.sub("_", stem.replace("/", "-")) or "root"
+
+
+def virtual_device_id(resource_name: str, index: int) -> str:
+    """The `index`th virtual device of 'example.com/fake': 'fake-<index>'."""
+    return f"{resource_name.rpartition('/')[2]}-{index}"
+
+
+def cap_id(device_id: str, limit: int = MAX_DEVICE_ID_LENGTH) -> str:
+    """`device_id` if it fits in `limit` characters, else a prefix plus '-' and 10 hex
+    characters of its sha256: unique and stable across restarts."""
+    if len(device_id) <= limit:
+        return device_id
+    import hashlib  # only for long IDs: it loads OpenSSL (~0.7 MiB)
+
+    digest = hashlib.sha256(device_id.encode()).hexdigest()[:10]
+    return f"{device_id[: limit - 11]}-{digest}"
+
+
+def replica_ids(device_id: str, count: int) -> list[str]:
+    """The IDs a device is served under: itself, or '<id>::<k>' for each of `count`
+    replicas; the base is shortened (`cap_id`) so that every ID fits the kubelet's limit."""
+    if count == 1:
+        return [cap_id(device_id)]
+    base = cap_id(device_id, MAX_DEVICE_ID_LENGTH - len(f"::{count - 1}"))
+    return [f"{base}::{k}" for k in range(count)]
+
+
+def ids_env_name(resource_name: str) -> str:
+    """'example.com/kvm' -> 'DEVPLUG_EXAMPLE_COM_KVM'."""
+    return "DEVPLUG_" + _ENV_UNSAFE.sub("_", resource_name).upper()

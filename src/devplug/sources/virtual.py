@@ -1,0 +1,31 @@
+"""Virtual devices: IDs with no host node, for tests, demos and scheduling experiments."""
+
+from __future__ import annotations
+
+from devplug.framework.device import Device
+from devplug.framework.plugin import Plugin
+from devplug.sources.config import ResourceSpec, ids_env_name, replica_ids, virtual_device_id
+
+
+class VirtualPlugin(Plugin):
+    """Serves `virtual` always-healthy devices named '<resource short name>-<index>'."""
+
+    def __init__(self, spec: ResourceSpec) -> None:
+        if spec.virtual is None:
+            raise ValueError(f"{spec.name}: a virtual resource needs 'virtual'")
+        super().__init__(spec.name)
+        self.spec = spec
+        self.ids_env = ids_env_name(spec.name)
+        self.preferred_allocation = spec.preferred_allocation
+        self.warnings: list[str] = []
+
+    def discover(self) -> list[Device]:
+        assert self.spec.virtual is not None
+        return [
+            Device(device_id)
+            for i in range(self.spec.virtual)
+            for device_id in replica_ids(virtual_device_id(self.spec.name, i), self.spec.count)
+        ]
+
+    async def scan(self) -> None:
+        self.publish(self.discover())
