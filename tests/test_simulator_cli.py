@@ -1,0 +1,147 @@
+"""The simulator's commands end to end: `devplug kubelet` as a process, driven by
+`devplug pods`, `devplug node` and `devplug kubelet-restart` over its control socket."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sim_helpers import FOO, PluginProcess, cli_command, device, devplug, plugin, pod, pods_yaml
+
+
+@contextmanager
+def kubelet_process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`devplug kubelet ARGS`, once it said it is ready; yields it and its ready line."""
+    proc = subprocess.Popen(
+        cli_command("kubelet", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        if not ready.startswith("kubelet simulator ready"):
+            proc.kill()
+            _, errors = proc.communicate()
+            raise AssertionError(f"devplug kubelet did not start: {ready!r} {errors}")
+        yield proc, ready
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+def test_commands_end_to_end(tmp_path: Path) -> None:
+    plugins, state = tmp_path / "plugins", tmp_path / "state"
+    control = str(state / "control.sock")
+    manifest = tmp_path / "pods.yaml"
+    manifest.write_text(pods_yaml(pod("small", {"c": {FOO: 1}}), pod("huge", {"c": {FOO: 5}})))
+    with kubelet_process("--plugin-dir", str(plugins), "--state-dir", str(state)) as (
+        kubelet,
+        ready,
+    ):
+        assert control in ready
+        with PluginProcess(
+            tmp_path, plugins, [plugin(FOO, [device("d0", [0]), device("d1", [1])])]
+        ):
+            node = devplug("node", "--control", control, "--wait-for", f"{FOO}=2", "-o", "json")
+            assert node.returncode == 0, node.stderr
+            status = json.loads(node.stdout)
+            [resource] = status["resources"]
+            assert (resource["name"], resource["capacity"], resource["allocatable"]) == (FOO, 2, 2)
+            assert status["registrations"] == {FOO: 1}
+
+            applied = devplug(
+                "pods", "apply", "-f", str(manifest), "--control", control, "-o", "json"
+            )
+            assert applied.returncode == 0, applied.stderr  # a rejected pod is no failure
+            small, huge = [json.loads(line) for line in applied.stdout.splitlines()]
+            assert (small["pod"], small["container"], small["devices"]) == (
+                "small",
+                "c",
+                {FOO: ["d0"]},
+            )
+            assert small["options"]["devices"] == []
+            assert (huge["admitted"], huge["reason"]) == (False, "UnexpectedAdmissionError")
+            assert "Requested: 5, Available: 1" in huge["message"]
+
+            table = devplug(
+                "pods",
+                "apply",
+                "-f",
+                "-",
+                "--control",
+                control,
+                stdin=pods_yaml(pod("more", {"c": {FOO: 1}})),
+            )
+            assert table.returncode == 0, table.stderr
+            assert "pod default/more" in table.stdout
+            assert "example.com/foo: d1" in table.stdout
+
+            listed = devplug("pods", "list", "--control", control)
+            assert listed.returncode == 0, listed.stderr
+            assert "small" in listed.stdout
+            assert "more" in listed.stdout
+
+            node = devplug("node", "--control", control)
+            assert node.returncode == 0, node.stderr
+            assert "default/small/c" in node.stdout
+            assert FOO in node.stdout
+
+            deleted = devplug("pods", "delete", "small", "--control", control)
+            assert deleted.returncode == 0, deleted.stderr
+            missing = devplug("pods", "delete", "small", "--control", control)
+            assert missing.returncode == 1
+
+            restarted = devplug("kubelet-restart", "--control", control, "--wait-for", FOO)
+            assert restarted.returncode == 0, restarted.stderr
+            assert f"{FOO}: registered again" in restarted.stdout
+            node = devplug("node", "--control", control, "--wait-for", f"{FOO}=2", "-o", "json")
+            status = json.loads(node.stdout)
+            assert status["registrations"] == {FOO: 2}
+            assert [p["name"] for p in status["pods"]] == ["more"]
+            assert status["resources"][0]["allocated"] == 1
+
+            metrics = devplug("node", "--metrics", "--control", control)
+            assert (
+                f'kubelet_device_plugin_registration_total{{resource_name="{FOO}"}} 2'
+                in metrics.stdout
+            )
+            assert "kubelet_device_plugin_alloc_duration_seconds_count" in metrics.stdout
+
+        kubelet.send_signal(signal.SIGTERM)
+        assert kubelet.wait(timeout=10) == 0
+    assert not (plugins / "kubelet.sock").exists()
+    assert (state / "kubelet_internal_checkpoint").exists()
+
+
+def test_pods_at_start_and_usage_errors(tmp_path: Path) -> None:
+    plugins, state = tmp_path / "plugins", tmp_path / "state"
+    manifest = tmp_path / "pods.yaml"
+    manifest.write_text(pods_yaml(pod("early", {"c": {FOO: 2}})))
+    with PluginProcess(tmp_path, plugins, [plugin(FOO, [device("d0"), device("d1")])]):
+        args = ["--plugin-dir", str(plugins), "--state-dir", str(state), "--output", "json"]
+        args += ["--pods", str(manifest), "--wait-for", f"{FOO}=2"]
+        with kubelet_process(*args) as (kubelet, _):
+            assert kubelet.stdout is not None
+            record = json.loads(kubelet.stdout.readline())
+            assert (record["pod"], record["devices"]) == ("early", {FOO: ["d0", "d1"]})
+            control = str(state / "control.sock")
+            bad = devplug("pods", "apply", "-f", "-", "--control", control, stdin="kind: Service\n")
+            assert bad.returncode == 1
+            assert "kind 'Service' is not supported" in bad.stderr
+    gone = devplug("node", "--control", str(state / "control.sock"))
+    assert gone.returncode == 1
+    assert "cannot reach the kubelet simulator" in gone.stderr
+    no_file = devplug("pods", "apply", "-f", str(tmp_path / "missing.yaml"), "--control", "x")
+    assert no_file.returncode == 2
