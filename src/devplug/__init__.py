@@ -11,12 +11,37 @@ The public namespace holds what a plugin author needs:
             self.publish([Device("widget0", nodes=[DeviceNode("/dev/widget0")])])
 
     run(Widgets())
+
+Names are loaded on first use, so that importing one submodule (the CLI, the config
+checker) does not pull in gRPC and asyncio.
 """
 
-from devplug.api.constants import HEALTHY, UNHEALTHY, VERSION
-from devplug.framework.daemon import Daemon, run, serve
-from devplug.framework.device import ContainerEdits, Device, DeviceNode, Mount, merge_edits
-from devplug.framework.plugin import AllocationError, Plugin
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from devplug.api.constants import HEALTHY, UNHEALTHY, VERSION
+    from devplug.framework.daemon import Daemon, run, serve
+    from devplug.framework.device import ContainerEdits, Device, DeviceNode, Mount, merge_edits
+    from devplug.framework.plugin import AllocationError, Plugin
+
+_EXPORTS = {
+    "HEALTHY": "devplug.api.constants",
+    "UNHEALTHY": "devplug.api.constants",
+    "VERSION": "devplug.api.constants",
+    "AllocationError": "devplug.framework.plugin",
+    "ContainerEdits": "devplug.framework.device",
+    "Daemon": "devplug.framework.daemon",
+    "Device": "devplug.framework.device",
+    "DeviceNode": "devplug.framework.device",
+    "Mount": "devplug.framework.device",
+    "Plugin": "devplug.framework.plugin",
+    "merge_edits": "devplug.framework.device",
+    "run": "devplug.framework.daemon",
+    "serve": "devplug.framework.daemon",
+}
 
 __all__ = [
     "HEALTHY",
@@ -33,3 +58,16 @@ __all__ = [
     "run",
     "serve",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'devplug' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -94,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, argparse.ArgumentTypeError) as error:
         print(f"devplug kubelet: {error}", file=sys.stderr)
         return EXIT_INVALID
+    import asyncio
+
     try:
         return asyncio.run(_serve(args, manifests, waits))
     except ValueError as error:
@@ -107,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(
     args: argparse.Namespace, manifests: list[str], waits: list[tuple[str, int | None]]
 ) -> int:
+    from devplug.framework.signals import stop_on_signals
     from devplug.simulator import Kubelet, ManifestError
     from devplug.simulator.report import json_lines, results_text
 
@@ -119,38 +119,32 @@ async def _serve(
         dial_timeout=args.dial_timeout,
         control_socket=args.control,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     code = EXIT_OK
-    try:
-        await kubelet.start()
-        print(
-            f"kubelet simulator ready: registration {kubelet.registration_socket}, "
-            f"pod resources {kubelet.pod_resources_socket}, control {kubelet.control_socket}",
-            flush=True,
-        )
-        if kubelet.checkpoint_problem:
-            print(f"checkpoint not used: {kubelet.checkpoint_problem}", file=sys.stderr)
-        for resource, count in waits:
-            try:
-                await kubelet.wait_for_resource(resource, count=count, timeout=60)
-            except TimeoutError as error:
-                log.error("%s", error)
-        for text in manifests:
-            try:
-                results = await kubelet.apply(text)
-            except ManifestError as error:
-                print(f"devplug kubelet: --pods: {error}", file=sys.stderr)
-                code = EXIT_INVALID
-                continue
-            out = json_lines(results) if args.output == "json" else [results_text(results)]
-            print("\n".join(out), flush=True)
-        await stop.wait()
-    finally:
-        await kubelet.stop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(signum)
+    with stop_on_signals() as stop:
+        try:
+            await kubelet.start()
+            print(
+                f"kubelet simulator ready: registration {kubelet.registration_socket}, "
+                f"pod resources {kubelet.pod_resources_socket}, control {kubelet.control_socket}",
+                flush=True,
+            )
+            if kubelet.checkpoint_problem:
+                print(f"checkpoint not used: {kubelet.checkpoint_problem}", file=sys.stderr)
+            for resource, count in waits:
+                try:
+                    await kubelet.wait_for_resource(resource, count=count, timeout=60)
+                except TimeoutError as error:
+                    log.error("%s", error)
+            for text in manifests:
+                try:
+                    results = await kubelet.apply(text)
+                except ManifestError as error:
+                    print(f"devplug kubelet: --pods: {error}", file=sys.stderr)
+                    code = EXIT_INVALID
+                    continue
+                out = json_lines(results) if args.output == "json" else [results_text(results)]
+                print("\n".join(out), flush=True)
+            await stop.wait()
+        finally:
+            await kubelet.stop()
     return code

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args._module, "WITHOUT_TLS", False) and "asyncio" not in sys.modules:
+        sys.modules["ssl"] = None  # type: ignore[assignment]  # asyncio then runs without TLS
     from devplug.logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)

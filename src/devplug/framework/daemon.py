@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +12,7 @@ from devplug.api.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
 from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.endpoint import Endpoint
 from devplug.framework.plugin import Plugin
+from devplug.framework.signals import stop_on_signals
 
 log = logging.getLogger("devplug.daemon")
 
@@ -80,18 +79,5 @@ def run(*plugins: Plugin, plugin_dir: Path | str = DEVICE_PLUGIN_PATH) -> None:
 
 
 async def serve(plugins: Sequence[Plugin], plugin_dir: Path | str = DEVICE_PLUGIN_PATH) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, _on_signal, stop, signum)
-    try:
+    with stop_on_signals() as stop:
         await Daemon(plugins, plugin_dir).run(stop)
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(signum)
-
-
-def _on_signal(stop: asyncio.Event, signum: int) -> None:
-    log.info("%s received, shutting down", signal.Signals(signum).name)
-    stop.set()
