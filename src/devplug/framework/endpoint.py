@@ -25,6 +25,8 @@ from devplug.framework.servicer import DevicePluginServicer
 
 log = logging.getLogger("devplug.endpoint")
 
+# sun_path holds 108 bytes, the terminating NUL included.
+MAX_SOCKET_PATH = 107
 _RETRY_FIRST_S = 0.5
 _RETRY_MAX_S = 30.0
 STOP_GRACE_S = 1.0
@@ -45,6 +47,12 @@ class Endpoint:
         self.socket_path = plugin_dir / plugin.socket_name
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
         self.registrations = 0
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"{plugin.resource_name}: socket path {self.socket_path} is longer than "
+                f"{MAX_SOCKET_PATH} bytes, the limit of unix sockets; use a shorter plugin "
+                "folder or socket name"
+            )
         self._server: grpc.aio.Server | None = None
         self._servicer: DevicePluginServicer | None = None
         self._socket_id: tuple[int, int, int] | None = None

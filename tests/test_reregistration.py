@@ -1,0 +1,172 @@
+"""`devplug serve` as a real process against the kubelet simulator: registration,
+waiting for a kubelet that is not there yet, and re-registration after restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from devplug.api.constants import KUBELET_SOCKET
+from devplug.simulator import Kubelet
+
+FAKE = "test.devplug.io/fake"
+BIG = "test.devplug.io/big"
+CONFIG = f"""resources:
+  - name: {FAKE}
+    virtual: 3
+    preferredAllocation: true
+  - name: {BIG}
+    virtual: 500
+    count: 2
+"""
+RESTARTS = 20
+
+
+@asynccontextmanager
+async def daemon(tmp: Path, plugin_dir: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    config = tmp / "config.yaml"
+    config.write_text(CONFIG)
+    command = ["serve", "--config", str(config), "--plugin-dir", str(plugin_dir)]
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "devplug.cli.main", *command)
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 5) == 0
+
+
+def registration_ms(kubelet: Kubelet, resource: str, after: int) -> float:
+    """From the moment kubelet.sock was created to the plugin's registration."""
+    created = (kubelet.plugin_dir / KUBELET_SOCKET).stat().st_ctime_ns / 1e9
+    event = [e for e in kubelet.events if e.kind == "registered" and e.resource == resource]
+    return (event[after].time - created) * 1000
+
+
+def test_registers_once_devices_are_known(short_tmp: Path) -> None:
+    async def scenario() -> None:
+        plugin_dir = short_tmp / "device-plugins"
+        async with (
+            Kubelet(plugin_dir, short_tmp / "state", control_socket=False) as kubelet,
+            daemon(short_tmp, plugin_dir),
+        ):
+            fake = await kubelet.wait_for_resource(FAKE, count=3)
+            big = await kubelet.wait_for_resource(BIG, count=1000)
+            assert [d.id for d in fake.devices] == ["fake-0", "fake-1", "fake-2"]
+            assert fake.preferred_allocation
+            assert not fake.pre_start_required
+            assert big.capacity == 1000
+            registered = {e.resource: e.detail for e in kubelet.events if e.kind == "registered"}
+            assert registered == {
+                FAKE: "devplug-test.devplug.io-fake.sock",
+                BIG: "devplug-test.devplug.io-big.sock",
+            }
+            # The device list arrived with (not after) the registration: nothing was
+            # ever seen empty.
+            devices_events = [e for e in kubelet.events if e.kind == "devices"]
+            assert all("0 devices" not in e.detail for e in devices_events)
+
+    asyncio.run(scenario())
+
+
+def test_waits_for_a_kubelet_that_is_not_there_yet(short_tmp: Path) -> None:
+    async def scenario() -> None:
+        plugin_dir = short_tmp / "device-plugins"
+        plugin_dir.mkdir()
+        async with daemon(short_tmp, plugin_dir) as proc:
+            # The plugin serves first; no kubelet.sock yet, nothing to register with.
+            sockets = {"devplug-test.devplug.io-fake.sock", "devplug-test.devplug.io-big.sock"}
+            await asyncio.to_thread(wait_for_files, plugin_dir, sockets)
+            assert proc.returncode is None
+            async with Kubelet(plugin_dir, short_tmp / "state", control_socket=False) as kubelet:
+                # Kubelet start wipes the folder's sockets, then serves kubelet.sock.
+                await kubelet.wait_for_resource(FAKE, count=3)
+                await kubelet.wait_for_resource(BIG, count=1000)
+                assert kubelet.registrations(FAKE) == 1
+
+    asyncio.run(scenario())
+
+
+def wait_for_files(folder: Path, names: set[str]) -> None:
+    """Block until every name exists in `folder`, driven by inotify."""
+    from asyncinotify import Inotify, Mask
+
+    async def wait() -> None:
+        with Inotify() as inotify:
+            inotify.add_watch(folder, Mask.CREATE | Mask.MOVED_TO)
+            if names <= set(os.listdir(folder)):
+                return
+            async with asyncio.timeout(10):
+                async for _ in inotify:
+                    if names <= set(os.listdir(folder)):
+                        return
+
+    asyncio.run(wait())
+
+
+def test_reregisters_after_every_kubelet_restart(short_tmp: Path) -> None:
+    async def scenario() -> list[float]:
+        plugin_dir = short_tmp / "device-plugins"
+        times: list[float] = []
+        async with (
+            Kubelet(plugin_dir, short_tmp / "state", control_socket=False) as kubelet,
+            daemon(short_tmp, plugin_dir) as proc,
+        ):
+            await kubelet.wait_for_resource(FAKE, count=3)
+            await kubelet.wait_for_resource(BIG, count=1000)
+            for round_ in range(1, RESTARTS + 1):
+                await kubelet.restart()
+                for resource, count in ((FAKE, 3), (BIG, 1000)):
+                    assert await kubelet.wait_for_registration(resource, after=round_) == round_ + 1
+                    status = await kubelet.wait_for_resource(resource, count=count)
+                    assert status.capacity == count  # allocatable right after re-registering
+                    times.append(registration_ms(kubelet, resource, round_))
+            assert proc.returncode is None
+        return times
+
+    times = asyncio.run(scenario())
+    assert len(times) == 2 * RESTARTS
+    print(f"re-registration: median {statistics.median(times):.1f} ms, max {max(times):.1f} ms")
+
+
+def test_reregisters_when_only_kubelet_sock_is_recreated(short_tmp: Path) -> None:
+    """The kubelet.sock changes but our socket stays: register again anyway (Go plugins
+    that only watch their own socket miss this)."""
+
+    async def scenario() -> None:
+        plugin_dir = short_tmp / "device-plugins"
+        async with (
+            Kubelet(plugin_dir, short_tmp / "state", control_socket=False) as kubelet,
+            daemon(short_tmp, plugin_dir),
+        ):
+            await kubelet.wait_for_resource(FAKE, count=3)
+            sock = plugin_dir / KUBELET_SOCKET
+            aside = short_tmp / "kubelet.sock.aside"
+            for round_ in range(1, 4):
+                os.rename(sock, aside)
+                os.rename(aside, sock)  # a new directory entry: a new kubelet.sock
+                assert await kubelet.wait_for_registration(FAKE, after=round_) == round_ + 1
+
+    asyncio.run(scenario())
+
+
+def test_serves_again_when_its_socket_is_removed(short_tmp: Path) -> None:
+    async def scenario() -> None:
+        plugin_dir = short_tmp / "device-plugins"
+        async with (
+            Kubelet(plugin_dir, short_tmp / "state", control_socket=False) as kubelet,
+            daemon(short_tmp, plugin_dir),
+        ):
+            await kubelet.wait_for_resource(FAKE, count=3)
+            (plugin_dir / "devplug-test.devplug.io-fake.sock").unlink()
+            assert await kubelet.wait_for_registration(FAKE, after=1) == 2
+            await kubelet.wait_for_resource(FAKE, count=3)
+            assert kubelet.registrations(BIG) == 1  # the other resource was left alone
+
+    asyncio.run(scenario())
