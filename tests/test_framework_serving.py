@@ -365,3 +365,9 @@ def test_duplicate_resources_refused(tmp_path: Path) -> None:
         Daemon([Plugin("example.com/a", devices=[]), Plugin("example.com/a", devices=[])], tmp_path)
     with pytest.raises(ValueError, match="resource name"):
         Plugin("gpu", devices=[])
+
+
+def test_socket_path_too_long_is_a_clear_error(tmp_path: Path) -> None:
+    deep = tmp_path / ("x" * 100)
+    with pytest.raises(ValueError, match="longer than 107 bytes"):
+        Daemon([Plugin("example.com/a", devices=[])], deep)

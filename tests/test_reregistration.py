@@ -82,7 +82,7 @@ def test_waits_for_a_kubelet_that_is_not_there_yet(short_tmp: Path) -> None:
         async with daemon(short_tmp, plugin_dir) as proc:
             # The plugin serves first; no kubelet.sock yet, nothing to register with.
             sockets = {"devplug-test.devplug.io-fake.sock", "devplug-test.devplug.io-big.sock"}
-            await asyncio.to_thread(wait_for_files, plugin_dir, sockets)
+            await wait_for_files(plugin_dir, sockets)
             assert proc.returncode is None
             async with Kubelet(plugin_dir, short_tmp / "state", control_socket=False) as kubelet:
                 # Kubelet start wipes the folder's sockets, then serves kubelet.sock.
@@ -93,21 +93,18 @@ def test_waits_for_a_kubelet_that_is_not_there_yet(short_tmp: Path) -> None:
     asyncio.run(scenario())
 
 
-def wait_for_files(folder: Path, names: set[str]) -> None:
-    """Block until every name exists in `folder`, driven by inotify."""
+async def wait_for_files(folder: Path, names: set[str]) -> None:
+    """Return once every name exists in `folder`, driven by inotify."""
     from asyncinotify import Inotify, Mask
 
-    async def wait() -> None:
-        with Inotify() as inotify:
-            inotify.add_watch(folder, Mask.CREATE | Mask.MOVED_TO)
-            if names <= set(os.listdir(folder)):
-                return
-            async with asyncio.timeout(10):
-                async for _ in inotify:
-                    if names <= set(os.listdir(folder)):
-                        return
-
-    asyncio.run(wait())
+    with Inotify() as inotify:
+        inotify.add_watch(folder, Mask.CREATE | Mask.MOVED_TO)
+        if names <= set(os.listdir(folder)):
+            return
+        async with asyncio.timeout(10):
+            async for _ in inotify:
+                if names <= set(os.listdir(folder)):
+                    return
 
 
 def test_reregisters_after_every_kubelet_restart(short_tmp: Path) -> None:

@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pods": ("pods", "apply, delete or list pods on a running kubelet simulator"),
     "node": ("node", "show a kubelet simulator's resources, allocations and registrations"),
     "kubelet-restart": ("kubelet_restart", "restart a kubelet simulator as a kubelet restarts"),
+    "cluster": ("cluster", "place pods on N simulated nodes: scheduler fit, kubelet admission"),
+    "demo": ("demo", "run the kubelet simulator with real plugins and sample pods, as a story"),
 }
 
 EXIT_USAGE = 2
