@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -33,8 +34,10 @@ CONCURRENT_CLIENTS = 8
 CONCURRENT_CALLS = 500  # per client
 IDLE_SECONDS = 10.0
 HEALTH_ROUNDS = 10
-REREGISTER_ROUNDS = 20
+REREGISTER_ROUNDS = 50
 BIG_LIST = 10_000
+SIM_RESOURCE = "bench.devplug.io/sim"
+SIM_DEVICES = 1000
 TARGETS = {
     "allocate_seq_p50_ms": 0.8,
     "allocate_seq_p99_ms": 2.5,
@@ -61,6 +64,10 @@ def proc_status(pid: int, key: str) -> int:
     raise KeyError(key)
 
 
+def rss_mib(pid: int) -> float:
+    return round(proc_status(pid, "VmRSS") / 1024, 1)
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -72,8 +79,6 @@ def write_config(root: Path, nodes: Path) -> Path:
         f"""resources:
   - name: bench.devplug.io/alloc
     virtual: 16
-  - name: bench.devplug.io/big
-    virtual: {BIG_LIST}
   - name: bench.devplug.io/node
     allowAnyPath: true
     groups:
@@ -173,11 +178,11 @@ def wait_for_health(stream: Any, device: str, health: str) -> None:
 def bench_health(plugin_dir: Path, nodes: Path) -> dict[str, Any]:
     channel, stub = stub_for(plugin_dir, "bench.devplug.io/node")
     node = nodes / "bench0"
-    device = "bench0"
     down, up = [], []
     with channel:
         stream = stub.ListAndWatch(pb.Empty())
-        wait_for_health(stream, device, "Healthy")
+        [device] = [d.ID for d in next(stream).devices]  # the ID derives from the path
+        assert device.endswith("bench0"), device
         for _ in range(HEALTH_ROUNDS):
             started = time.perf_counter()
             node.unlink()
@@ -224,14 +229,18 @@ def main() -> int:
         plugin_dir = root / "plugins"
         config = write_config(root, nodes)
         with daemon(config, plugin_dir) as proc:
-            for resource in ("alloc", "big", "node"):
+            for resource in ("alloc", "node"):
                 stub_for(plugin_dir, f"bench.devplug.io/{resource}")[0].close()
             report["idle"] = bench_idle(proc.pid)
-            report["rss_idle_mib"] = round(proc_status(proc.pid, "VmRSS") / 1024, 1)
+            report["rss_idle_mib"] = rss_mib(proc.pid)
             report["allocate"] = bench_allocate(plugin_dir)
-            report["list_and_watch_10k"] = bench_big_list(plugin_dir)
             report["health"] = bench_health(plugin_dir, nodes)
-            report["rss_after_load_mib"] = round(proc_status(proc.pid, "VmRSS") / 1024, 1)
+            report["rss_after_load_mib"] = rss_mib(proc.pid)
+        big = root / "big.yaml"
+        big.write_text(f"resources:\n  - name: bench.devplug.io/big\n    virtual: {BIG_LIST}\n")
+        with daemon(big, root / "big-plugins") as proc:
+            report["list_and_watch_10k"] = bench_big_list(root / "big-plugins")
+            report["list_and_watch_10k"]["rss_mib"] = rss_mib(proc.pid)
         report.update(run_async_benches(root))
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
@@ -245,7 +254,82 @@ def run_async_benches(root: Path) -> dict[str, Any]:
 
 
 async def _async_benches(root: Path) -> dict[str, Any]:
-    return {}
+    from devplug.api.constants import KUBELET_SOCKET
+    from devplug.simulator import Kubelet
+
+    plugin_dir = root / "sim-plugins"
+    config = root / "sim.yaml"
+    config.write_text(
+        f"""resources:
+  - name: {SIM_RESOURCE}
+    virtual: {SIM_DEVICES}
+  - name: bench.devplug.io/second
+    virtual: 4
+"""
+    )
+    command = ["--log-level", "warning", "serve", "--config", str(config)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "devplug.cli.main", *command, "--plugin-dir", str(plugin_dir)
+    )
+    results: dict[str, Any] = {}
+    try:
+        async with Kubelet(plugin_dir, root / "sim-state", control_socket=False) as kubelet:
+            await kubelet.wait_for_resource(SIM_RESOURCE, count=SIM_DEVICES, timeout=30)
+            await kubelet.wait_for_resource("bench.devplug.io/second", count=4, timeout=30)
+            samples = []
+            for round_ in range(1, REREGISTER_ROUNDS + 1):
+                await kubelet.restart()
+                created = (plugin_dir / KUBELET_SOCKET).stat().st_ctime_ns / 1e9
+                for resource in (SIM_RESOURCE, "bench.devplug.io/second"):
+                    await kubelet.wait_for_registration(resource, after=round_)
+                    event = [
+                        e
+                        for e in kubelet.events
+                        if e.kind == "registered" and e.resource == resource
+                    ][round_]
+                    samples.append(event.time - created)
+            results["reregister"] = percentiles(samples) | {"rounds": REREGISTER_ROUNDS}
+            await kubelet.wait_for_resource(SIM_RESOURCE, count=SIM_DEVICES, timeout=30)
+            results["simulator"] = await _admission_throughput(kubelet)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await proc.wait()
+    return results
+
+
+async def _admission_throughput(kubelet: Any) -> dict[str, Any]:
+    """Pods of one container asking for one device each, until every device is taken."""
+    pods = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"bench-{i}"},
+            "spec": {
+                "containers": [
+                    {"name": "c", "resources": {"limits": {SIM_RESOURCE: 1}}},
+                ]
+            },
+        }
+        for i in range(SIM_DEVICES)
+    ]
+    started = time.perf_counter()
+    admitted = 0
+    for pod in pods:
+        [result] = await kubelet.apply(pod)
+        admitted += result.admitted
+    elapsed = time.perf_counter() - started
+    [full] = await kubelet.apply(dict(pods[0], metadata={"name": "one-too-many"}))
+    started = time.perf_counter()
+    for i in range(SIM_DEVICES):
+        await kubelet.delete_pod(f"bench-{i}")
+    deleted = time.perf_counter() - started
+    return {
+        "devices": SIM_DEVICES,
+        "pods_admitted": admitted,
+        "pods_per_s": round(admitted / elapsed),
+        "deletes_per_s": round(SIM_DEVICES / deleted),
+        "extra_pod_rejected": not full.admitted,
+    }
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -68,10 +68,29 @@ class CheckpointData:
     registered: Mapping[str, Sequence[str] | None] | None
 
 
-def _fnv1a32(data: bytes) -> int:
-    value = _FNV32_OFFSET
+def _fnv1a32(data: bytes, value: int = _FNV32_OFFSET) -> int:
     for byte in data:
         value = ((value ^ byte) * _FNV32_PRIME) & 0xFFFFFFFF
+    return value
+
+
+# FNV-1a is a running hash, and the checkpoint is written after every change with
+# mostly the same entries in the same order: remembering the state after each
+# (state, entry) step makes a write cost the changed entries, not the whole file.
+_FNV_STEPS: dict[tuple[int, str], int] = {}
+_FNV_STEPS_MAX = 50_000
+
+
+def _fnv1a32_chunks(chunks: Sequence[str]) -> int:
+    value = _FNV32_OFFSET
+    if len(_FNV_STEPS) > _FNV_STEPS_MAX:
+        _FNV_STEPS.clear()
+    for chunk in chunks:
+        key = (value, chunk)
+        step = _FNV_STEPS.get(key)
+        if step is None:
+            step = _FNV_STEPS[key] = _fnv1a32(chunk.encode(), value)
+        value = step
     return value
 
 
@@ -84,7 +103,8 @@ def _go_sorted(keys: Sequence[str]) -> list[str]:
     return sorted(keys, key=lambda k: k.encode())
 
 
-def _spew(data: CheckpointData) -> str:
+def _spew(data: CheckpointData) -> list[str]:
+    """go-spew's rendering of the kubelet's checkpoint struct, in pieces (one per entry)."""
     parts = ["(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)"]
     if data.entries is None:
         parts.append("<nil>")
@@ -112,7 +132,9 @@ def _spew(data: CheckpointData) -> str:
                 f"ResourceName:(string){entry.resource} "
                 f"DeviceIDs:(checkpoint.DevicesPerNUMA){numa} AllocResp:([]uint8){resp}}}"
             )
-        parts.append("[" + " ".join(rendered) + "]")
+        parts.append("[")
+        parts.extend(r if i == 0 else " " + r for i, r in enumerate(rendered))
+        parts.append("]")
     parts.append(" RegisteredDevices:(map[string][]string)")
     if data.registered is None:
         parts.append("<nil>")
@@ -124,12 +146,12 @@ def _spew(data: CheckpointData) -> str:
             + "]"
         )
     parts.append("}")
-    return "".join(parts)
+    return parts
 
 
 def checksum(data: CheckpointData) -> int:
     """The checksum the kubelet computes for `data`."""
-    return _fnv1a32(_spew(data).encode())
+    return _fnv1a32_chunks(_spew(data))
 
 
 def _go_json(value: Any) -> str:
@@ -268,19 +290,26 @@ def _decode_entry(index: int, raw: Any) -> Entry:
     )
 
 
-def write_atomic(path: Path, blob: bytes) -> None:
-    """Replace `path` with `blob` so that a reader sees the old or the new file, whole."""
+def write_atomic(path: Path, blob: bytes, *, durable: bool = True) -> None:
+    """Replace `path` with `blob` so that a reader sees the old or the new file, whole.
+
+    `durable` also syncs the data and the folder to disk first, as the kubelet does for
+    its checkpoint; state that a crash may lose (the simulator's own pod list) skips it.
+    """
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(blob)
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
         raise
+    if not durable:
+        return
     dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dir_fd)

@@ -651,7 +651,9 @@ class Kubelet:
         }
         try:
             checkpoint.write_atomic(
-                self.pods_path, json.dumps(document, indent=1, default=str).encode()
+                self.pods_path,
+                json.dumps(document, separators=(",", ":"), default=str).encode(),
+                durable=False,
             )
         except OSError as error:
             log.error("cannot write the pod list %s: %s", self.pods_path, error)
