@@ -199,7 +199,22 @@ def bench_health(plugin_dir: Path, nodes: Path) -> dict[str, Any]:
 def bench_big_list(plugin_dir: Path) -> dict[str, Any]:
     channel, stub = stub_for(plugin_dir, "bench.devplug.io/big")
     samples, size = [], 0
+    ids = [f"big-{i}" for i in range(BIG_LIST)]
+    unknown = [f"nope-{i}" for i in range(BIG_LIST)]
+
+    def allocate(devices: list[str]) -> None:
+        request = pb.AllocateRequest(
+            container_requests=[pb.ContainerAllocateRequest(devices_ids=devices)]
+        )
+        try:
+            stub.Allocate(request, timeout=30)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+
     with channel:
+        answered = timed_calls(lambda: allocate(ids), 5)
+        refused = timed_calls(lambda: allocate(unknown), 5)
         for _ in range(5):
             started = time.perf_counter()
             stream = stub.ListAndWatch(pb.Empty())
@@ -207,7 +222,12 @@ def bench_big_list(plugin_dir: Path) -> dict[str, Any]:
             samples.append(time.perf_counter() - started)
             size = len(first.devices)
             stream.cancel()
-    return {"devices": size, "first_list": percentiles(samples)}
+    return {
+        "devices": size,
+        "first_list": percentiles(samples),
+        "allocate_all_10k": percentiles(answered),
+        "allocate_10k_unknown_refused": percentiles(refused),
+    }
 
 
 def bench_idle(pid: int) -> dict[str, Any]:
@@ -341,6 +361,7 @@ def summary(report: dict[str, Any]) -> str:
         f" ({alloc['concurrent_calls_per_s']}/s)",
         f"health {report['health']['removed_to_unhealthy']['max_ms']} ms max",
         f"10k list {report['list_and_watch_10k']['first_list']['p50_ms']} ms",
+        f"10k-ID allocate {report['list_and_watch_10k']['allocate_all_10k']['max_ms']} ms",
         f"idle cpu {report['idle']['cpu_percent']}%",
         f"rss {report['rss_idle_mib']}/{report['rss_after_load_mib']} MiB",
     ]

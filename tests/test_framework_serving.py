@@ -149,7 +149,7 @@ def test_allocate_bad_inputs_keep_the_daemon_serving(
             )
             many = tuple(f"x{i}" for i in range(10_000))
             details = await expect_error(
-                stub.Allocate(req(*many), timeout=1), grpc.StatusCode.INVALID_ARGUMENT
+                stub.Allocate(req(*many), timeout=TIMEOUT), grpc.StatusCode.INVALID_ARGUMENT
             )
             assert "and 9990 more" in details
             ok = await stub.Allocate(req("gpu1"))  # still serving
@@ -174,7 +174,7 @@ def test_allocate_of_ten_thousand_devices(tmp_path: Path) -> None:
                 pb.AllocateRequest(
                     container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
                 ),
-                timeout=1,
+                timeout=TIMEOUT,
             )
             assert response.container_responses[0].envs["IDS"].split(",") == ids
 
