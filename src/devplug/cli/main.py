@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,7 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from devplug.logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)
-    code: int = args._module.run(args)
+    try:
+        code: int = args._module.run(args)
+    except BrokenPipeError:
+        # The reader went away (`devplug check ... | head`): quietly stop writing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return code
 
 
