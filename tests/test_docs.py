@@ -1,0 +1,26 @@
+"""The examples in the README are valid as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from devplug.sources import build_plugins, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_readme_config_example_is_valid() -> None:
+    text = (ROOT / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "resources:" in b]
+    assert blocks
+    for block in blocks:
+        plugins = build_plugins(parse_config(block, "README.md"))
+        assert [p.resource_name for p in plugins] == [
+            "example.com/kvm",
+            "example.com/serial",
+            "example.com/fake",
+        ]
+        kvm = plugins[0].discover()
+        assert [d.id for d in kvm] == [f"kvm::{i}" for i in range(10)]
+        assert plugins[0].ids_env == "DEVPLUG_EXAMPLE_COM_KVM"
