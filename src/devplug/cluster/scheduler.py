@@ -1,0 +1,137 @@
+"""The scheduler's step, for extended resources only: which node a pod goes to.
+
+As kube-scheduler's NodeResourcesFit filter does for extended resources, it only
+counts: a pod fits a node when, for every extended resource it requests, its
+effective request is at most the node's allocatable count minus what the pods already
+placed there request. Among the nodes that fit, the one with the highest
+least-allocated score wins (NodeResourcesFit's LeastAllocated strategy, over the
+extended resources the pod requests, weight 1 each); ties go to the node that comes
+first in the cluster's order (node-1, node-2, ...).
+
+A pod that fits no node gets the scheduler's message, a histogram of the reasons:
+`0/3 nodes are available: 1 Insufficient example.com/bar, 3 Insufficient example.com/foo.`
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from devplug.simulator.pods import PodSpec
+
+MAX_NODE_SCORE = 100
+
+
+def _add(total: dict[str, int], more: Mapping[str, int]) -> None:
+    for name, count in more.items():
+        total[name] = total.get(name, 0) + count
+
+
+def _max(total: dict[str, int], other: Mapping[str, int]) -> None:
+    for name, count in other.items():
+        total[name] = max(total.get(name, 0), count)
+
+
+def effective_requests(pod: PodSpec) -> dict[str, int]:
+    """The pod's extended resource requests as the scheduler computes them (the
+    `PodRequests` helper): the sum over app containers and sidecars (restartable init
+    containers), or the largest need of one init container (plus the sidecars started
+    before it), whichever is larger, per resource."""
+    requests: dict[str, int] = {}
+    for container in pod.containers:
+        _add(requests, container.devices)
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for container in pod.init_containers:
+        need: dict[str, int]
+        if container.restartable:
+            _add(requests, container.devices)
+            _add(sidecars, container.devices)
+            need = dict(sidecars)
+        else:
+            need = dict(container.devices)
+            _add(need, sidecars)
+        _max(init_peak, need)
+    _max(requests, init_peak)
+    return {name: count for name, count in sorted(requests.items()) if count > 0}
+
+
+@dataclass
+class NodeState:
+    """What the scheduler knows of a node: allocatable counts (from the node's status)
+    and the requests of the pods it placed there."""
+
+    name: str
+    allocatable: dict[str, int]
+    requested: dict[str, int] = field(default_factory=dict)
+
+    def free(self, resource: str) -> int:
+        return self.allocatable.get(resource, 0) - self.requested.get(resource, 0)
+
+    def place(self, requests: Mapping[str, int]) -> None:
+        _add(self.requested, requests)
+
+
+def insufficient(requests: Mapping[str, int], node: NodeState) -> list[str]:
+    """The filter's reasons for refusing the node, e.g. `Insufficient example.com/foo`."""
+    return [
+        f"Insufficient {name}"
+        for name, count in sorted(requests.items())
+        if count > 0 and count > node.free(name)
+    ]
+
+
+def least_allocated_score(requests: Mapping[str, int], node: NodeState) -> int:
+    """0-100, higher for a node left emptier by the pod, averaged over its resources
+    (integer arithmetic, as the scheduler's)."""
+    scores = []
+    for name, count in requests.items():
+        capacity = node.allocatable.get(name, 0)
+        used = node.requested.get(name, 0) + count
+        scores.append(
+            0
+            if capacity == 0 or used > capacity
+            else (capacity - used) * MAX_NODE_SCORE // capacity
+        )
+    return sum(scores) // len(scores) if scores else 0
+
+
+def fit_error(total_nodes: int, unfit: Mapping[str, Sequence[str]]) -> str:
+    """The scheduler's FitError message for a pod no node fits."""
+    histogram = collections.Counter(reason for reasons in unfit.values() for reason in reasons)
+    parts = sorted(f"{count} {reason}" for reason, count in histogram.items())
+    message = f"0/{total_nodes} nodes are available:"
+    if parts:
+        message += " " + ", ".join(parts) + "."
+    return message
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a pod goes (`node`), or why nowhere (`message`)."""
+
+    node: str | None
+    requests: dict[str, int]
+    # score of each node that fits
+    scores: dict[str, int]
+    # reasons of each node that does not fit
+    unfit: dict[str, list[str]]
+    message: str = ""
+
+
+def schedule(requests: Mapping[str, int], nodes: Sequence[NodeState]) -> Decision:
+    """Filter and score `nodes` (in cluster order) for a pod's effective requests."""
+    scores: dict[str, int] = {}
+    unfit: dict[str, list[str]] = {}
+    for node in nodes:
+        reasons = insufficient(requests, node)
+        if reasons:
+            unfit[node.name] = reasons
+        else:
+            scores[node.name] = least_allocated_score(requests, node)
+    if not scores:
+        return Decision(None, dict(requests), scores, unfit, fit_error(len(nodes), unfit))
+    best = max(scores.values())
+    chosen = next(node.name for node in nodes if scores.get(node.name) == best)
+    return Decision(chosen, dict(requests), scores, unfit)

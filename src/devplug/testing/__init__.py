@@ -1,0 +1,60 @@
+"""Test device plugins against a kubelet simulator, from plain synchronous tests.
+
+    def test_widgets(kubelet):                       # the pytest fixture
+        kubelet.start_plugin(Widgets())              # a process; waits for registration
+        assert kubelet.device_ids("example.com/widget") == ["widget0", "widget1"]
+        pod = kubelet.admit({"example.com/widget": 1})
+        assert pod.admitted, pod
+        assert pod.device_nodes() == {"/dev/widget0": "/dev/widget0"}
+
+The `kubelet` fixture comes from the pytest plugin `devplug.testing.pytest_plugin`,
+registered under the `pytest11` entry point `devplug`, so installing devplug enables
+it. `KubeletHarness` is the same object for use without pytest. Names are loaded on
+first use, so that loading the pytest plugin costs nothing for tests that do not use it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from devplug.testing.harness import (
+        KubeletHarness,
+        PluginExited,
+        PluginProcess,
+        PodAdmission,
+        pod_manifest,
+    )
+    from devplug.testing.process import ChildProcess
+
+_EXPORTS = {
+    "ChildProcess": "devplug.testing.process",
+    "KubeletHarness": "devplug.testing.harness",
+    "PluginExited": "devplug.testing.harness",
+    "PluginProcess": "devplug.testing.harness",
+    "PodAdmission": "devplug.testing.harness",
+    "pod_manifest": "devplug.testing.harness",
+}
+
+__all__ = [
+    "ChildProcess",
+    "KubeletHarness",
+    "PluginExited",
+    "PluginProcess",
+    "PodAdmission",
+    "pod_manifest",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'devplug.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
