@@ -73,10 +73,13 @@ class Endpoint:
             await self._wake.wait()
 
     async def _reconcile(self) -> None:
-        if self._server is None or _identity(self.socket_path) != self._socket_id:
+        socket = _identity(self.socket_path)
+        if self._server is None or socket is None or socket != self._socket_id:
             if self._server is not None:
                 log.info("%s: socket %s is gone, serving again", self.name, self.socket_path)
             await self._serve()
+            if self._socket_id is None:
+                return  # wiped while starting: its deletion event brings us back here
         kubelet = _identity(self.kubelet_socket)
         if kubelet is None:
             if self._registered_to is not None:
@@ -141,8 +144,11 @@ class Endpoint:
         finally:
             os.umask(umask)
         await server.start()
-        self.socket_path.chmod(0o600)
         self._server, self._servicer = server, servicer
+        # The kubelet may wipe the folder at any moment, this one included: a socket
+        # gone already leaves _socket_id None, and its deletion event serves again.
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.chmod(0o600)
         self._socket_id = _identity(self.socket_path)
         self._registered_to = None  # the kubelet knows only the old socket
 
