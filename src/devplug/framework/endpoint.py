@@ -8,9 +8,7 @@ repeated, ends in the same place: serving and registered with the current kubele
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -22,22 +20,18 @@ from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework.plugin import Plugin
 from devplug.framework.registration import register
 from devplug.framework.servicer import DevicePluginServicer
+from devplug.framework.unixserver import (
+    SocketIdentity,
+    UnixServer,
+    socket_identity,
+    socket_path_problem,
+)
 
 log = logging.getLogger("devplug.endpoint")
 
-# sun_path holds 108 bytes, the terminating NUL included.
-MAX_SOCKET_PATH = 107
 _RETRY_FIRST_S = 0.5
 _RETRY_MAX_S = 30.0
 STOP_GRACE_S = 1.0
-
-
-def _identity(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class Endpoint:
@@ -47,16 +41,11 @@ class Endpoint:
         self.socket_path = plugin_dir / plugin.socket_name
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
         self.registrations = 0
-        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
-            raise ValueError(
-                f"{plugin.resource_name}: socket path {self.socket_path} is longer than "
-                f"{MAX_SOCKET_PATH} bytes, the limit of unix sockets; use a shorter plugin "
-                "folder or socket name"
-            )
-        self._server: grpc.aio.Server | None = None
+        if problem := socket_path_problem(self.socket_path):
+            raise ValueError(f"{plugin.resource_name}: {problem}")
+        self._server: UnixServer | None = None
         self._servicer: DevicePluginServicer | None = None
-        self._socket_id: tuple[int, int, int] | None = None
-        self._registered_to: tuple[int, int, int] | None = None
+        self._registered_to: SocketIdentity | None = None
         self._wake = asyncio.Event()
         self._retry_s = _RETRY_FIRST_S
         self._retry: asyncio.TimerHandle | None = None
@@ -73,14 +62,13 @@ class Endpoint:
             await self._wake.wait()
 
     async def _reconcile(self) -> None:
-        socket = _identity(self.socket_path)
-        if self._server is None or socket is None or socket != self._socket_id:
+        if self._server is None or not self._server.owns_path():
             if self._server is not None:
                 log.info("%s: socket %s is gone, serving again", self.name, self.socket_path)
             await self._serve()
-            if self._socket_id is None:
+            if self._server is None or not self._server.owns_path():
                 return  # wiped while starting: its deletion event brings us back here
-        kubelet = _identity(self.kubelet_socket)
+        kubelet = socket_identity(self.kubelet_socket)
         if kubelet is None:
             if self._registered_to is not None:
                 log.info("%s: kubelet.sock is gone, waiting for the kubelet", self.name)
@@ -90,7 +78,7 @@ class Endpoint:
             return
         await self._register(kubelet)
 
-    async def _register(self, kubelet: tuple[int, int, int]) -> None:
+    async def _register(self, kubelet: SocketIdentity) -> None:
         started = time.monotonic()
         options = pb.DevicePluginOptions(
             pre_start_required=self.plugin.pre_start_required,
@@ -130,26 +118,12 @@ class Endpoint:
 
     async def _serve(self) -> None:
         await self._stop_server(grace=0)
-        self.plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
-        server = grpc.aio.server()
         servicer = DevicePluginServicer(self.plugin)
-        pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
-        # The socket is created by bind() inside add_insecure_port: the umask makes it
-        # 0600 from the first moment, not only after a chmod.
-        umask = os.umask(0o177)
-        try:
-            server.add_insecure_port(f"unix://{self.socket_path}")
-        finally:
-            os.umask(umask)
+        server = UnixServer(
+            self.socket_path, lambda s: pb_grpc.add_DevicePluginServicer_to_server(servicer, s)
+        )
         await server.start()
         self._server, self._servicer = server, servicer
-        # The kubelet may wipe the folder at any moment, this one included: a socket
-        # gone already leaves _socket_id None, and its deletion event serves again.
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.chmod(0o600)
-        self._socket_id = _identity(self.socket_path)
         self._registered_to = None  # the kubelet knows only the old socket
 
     async def _stop_server(self, grace: float) -> None:
@@ -164,11 +138,7 @@ class Endpoint:
         """Close streams, stop serving, remove our socket (if it is still ours)."""
         if self._retry is not None:
             self._retry.cancel()
-        ours = self._socket_id is not None and _identity(self.socket_path) == self._socket_id
         await self._stop_server(grace=STOP_GRACE_S)
-        if ours:
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
 
     @property
     def name(self) -> str:

@@ -41,6 +41,7 @@ from devplug.api.constants import (
 from devplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug.framework.unixserver import UnixServer
 from devplug.simulator import checkpoint, topology
 from devplug.simulator.endpoint import EndpointError
 from devplug.simulator.manager import (
@@ -70,7 +71,6 @@ from devplug.simulator.results import (
     PodSummary,
     ResourceStatus,
 )
-from devplug.simulator.servers import UnixServer
 
 log = logging.getLogger("devplug.simulator.kubelet")
 
@@ -292,7 +292,7 @@ class Kubelet:
         if self._manager is not None:
             await self._manager.close()
         if self._pod_resources_server is not None:
-            await self._pod_resources_server.stop()
+            await self._pod_resources_server.stop(grace=0.5)
             self._pod_resources_server = None
 
     def _cleanup_plugin_dir(self) -> None:

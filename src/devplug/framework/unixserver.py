@@ -1,0 +1,88 @@
+"""gRPC servers on unix sockets: the one way devplug serves a socket, for plugins and
+for the simulated kubelet alike."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+# sun_path holds 108 bytes, the terminating NUL included.
+MAX_SOCKET_PATH = 107
+
+# What tells one socket file from the next at the same path: a kubelet that restarts
+# creates a new file, which may reuse the inode number of the old one.
+SocketIdentity = tuple[int, int, int]
+
+
+def socket_identity(path: Path) -> SocketIdentity | None:
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def socket_path_problem(path: Path) -> str | None:
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
+        return None
+    return (
+        f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes, the limit of unix "
+        "sockets; use a shorter folder or socket name"
+    )
+
+
+class UnixServer:
+    """A grpc.aio server on one unix socket (mode 0600), which it removes when it
+    stops unless something else has taken the path meanwhile."""
+
+    def __init__(self, path: Path, add_services: Callable[[grpc.aio.Server], None]) -> None:
+        if problem := socket_path_problem(path):
+            raise ValueError(problem)
+        self.path = path
+        self._add_services = add_services
+        self._server: grpc.aio.Server | None = None
+        self.identity: SocketIdentity | None = None
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a stale socket of an earlier process
+        server = grpc.aio.server()
+        self._add_services(server)
+        # bind() inside add_insecure_port creates the file: the umask makes it 0600
+        # from the first moment, not only after a chmod.
+        umask = os.umask(0o177)
+        try:
+            server.add_insecure_port(f"unix://{self.path}")
+        finally:
+            os.umask(umask)
+        await server.start()
+        self._server = server
+        # The path may be wiped at any moment (a kubelet starting): then the identity
+        # stays None and `owns_path` is False.
+        with contextlib.suppress(FileNotFoundError):
+            self.path.chmod(0o600)
+        self.identity = socket_identity(self.path)
+
+    def owns_path(self) -> bool:
+        """Whether the file at `path` is still this server's socket."""
+        return self.identity is not None and socket_identity(self.path) == self.identity
+
+    async def stop(self, grace: float) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        ours = self.owns_path()
+        await server.stop(grace)
+        if ours:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+        self.identity = None
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
