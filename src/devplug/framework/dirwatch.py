@@ -21,7 +21,6 @@ ENTRY_EVENTS = (
     | Mask.DELETE
     | Mask.MOVED_FROM
     | Mask.MOVED_TO
-    | Mask.ATTRIB
     | Mask.DELETE_SELF
     | Mask.MOVE_SELF
     | Mask.ONLYDIR

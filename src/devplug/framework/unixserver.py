@@ -53,8 +53,8 @@ class UnixServer:
             self.path.unlink()  # a stale socket of an earlier process
         server = grpc.aio.server()
         self._add_services(server)
-        # bind() inside add_insecure_port creates the file: the umask makes it 0600
-        # from the first moment, not only after a chmod.
+        # bind() inside add_insecure_port creates the file, 0600 by this umask. No
+        # chmod after: it would change the file's ctime, part of its identity.
         umask = os.umask(0o177)
         try:
             server.add_insecure_port(f"unix://{self.path}")
@@ -64,8 +64,6 @@ class UnixServer:
         self._server = server
         # The path may be wiped at any moment (a kubelet starting): then the identity
         # stays None and `owns_path` is False.
-        with contextlib.suppress(FileNotFoundError):
-            self.path.chmod(0o600)
         self.identity = socket_identity(self.path)
 
     def owns_path(self) -> bool:
