@@ -7,11 +7,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint proto bench clean
 
+# Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	@echo "installing devplug into $(VENV)" >&2
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip >&2
+	@$(BIN)/python -m pip install -q -e '.[dev]' >&2
+	@touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/devplug demo
@@ -28,7 +30,7 @@ proto: $(STAMP)
 	$(BIN)/python tools/genproto.py
 
 bench: $(STAMP)
-	$(BIN)/python bench/run.py
+	@$(BIN)/python bench/run.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
