@@ -64,6 +64,8 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
 
 
 def _print_text(config: str, report: list[dict[str, Any]]) -> None:
+    from devplug.tables import table
+
     print(f"{config}: valid, {len(report)} resource(s)")
     for resource in report:
         devices = resource["devices"]
@@ -81,9 +83,7 @@ def _print_text(config: str, report: list[dict[str, Any]]) -> None:
             )
             for d in devices
         ]
-        widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
-        for row in rows:
-            cells = [c.ljust(w) for c, w in zip(row, widths, strict=False)] + [row[3]]
-            print("  " + "  ".join(cells))
+        for line in table(None, rows, indent="  "):
+            print(line)
         for warning in resource["warnings"]:
             print(f"  warning: {warning}")

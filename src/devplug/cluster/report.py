@@ -10,16 +10,7 @@ import msgspec
 from devplug.cluster.cluster import ADMITTED, REJECTED, UNSCHEDULABLE, NodeSummary, Placement
 from devplug.simulator.report import results_text
 from devplug.simulator.results import ContainerResult, PodResult
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [len(h) for h in header]
-    for row in rows:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
-    return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
+from devplug.tables import table
 
 
 def _why(placement: Placement) -> str:
@@ -65,7 +56,7 @@ def _detail(placement: Placement) -> list[str]:
 def report_text(placements: Sequence[Placement], nodes: Sequence[NodeSummary]) -> str:
     """A summary table of the pods, each pod's nodes and containers, then the nodes."""
     rows = [[f"{p.namespace}/{p.pod}", p.node or "-", p.status, _why(p)] for p in placements]
-    lines = _table(["POD", "NODE", "STATUS", "REASON"], rows)
+    lines = table(["POD", "NODE", "STATUS", "REASON"], rows)
     for placement in placements:
         lines.append("")
         lines += _detail(placement)
@@ -76,7 +67,7 @@ def report_text(placements: Sequence[Placement], nodes: Sequence[NodeSummary]) -
     ]
     if node_rows:
         lines.append("")
-        lines += _table(
+        lines += table(
             ["NODE", "RESOURCE", "CAPACITY", "ALLOCATABLE", "ALLOCATED", "REQUESTED"], node_rows
         )
     return "\n".join(lines)

@@ -15,6 +15,8 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
+from devplug.tables import table
+
 Event = Mapping[str, Any]
 
 WIDTH = 80
@@ -28,6 +30,9 @@ _STYLES = {
     "yellow": "\033[33m",
     "cyan": "\033[36m",
 }
+
+# Text under a step heading.
+STEP_INDENT = "   "
 
 
 class View(Protocol):
@@ -74,17 +79,6 @@ class JsonView:
 
     def close(self) -> None:
         self.stream.flush()
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "   ") -> list[str]:
-    """Columns padded to their widest cell, two spaces apart."""
-    widths = [len(h) for h in header]
-    for row in rows:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
-    return [
-        indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
 
 
 def id_range(ids: Sequence[str]) -> str:
@@ -176,7 +170,7 @@ class TextView:
         else:
             header = ["RESOURCE", "PLUGIN SOCKET", "DEVICES", "AFTER RESTART"]
         cells = [[r["resource"], r["socket"], str(r["devices"]), f"{r['ms']:.0f} ms"] for r in rows]
-        lines = table(header, cells)
+        lines = table(header, cells, STEP_INDENT)
         lines[0] = self.style(lines[0], "bold")
         lines[1:] = [self.style(line, "green") for line in lines[1:]]
         self._write(lines)
@@ -214,7 +208,7 @@ class TextView:
             f"   it serves {event['config']}, one plugin socket per resource:",
         ]
         rows = [[r["resource"], r["what"]] for r in event["resources"]]
-        lines += table(["RESOURCE", "DEVICES"], rows, indent="     ")[1:]
+        lines += table(None, rows, indent="     ")
         lines.append("   each registers (time since the plugin process started):")
         return lines
 
@@ -223,7 +217,7 @@ class TextView:
             [r["resource"], str(r["capacity"]), str(r["allocatable"]), id_range(r["devices"])]
             for r in event["resources"]
         ]
-        lines = table(["RESOURCE", "CAPACITY", "ALLOCATABLE", "DEVICE IDS"], rows)
+        lines = table(["RESOURCE", "CAPACITY", "ALLOCATABLE", "DEVICE IDS"], rows, STEP_INDENT)
         lines[0] = self.style(lines[0], "bold")
         return lines
 
@@ -299,7 +293,7 @@ class TextView:
             ]
             for r in event["resources"]
         ]
-        body = table(["RESOURCE", "ALLOCATABLE", "IN USE", "FREE"], rows)
+        body = table(["RESOURCE", "ALLOCATABLE", "IN USE", "FREE"], rows, STEP_INDENT)
         body[0] = self.style(body[0], "bold")
         body[1:] = [
             self.style(line, "green") if r["free_after"] > r["free_before"] else line

@@ -14,6 +14,7 @@ from devplug.simulator.results import (
     PodSummary,
     RuntimeOptions,
 )
+from devplug.tables import table
 
 
 def _container_record(
@@ -60,16 +61,6 @@ def pods_json_lines(pods: Sequence[PodSummary]) -> list[str]:
         msgspec.json.encode(_container_record(p.name, p.namespace, p.uid, c)).decode()
         for p in pods
         for c in p.containers
-    ]
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [len(h) for h in header]
-    for row in rows:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
-    return [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
     ]
 
 
@@ -130,7 +121,7 @@ def pods_text(pods: Sequence[PodSummary]) -> str:
                     devices or "-",
                 ]
             )
-    return "\n".join(_table(["NAMESPACE", "POD", "CONTAINER", "STATE", "DEVICES"], rows))
+    return "\n".join(table(["NAMESPACE", "POD", "CONTAINER", "STATE", "DEVICES"], rows))
 
 
 def node_text(status: NodeStatus) -> str:
@@ -165,7 +156,7 @@ def node_text(status: NodeStatus) -> str:
         "REGISTERED",
         "REGISTER CALLS",
     ]
-    lines += _table(header, rows) if rows else ["no resources registered"]
+    lines += table(header, rows) if rows else ["no resources registered"]
     device_rows = []
     for r in status.resources:
         for d in r.devices:
@@ -180,14 +171,14 @@ def node_text(status: NodeStatus) -> str:
             )
     if device_rows:
         lines.append("")
-        lines += _table(["RESOURCE", "DEVICE", "HEALTH", "NUMA", "ALLOCATED TO"], device_rows)
+        lines += table(["RESOURCE", "DEVICE", "HEALTH", "NUMA", "ALLOCATED TO"], device_rows)
     if status.alloc_duration:
         lines.append("")
         rows = [
             [name, str(h.count), f"{(h.sum_seconds / h.count * 1000) if h.count else 0:.1f} ms"]
             for name, h in status.alloc_duration.items()
         ]
-        lines += _table(["RESOURCE", "ALLOCATE CALLS", "MEAN DURATION"], rows)
+        lines += table(["RESOURCE", "ALLOCATE CALLS", "MEAN DURATION"], rows)
     return "\n".join(lines)
 
 
