@@ -41,6 +41,22 @@ R = "resources: [{name: example.com/a, "
 G = "resources: [{name: example.com/a, groups: [{paths: [{path: "
 
 BAD = {
+    "id-on-glob": Bad(
+        G + "/dev/tty*}], id: tty}]}]", "resources[0].groups[0].id", "not allowed with a glob"
+    ),
+    "id-too-long": Bad(
+        G + "/dev/kvm}], id: " + "k" * 64 + "}]}]",
+        "resources[0].groups[0].id",
+        "longer than 63",
+    ),
+    "id-with-replica-separator": Bad(
+        G + "/dev/kvm}], id: 'a::b'}]}]", "resources[0].groups[0].id", "separator"
+    ),
+    "duplicate-id": Bad(
+        G + "/dev/kvm}], id: x}, {paths: [{path: /dev/null}], id: x}]}]",
+        "resources[0].groups[1].id",
+        "already the ID",
+    ),
     "unknown-key": Bad(R + "virtual: 1, colour: red}]", "resources[0].colour", "unknown key"),
     "unknown-nested-key": Bad(
         G + "/dev/kvm, containerpath: /dev/kvm}]}]}]",
@@ -312,6 +328,18 @@ def test_host_replicas_share_the_nodes() -> None:
     devices = plugin.discover()
     assert [d.id for d in devices] == ["null::0", "null::1", "null::2"]
     assert len({d.nodes for d in devices}) == 1
+
+
+def test_a_group_can_name_its_device() -> None:
+    [plugin] = build_plugins(
+        parse_config(
+            G + "/dev/null, containerPath: /dev/nvidia0}], id: nvidia0},"
+            " {paths: [{path: /dev/zero}]}], count: 2}]"
+        )
+    )
+    devices = plugin.discover()
+    assert [d.id for d in devices] == ["nvidia0::0", "nvidia0::1", "zero::0", "zero::1"]
+    assert devices[0].nodes[0].container_path == "/dev/nvidia0"
 
 
 def test_ids_do_not_depend_on_discovery_order(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import yaml
 
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 from devplug.framework.device import cdi_name_problem, permissions_problem
-from devplug.framework.names import resource_name_problem
+from devplug.framework.names import device_id_problem, resource_name_problem
 
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
@@ -49,6 +49,8 @@ class MountSpec(_Schema):
 
 class GroupSpec(_Schema):
     paths: list[PathSpec]
+    # The device's ID instead of one derived from its first path (groups with no glob).
+    id: str | None = None
     mounts: list[MountSpec] = []
     env: dict[str, str] = {}
     annotations: dict[str, str] = {}
@@ -206,10 +208,11 @@ def _check(config: Config, source: str) -> None:
         for j, group in enumerate(resource.groups):
             _check_group(group, f"{at}.groups[{j}]", resource.allow_any_path, fail)
             if not any(has_glob(p.path) for p in group.paths):
-                device_id = path_device_id(group.paths[0].path)
+                device_id = group_device_id(group)
                 if device_id in ids:
+                    field = "id" if group.id is not None else "paths[0].path"
                     fail(
-                        f"{at}.groups[{j}].paths[0].path",
+                        f"{at}.groups[{j}].{field}",
                         f"device ID {device_id!r} is already the ID of {ids[device_id]}",
                     )
                 ids[device_id] = f"{at}.groups[{j}]"
@@ -218,6 +221,13 @@ def _check(config: Config, source: str) -> None:
 def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -> None:
     if not group.paths:
         fail(f"{at}.paths", "expected at least one path")
+    if group.id is not None:
+        if any(has_glob(p.path) for p in group.paths):
+            fail(f"{at}.id", "not allowed with a glob path: each match is a device of its own")
+        if problem := device_id_problem(group.id):
+            fail(f"{at}.id", problem)
+        if "::" in group.id:
+            fail(f"{at}.id", f"{group.id!r} contains '::', the separator of shared replicas")
     for k, spec in enumerate(group.paths):
         where = f"{at}.paths[{k}]"
         if problem := _host_path_problem(spec.path, allow_any_path):
@@ -283,6 +293,11 @@ def has_glob(path: str) -> bool:
 
 _UNSAFE_ID_CHARS = re.compile(r"[\s,]|[^\x20-\x7e]")
 _ENV_UNSAFE = re.compile(r"[^A-Za-z0-9]")
+
+
+def group_device_id(group: GroupSpec) -> str:
+    """The ID of a group with no glob: its `id`, or one derived from its first path."""
+    return group.id if group.id is not None else path_device_id(group.paths[0].path)
 
 
 def path_device_id(path: str) -> str:

@@ -24,6 +24,7 @@ from devplug.framework.plugin import Plugin
 from devplug.sources.config import (
     GroupSpec,
     ResourceSpec,
+    group_device_id,
     has_glob,
     ids_env_name,
     path_device_id,
@@ -78,7 +79,7 @@ class HostDevicePlugin(Plugin):
             )
             globs = [(k, p) for k, p in enumerate(group.paths) if has_glob(p.path)]
             if not globs:
-                base = _Base(path_device_id(group.paths[0].path), (g, -1, ""), static, group)
+                base = _Base(group_device_id(group), (g, -1, ""), static, group)
                 if warning := self._add(base):
                     warnings.append(warning)
                 continue
