@@ -325,12 +325,16 @@ def test_socket_is_served_only_after_the_first_publish(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         plugin = Slow()
+        quick = Plugin("example.com/quick", devices=[Device("q0")])
         stop = asyncio.Event()
-        task = asyncio.create_task(Daemon([plugin], tmp_path).run(stop))
+        task = asyncio.create_task(Daemon([plugin, quick], tmp_path).run(stop))
         socket = tmp_path / plugin.socket_name
-        # The daemon watches the folder before anything else; let it settle on the loop.
-        for _ in range(20):
-            await asyncio.sleep(0)
+        # The daemon is up and serving what it knows (the quick plugin)...
+        async with unix_channel(tmp_path / quick.socket_name) as channel:
+            await pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                pb.Empty(), wait_for_ready=True, timeout=TIMEOUT
+            )
+        # ...but not the plugin whose devices are unknown yet.
         assert not socket.exists()
         plugin.go.set()
         async with unix_channel(socket) as channel:
