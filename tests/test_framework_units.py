@@ -122,3 +122,26 @@ def test_preferred_spreads_over_few_nodes() -> None:
 def test_preferred_returns_must_include_when_enough() -> None:
     devices = _numa({0: ["a0", "a1"]})
     assert prefer_numa_local(devices, devices[1:], 1) == ["a1"]
+
+
+def _replicas(spec: dict[str, int], numa: int = 0) -> list[Device]:
+    return [Device(f"{p}::{k}", numa_nodes=[numa]) for p, n in spec.items() for k in range(n)]
+
+
+def test_preferred_spreads_replicas_over_physical_devices() -> None:
+    devices = _replicas({"a": 3, "b": 3})
+    assert prefer_numa_local(devices, [], 2) == ["a::0", "b::0"]
+    assert prefer_numa_local(devices, [devices[0]], 2) == ["a::0", "b::0"]
+    assert prefer_numa_local(devices, [], 4) == ["a::0", "b::0", "a::1", "b::1"]
+
+
+def test_preferred_takes_the_least_loaded_device_first() -> None:
+    # a has one share left, b three: b is the less loaded device.
+    devices = _replicas({"a": 1, "b": 3})
+    assert prefer_numa_local(devices, [], 1) == ["b::0"]
+    assert prefer_numa_local(devices, [], 2) == ["b::0", "a::0"]
+
+
+def test_plain_ids_keep_the_offered_order() -> None:
+    devices = [Device(i, numa_nodes=[0]) for i in ("d3", "d1", "d2")]
+    assert prefer_numa_local(devices, [], 2) == ["d3", "d1"]

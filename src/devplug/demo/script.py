@@ -105,7 +105,7 @@ def serve_command(plugin_dir: Path, log_level: str = "info") -> list[str]:
 def describe(spec: ResourceSpec) -> str:
     """What a resource of the config serves, in words."""
     if spec.virtual is not None:
-        what = f"{spec.virtual} virtual devices"
+        what = f"{spec.virtual} virtual device{'s' if spec.virtual > 1 else ''}"
         if spec.count == 1:
             what += " (no device node)"
     else:
