@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from devplug.testing import pod_manifest
+
 FOO = "example.com/foo"
 BAR = "example.com/bar"
 
@@ -144,33 +146,25 @@ class PluginProcess:
 
 def pod(
     name: str,
-    containers: Mapping[str, Mapping[str, object]],
-    init: Mapping[str, Mapping[str, object]] | None = None,
+    containers: Mapping[str, Mapping[str, int | str]],
+    init: Mapping[str, Mapping[str, int | str]] | None = None,
     *,
     namespace: str | None = None,
     sidecars: Sequence[str] = (),
-    requests: Mapping[str, Mapping[str, object]] | None = None,
+    requests: Mapping[str, Mapping[str, int | str]] | None = None,
 ) -> dict[str, Any]:
-    """A Pod manifest: container name -> {resource: limit}; `requests` adds requests."""
-
-    def spec(cname: str, limits: Mapping[str, object], init: bool) -> dict[str, Any]:
-        resources: dict[str, Any] = {}
-        if limits:
-            resources["limits"] = dict(limits)
-        if requests and cname in requests:
-            resources["requests"] = dict(requests[cname])
-        entry: dict[str, Any] = {"name": cname, "image": "busybox", "resources": resources}
-        if init and cname in sidecars:
-            entry["restartPolicy"] = "Always"
-        return entry
-
-    metadata: dict[str, Any] = {"name": name}
-    if namespace:
-        metadata["namespace"] = namespace
-    body: dict[str, Any] = {"containers": [spec(n, r, False) for n, r in containers.items()]}
-    if init:
-        body["initContainers"] = [spec(n, r, True) for n, r in init.items()]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body}
+    """`pod_manifest` with limits only (the API server defaults requests to them);
+    `requests` sets a container's requests explicitly."""
+    manifest = pod_manifest(
+        name, containers, init_containers=init, sidecars=sidecars, namespace=namespace
+    )
+    spec = manifest["spec"]
+    for entry in [*spec["containers"], *spec.get("initContainers", [])]:
+        resources = entry.setdefault("resources", {})
+        resources.pop("requests", None)
+        if requests and entry["name"] in requests:
+            resources["requests"] = dict(requests[entry["name"]])
+    return manifest
 
 
 def pods_yaml(*manifests: Mapping[str, Any]) -> str:

@@ -69,8 +69,12 @@ def test_registers_once_devices_are_known(short_tmp: Path) -> None:
             }
             # The device list arrived with (not after) the registration: nothing was
             # ever seen empty.
-            devices_events = [e for e in kubelet.events if e.kind == "devices"]
-            assert all("0 devices" not in e.detail for e in devices_events)
+            lists: dict[str, list[str]] = {FAKE: [], BIG: []}
+            for event in kubelet.events:
+                if event.kind == "devices":
+                    lists[event.resource].append(event.detail)
+            # Every list the kubelet saw was whole and healthy ("healthy/total healthy").
+            assert lists == {FAKE: ["3/3 healthy"], BIG: ["1000/1000 healthy"]}
 
     asyncio.run(scenario())
 

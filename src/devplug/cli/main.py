@@ -34,23 +34,29 @@ WITHOUT_TLS = {"serve"}
 
 def _command(argv: Sequence[str] | None) -> str | None:
     """The sub-command named in `argv`, found before the full parser imports anything."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--log-level")
-    pre.add_argument("--log-format")
+    pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    _add_global_options(pre)
     pre.add_argument("command", nargs="?")
-    known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:
+        known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
+    except argparse.ArgumentError:
+        return None  # the full parser reports it
     name: str | None = known.command
     return name
+
+
+def _add_global_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.add_argument("--log-format", default="text", choices=["text", "json"])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="devplug", description="Kubernetes device plugins and a kubelet simulator."
     )
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
-    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+    _add_global_options(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         cmd = importlib.import_module(f"devplug.cli.{module}")

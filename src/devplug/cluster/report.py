@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 
 from devplug.cluster.cluster import ADMITTED, REJECTED, UNSCHEDULABLE, NodeSummary, Placement
-from devplug.simulator.report import results_text
-from devplug.simulator.results import ContainerResult, PodResult
+from devplug.simulator.report import container_record, results_text
+from devplug.simulator.results import PodResult
 from devplug.tables import table
 
 
@@ -73,18 +73,6 @@ def report_text(placements: Sequence[Placement], nodes: Sequence[NodeSummary]) -
     return "\n".join(lines)
 
 
-def _container_record(container: ContainerResult) -> dict[str, Any]:
-    return {
-        "container": container.name,
-        "init": container.init,
-        "state": container.state,
-        "message": container.message,
-        "devices": container.devices,
-        "pre_started": container.pre_started,
-        "options": msgspec.to_builtins(container.options),
-    }
-
-
 def report_json_lines(placements: Sequence[Placement], nodes: Sequence[NodeSummary]) -> list[str]:
     """One `{"kind": "pod", ...}` object per pod, then one `{"kind": "node", ...}` per node."""
     lines = []
@@ -101,7 +89,7 @@ def report_json_lines(placements: Sequence[Placement], nodes: Sequence[NodeSumma
             "requests": p.requests,
             "scores": p.scores,
             "unfit": p.unfit,
-            "containers": [_container_record(c) for c in p.containers],
+            "containers": [container_record(c) for c in p.containers],
         }
         lines.append(msgspec.json.encode(record).decode())
     for n in nodes:

@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 
 from devplug.demo.view import View, make_view
+from devplug.framework.preferred import physical_id
 
 if TYPE_CHECKING:
-    from devplug.simulator import Kubelet, ResourceStatus
+    from devplug.simulator import Kubelet, KubeletEvent, ResourceStatus
     from devplug.sources import ResourceSpec
 
 log = logging.getLogger("devplug.demo")
@@ -300,7 +301,6 @@ class Demo:
         return rows
 
     async def register(self, kubelet: Kubelet) -> None:
-        from devplug.simulator.kubelet import REGISTERED
 
         seq = kubelet.last_event_seq
         pid = await self.plugin.start()
@@ -317,11 +317,8 @@ class Demo:
             await self.plugin.guard(
                 kubelet.wait_for_resource(name, timeout=FIRST_REGISTRATION_TIMEOUT_S)
             )
-        firsts: dict[str, Any] = {}
-        for event in kubelet.events:
-            if event.seq > seq and event.kind == REGISTERED:
-                firsts.setdefault(event.resource, event)
-        for event in sorted(firsts.values(), key=lambda e: e.seq):
+        registrations = _registrations_since(kubelet, seq)
+        for event in registrations:
             status = _status(kubelet, event.resource)
             self.emit(
                 "registered",
@@ -331,7 +328,7 @@ class Demo:
                 healthy=status.allocatable,
                 ms=round((event.time - self.plugin.started) * 1000, 1),
             )
-        self.summary["registered"] = len(firsts)
+        self.summary["registered"] = len(registrations)
 
     async def admit(self, kubelet: Kubelet) -> None:
         self.step(
@@ -378,7 +375,7 @@ class Demo:
             for device_id in c.devices.get(SHARED, [])
         }
         if holders:
-            devices = sorted({device_id.split("::")[0] for device_id in holders.values()})
+            devices = sorted({physical_id(device_id) for device_id in holders.values()})
             self.emit(
                 "shared_device",
                 resource=SHARED,
@@ -429,7 +426,6 @@ class Demo:
         self.summary["freed"] = sum(len(ids) for ids in freed.values())
 
     async def restart(self, kubelet: Kubelet) -> None:
-        from devplug.simulator.kubelet import REGISTERED
 
         self.step(
             5,
@@ -460,12 +456,9 @@ class Demo:
             await self.plugin.guard(
                 kubelet.wait_for_resource(name, timeout=REREGISTRATION_TIMEOUT_S)
             )
-        again: dict[str, Any] = {}
-        for event in kubelet.events:
-            if event.seq > seq and event.kind == REGISTERED:
-                again.setdefault(event.resource, event)
         times = []
-        for event in sorted(again.values(), key=lambda e: e.seq):
+        registrations = _registrations_since(kubelet, seq)
+        for event in registrations:
             status = _status(kubelet, event.resource)
             ms = round((event.time - t0) * 1000, 1)
             times.append(ms)
@@ -479,7 +472,18 @@ class Demo:
             )
         in_use_after = {r["resource"]: r["in_use"] for r in self.node_rows(kubelet)}
         self.emit("restored", in_use_before=in_use_before, in_use_after=in_use_after)
-        self.summary.update(reregistered=len(again), max_reregistration_ms=max(times))
+        self.summary.update(reregistered=len(registrations), max_reregistration_ms=max(times))
+
+
+def _registrations_since(kubelet: Kubelet, seq: int) -> list[KubeletEvent]:
+    """Each resource's first registration after event `seq`, in the order they came."""
+    from devplug.simulator.kubelet import REGISTERED
+
+    first: dict[str, KubeletEvent] = {}
+    for event in kubelet.events:
+        if event.seq > seq and event.kind == REGISTERED:
+            first.setdefault(event.resource, event)
+    return sorted(first.values(), key=lambda e: e.seq)
 
 
 def _status(kubelet: Kubelet, name: str) -> ResourceStatus:

@@ -40,7 +40,6 @@ class Endpoint:
         self.plugin_dir = plugin_dir
         self.socket_path = plugin_dir / plugin.socket_name
         self.kubelet_socket = plugin_dir / KUBELET_SOCKET
-        self.registrations = 0
         if problem := socket_path_problem(self.socket_path):
             raise ValueError(f"{plugin.resource_name}: {problem}")
         self._server: UnixServer | None = None
@@ -99,7 +98,6 @@ class Endpoint:
             self._schedule_retry()
             return
         self._registered_to = kubelet
-        self.registrations += 1
         self._retry_s = _RETRY_FIRST_S
         log.info(
             "%s: registered with the kubelet as %s in %.1f ms (%d devices)",

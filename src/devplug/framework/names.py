@@ -10,6 +10,9 @@ import re
 
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 
+# Replicas of a device shared by several containers are named '<device>::<k>'.
+REPLICA_SEPARATOR = "::"
+
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )

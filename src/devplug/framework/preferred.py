@@ -7,9 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from devplug.framework.device import Device
-
-# Replicas of a device shared by several containers are named '<device>::<k>'.
-REPLICA_SEPARATOR = "::"
+from devplug.framework.names import REPLICA_SEPARATOR
 
 
 def physical_id(device_id: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -55,8 +56,7 @@ def resolve(plugin: Plugin, ids: Sequence[str], *, need_healthy: bool = True) ->
     if unknown:
         raise AllocationError(f"unknown device IDs: {_show(unknown)}")
     if len(set(ids)) != len(ids):
-        seen: set[str] = set()
-        twice = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+        twice = sorted(i for i, n in Counter(ids).items() if n > 1)
         raise AllocationError(f"device IDs requested more than once: {_show(twice)}")
     devices = [table[i] for i in ids]
     if need_healthy:

@@ -17,14 +17,9 @@ from devplug.simulator.results import (
 from devplug.tables import table
 
 
-def _container_record(
-    name: str, namespace: str, uid: str, container: ContainerResult
-) -> dict[str, Any]:
+def container_record(container: ContainerResult) -> dict[str, Any]:
+    """A container's result as plain JSON-ready data."""
     return {
-        "pod": name,
-        "namespace": namespace,
-        "uid": uid,
-        "admitted": True,
         "container": container.name,
         "init": container.init,
         "state": container.state,
@@ -33,6 +28,14 @@ def _container_record(
         "pre_started": container.pre_started,
         "options": msgspec.to_builtins(container.options),
     }
+
+
+def _pod_container_record(
+    name: str, namespace: str, uid: str, container: ContainerResult
+) -> dict[str, Any]:
+    return {"pod": name, "namespace": namespace, "uid": uid, "admitted": True} | container_record(
+        container
+    )
 
 
 def json_lines(results: Sequence[PodResult]) -> list[str]:
@@ -51,14 +54,14 @@ def json_lines(results: Sequence[PodResult]) -> list[str]:
             lines.append(msgspec.json.encode(record).decode())
             continue
         for container in pod.containers:
-            record = _container_record(pod.name, pod.namespace, pod.uid, container)
+            record = _pod_container_record(pod.name, pod.namespace, pod.uid, container)
             lines.append(msgspec.json.encode(record).decode())
     return lines
 
 
 def pods_json_lines(pods: Sequence[PodSummary]) -> list[str]:
     return [
-        msgspec.json.encode(_container_record(p.name, p.namespace, p.uid, c)).decode()
+        msgspec.json.encode(_pod_container_record(p.name, p.namespace, p.uid, c)).decode()
         for p in pods
         for c in p.containers
     ]

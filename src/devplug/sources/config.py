@@ -20,7 +20,7 @@ import yaml
 
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 from devplug.framework.device import cdi_name_problem, permissions_problem
-from devplug.framework.names import device_id_problem, resource_name_problem
+from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
 
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
@@ -226,8 +226,11 @@ def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -
             fail(f"{at}.id", "not allowed with a glob path: each match is a device of its own")
         if problem := device_id_problem(group.id):
             fail(f"{at}.id", problem)
-        if "::" in group.id:
-            fail(f"{at}.id", f"{group.id!r} contains '::', the separator of shared replicas")
+        if REPLICA_SEPARATOR in group.id:
+            fail(
+                f"{at}.id",
+                f"{group.id!r} contains {REPLICA_SEPARATOR!r}, the separator of shared replicas",
+            )
     for k, spec in enumerate(group.paths):
         where = f"{at}.paths[{k}]"
         if problem := _host_path_problem(spec.path, allow_any_path):
@@ -331,8 +334,8 @@ def replica_ids(device_id: str, count: int) -> list[str]:
     replicas; the base is shortened (`cap_id`) so that every ID fits the kubelet's limit."""
     if count == 1:
         return [cap_id(device_id)]
-    base = cap_id(device_id, MAX_DEVICE_ID_LENGTH - len(f"::{count - 1}"))
-    return [f"{base}::{k}" for k in range(count)]
+    base = cap_id(device_id, MAX_DEVICE_ID_LENGTH - len(f"{REPLICA_SEPARATOR}{count - 1}"))
+    return [f"{base}{REPLICA_SEPARATOR}{k}" for k in range(count)]
 
 
 def ids_env_name(resource_name: str) -> str:
