@@ -165,3 +165,18 @@ def test_pod_resources_api(tmp_path: Path) -> None:
                     assert caught.value.details() == "pod nope in namespace ml not found"
 
     run(scenario())
+
+
+def test_a_failed_start_leaves_nothing_served(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    kubelet = Kubelet(tmp_path / "plugins", tmp_path / "state", control_socket=blocker / "c.sock")
+
+    async def scenario() -> None:
+        with pytest.raises(NotADirectoryError):
+            await kubelet.start()
+        assert not kubelet.running
+        assert not (tmp_path / "plugins" / "kubelet.sock").exists()
+        assert not kubelet.pod_resources_socket.exists()
+
+    run(scenario())

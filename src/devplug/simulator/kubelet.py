@@ -223,8 +223,13 @@ class Kubelet:
         if self.control_socket is not None:
             from devplug.simulator.control import ControlServer
 
-            self._control = ControlServer(self, self.control_socket)
-            await self._control.start()
+            control = ControlServer(self, self.control_socket)
+            try:
+                await control.start()
+            except BaseException:
+                await self._stop_node()  # a half-started kubelet serves nothing
+                raise
+            self._control = control
         self._running = True
         log.info(
             "kubelet simulator serving %s (topology policy %s)",
