@@ -173,7 +173,7 @@ def test_a_failed_start_leaves_nothing_served(tmp_path: Path) -> None:
     kubelet = Kubelet(tmp_path / "plugins", tmp_path / "state", control_socket=blocker / "c.sock")
 
     async def scenario() -> None:
-        with pytest.raises(NotADirectoryError):
+        with pytest.raises(FileExistsError, match="not-a-folder"):
             await kubelet.start()
         assert not kubelet.running
         assert not (tmp_path / "plugins" / "kubelet.sock").exists()
