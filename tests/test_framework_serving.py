@@ -375,3 +375,46 @@ def test_socket_path_too_long_is_a_clear_error(tmp_path: Path) -> None:
     deep = tmp_path / ("x" * 100)
     with pytest.raises(ValueError, match="longer than 107 bytes"):
         Daemon([Plugin("example.com/a", devices=[])], deep)
+
+
+def test_services_run_beside_the_plugins_and_stop_with_the_daemon(tmp_path: Path) -> None:
+    class Recorder:
+        def __init__(self) -> None:
+            self.saw: list[str] = []
+            self.started = asyncio.Event()
+            self.cancelled = False
+
+        async def run(self, daemon: Daemon) -> None:
+            self.saw = [p.resource_name for p in daemon.plugins]
+            self.started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+
+    async def scenario() -> None:
+        recorder = Recorder()
+        stop = asyncio.Event()
+        task = asyncio.create_task(Daemon([gpus()], tmp_path, services=[recorder]).run(stop))
+        await asyncio.wait_for(recorder.started.wait(), TIMEOUT)
+        assert recorder.saw == ["example.com/gpu"]
+        stop.set()
+        await asyncio.wait_for(task, TIMEOUT)
+        assert recorder.cancelled
+
+    run(scenario())
+
+
+def test_failing_service_stops_the_daemon(tmp_path: Path) -> None:
+    class Broken:
+        async def run(self, daemon: Daemon) -> None:
+            raise OSError("cannot write the feature file")
+
+    async def scenario() -> None:
+        with pytest.raises(OSError, match="feature file"):
+            await asyncio.wait_for(
+                Daemon([gpus()], tmp_path, services=[Broken()]).run(asyncio.Event()), TIMEOUT
+            )
+
+    run(scenario())

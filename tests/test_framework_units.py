@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from devplug import Device, DeviceNode, Mount, merge_edits
 from devplug.framework.names import device_id_problem, resource_name_problem
 from devplug.framework.preferred import prefer_numa_local
+from devplug.outputs.files import remove_quietly, write_atomic
 
 
 @pytest.mark.parametrize(
@@ -145,3 +148,32 @@ def test_preferred_takes_the_least_loaded_device_first() -> None:
 def test_plain_ids_keep_the_offered_order() -> None:
     devices = [Device(i, numa_nodes=[0]) for i in ("d3", "d1", "d2")]
     assert prefer_numa_local(devices, [], 2) == ["d3", "d1"]
+
+
+def test_device_attributes_describe_without_editing_containers() -> None:
+    a = Device("fpga0", attributes={"model": "u280", "numa": 1, "vfio": True})
+    assert dict(a.attributes) == {"model": "u280", "numa": 1, "vfio": True}
+    assert a != Device("fpga0", attributes={"model": "u250", "numa": 1, "vfio": True})
+    assert a == Device("fpga0", attributes={"vfio": True, "numa": 1, "model": "u280"})
+    assert a.with_health(False).attributes == a.attributes
+    assert merge_edits([a]).env == {}
+    with pytest.raises(TypeError):
+        a.attributes["model"] = "x"  # type: ignore[index]
+
+
+def test_write_atomic_replaces_whole_files_and_skips_equal_content(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "features"
+    assert write_atomic(target, "a=1\n")
+    assert target.read_text() == "a=1\n"
+    assert (target.stat().st_mode & 0o777) == 0o644
+    before = target.stat().st_ino
+    assert not write_atomic(target, b"a=1\n")  # same content: untouched
+    assert target.stat().st_ino == before
+    assert write_atomic(target, "a=2\n", mode=0o600)
+    assert target.read_text() == "a=2\n"
+    assert target.stat().st_ino != before  # a rename, not an in-place write
+    assert (target.stat().st_mode & 0o777) == 0o600
+    assert [p.name for p in target.parent.iterdir()] == ["features"]  # no temp file left
+    remove_quietly(target)
+    remove_quietly(target)
+    assert not target.exists()

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
 from devplug.framework.dirwatch import DirWatcher
@@ -17,16 +17,38 @@ from devplug.framework.signals import stop_on_signals
 log = logging.getLogger("devplug.daemon")
 
 
+class Service(Protocol):
+    """Something that runs beside the plugins for the daemon's lifetime (a file kept in
+    step with the devices, a metrics server, a config watcher...).
+
+    `run` is started once every endpoint task exists and cancelled on shutdown; it
+    should clean up what it made when cancelled. A failure stops the daemon.
+    """
+
+    async def run(self, daemon: Daemon) -> None: ...
+
+
 class Daemon:
     """Serves several plugins, each on its own socket, from one process."""
 
-    def __init__(self, plugins: Sequence[Plugin], plugin_dir: Path | str = DEVICE_PLUGIN_PATH):
+    def __init__(
+        self,
+        plugins: Sequence[Plugin],
+        plugin_dir: Path | str = DEVICE_PLUGIN_PATH,
+        *,
+        services: Sequence[Service] = (),
+    ):
         names = [p.resource_name for p in plugins]
         if len(set(names)) != len(names):
             raise ValueError(f"a resource is served twice: {sorted(names)}")
         self.plugin_dir = Path(plugin_dir)
         self.endpoints = [Endpoint(p, self.plugin_dir) for p in plugins]
         self._watched = {KUBELET_SOCKET, *(p.socket_name for p in plugins)}
+        self.services = list(services)
+
+    @property
+    def plugins(self) -> list[Plugin]:
+        return [e.plugin for e in self.endpoints]
 
     def _on_folder_event(self, folder: Path, name: str) -> None:
         if name and name not in self._watched:
@@ -46,6 +68,8 @@ class Daemon:
         for endpoint in self.endpoints:
             tasks.append(asyncio.create_task(_scan(endpoint.plugin), name=f"scan {endpoint.name}"))
             tasks.append(asyncio.create_task(endpoint.run(), name=f"serve {endpoint.name}"))
+        for service in self.services:
+            tasks.append(asyncio.create_task(service.run(self), name=type(service).__name__))
         stopping = asyncio.create_task(stop.wait())
         try:
             while True:
@@ -78,6 +102,11 @@ def run(*plugins: Plugin, plugin_dir: Path | str = DEVICE_PLUGIN_PATH) -> None:
     asyncio.run(serve(plugins, plugin_dir))
 
 
-async def serve(plugins: Sequence[Plugin], plugin_dir: Path | str = DEVICE_PLUGIN_PATH) -> None:
+async def serve(
+    plugins: Sequence[Plugin],
+    plugin_dir: Path | str = DEVICE_PLUGIN_PATH,
+    *,
+    services: Sequence[Service] = (),
+) -> None:
     with stop_on_signals() as stop:
-        await Daemon(plugins, plugin_dir).run(stop)
+        await Daemon(plugins, plugin_dir, services=services).run(stop)

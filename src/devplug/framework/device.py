@@ -62,6 +62,10 @@ class Mount:
             object.__setattr__(self, "container_path", self.host_path)
 
 
+# A device attribute's value: a string, a number or a flag (DRA's attribute types).
+Attribute = str | int | bool
+
+
 def _frozen_map(values: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(values))
 
@@ -83,6 +87,10 @@ class Device:
     env: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     cdi_devices: tuple[str, ...] = ()
+    # What the device is, for people and schedulers rather than containers: model,
+    # vendor, PCI address, serial, memory... Feeds node labels, per-model pools and
+    # DRA slice attributes; never sent to the kubelet.
+    attributes: Mapping[str, Attribute] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if problem := device_id_problem(self.id):
@@ -94,6 +102,7 @@ class Device:
         object.__setattr__(self, "cdi_devices", tuple(self.cdi_devices))
         object.__setattr__(self, "env", _frozen_map(self.env))
         object.__setattr__(self, "annotations", _frozen_map(self.annotations))
+        object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
         for name in self.cdi_devices:
             if problem := cdi_name_problem(name):
                 raise ValueError(problem)
@@ -112,6 +121,7 @@ class Device:
             self.env,
             self.annotations,
             self.cdi_devices,
+            self.attributes,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -132,6 +142,7 @@ class Device:
             tuple(sorted(self.env.items())),
             tuple(sorted(self.annotations.items())),
             self.cdi_devices,
+            tuple(sorted(self.attributes.items())),
         )
 
 

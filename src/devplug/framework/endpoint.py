@@ -120,8 +120,8 @@ class Endpoint:
         server = UnixServer(
             self.socket_path, lambda s: pb_grpc.add_DevicePluginServicer_to_server(servicer, s)
         )
+        self._server, self._servicer = server, servicer  # first: stop() reaches it
         await server.start()
-        self._server, self._servicer = server, servicer
         self._registered_to = None  # the kubelet knows only the old socket
 
     async def _stop_server(self, grace: float) -> None:

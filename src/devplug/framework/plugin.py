@@ -135,6 +135,14 @@ class Plugin:
     async def pre_start(self, devices: Sequence[Device]) -> None:
         """Prepare devices before a container starts (reset, warm up...)."""
 
+    def node_labels(self) -> Mapping[str, str]:
+        """Node labels that describe this resource (`name=value` lines of a
+        node-feature-discovery feature file), derived from the published devices.
+
+        Names are qualified (`example.com/widget.count`); the default gives none.
+        """
+        return {}
+
     @property
     def pre_start_required(self) -> bool:
         return type(self).pre_start is not Plugin.pre_start

@@ -60,8 +60,13 @@ class UnixServer:
             server.add_insecure_port(f"unix://{self.path}")
         finally:
             os.umask(umask)
-        await server.start()
-        self._server = server
+        self._server = server  # set first: a stop() while starting still stops it
+        try:
+            await server.start()
+        except BaseException:
+            self._server = None
+            await server.stop(0)
+            raise
         # The path may be wiped at any moment (a kubelet starting): then the identity
         # stays None and `owns_path` is False.
         self.identity = socket_identity(self.path)

@@ -1,0 +1,42 @@
+"""Atomic file replacement: the one way devplug writes a file that others read."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path | str, data: str | bytes, mode: int = 0o644) -> bool:
+    """Replace `path` with `data` through a temporary file in the same folder and a
+    rename, so a reader sees the old file or the new one, never a partial one.
+
+    Returns False, writing nothing, when the file already holds `data` (no needless
+    inotify events for watchers such as node-feature-discovery).
+    """
+    target = Path(path)
+    content = data.encode() if isinstance(data, str) else data
+    with contextlib.suppress(OSError):
+        if target.read_bytes() == content:
+            return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    return True
+
+
+def remove_quietly(path: Path | str) -> None:
+    """Remove a file devplug wrote; a file already gone is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
