@@ -98,7 +98,7 @@ BAD = {
         G + "/tmp/kvm}]}]}]", "resources[0].groups[0].paths[0].path", "'/tmp/kvm' is outside /dev"
     ),
     "path-escaping-dev": Bad(
-        G + "/dev/../etc/shadow}]}]}]", "resources[0].groups[0].paths[0].path", "is outside /dev"
+        G + "/dev/../etc/shadow}]}]}]", "resources[0].groups[0].paths[0].path", "contains '..'"
     ),
     "bad-permissions": Bad(
         G + "/dev/kvm, permissions: rx}]}]}]",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH
 
@@ -46,8 +47,22 @@ def run(args: argparse.Namespace) -> int:
         args.plugin_dir,
     )
     try:
-        asyncio.run(serve(plugins, args.plugin_dir))
+        asyncio.run(serve(plugins, args.plugin_dir, services=_debug_services()))
     except Exception:
         log.exception("stopped on a failure")
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _debug_services() -> list[Any]:
+    """The SIGUSR1 state dump, only when DEVPLUG_DEBUG_STATE asks for it (fault tests)."""
+    import os
+
+    from devplug.framework.debug import DEBUG_STATE_ENV
+
+    path = os.environ.get(DEBUG_STATE_ENV)
+    if not path:
+        return []
+    from devplug.framework.debug import DebugState
+
+    return [DebugState(path)]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,6 +17,9 @@ from devplug.framework.plugin import Plugin
 from devplug.framework.signals import stop_on_signals
 
 log = logging.getLogger("devplug.daemon")
+
+FOLDER_RETRY_FIRST_S = 0.5
+FOLDER_RETRY_MAX_S = 30.0
 
 
 class Service(Protocol):
@@ -54,14 +59,17 @@ class Daemon:
         if name and name not in self._watched:
             return
         if not name:  # the folder itself went away: recreate it, watch again
-            self.plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            try:
+                self.plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+            except OSError as error:
+                log.error("cannot create the plugin folder %s: %s", self.plugin_dir, error)
             self._watcher.watch(self.plugin_dir)
         for endpoint in self.endpoints:
             endpoint.wake()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set or a plugin's scan fails (which is raised)."""
-        self.plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        await _make_folder(self.plugin_dir, stop)
         self._watcher = DirWatcher(self._on_folder_event)
         self._watcher.watch(self.plugin_dir)
         tasks: list[asyncio.Task[Any]] = [asyncio.create_task(self._watcher.run(), name="dirwatch")]
@@ -89,6 +97,29 @@ class Daemon:
             await asyncio.gather(*(e.stop() for e in self.endpoints))
             self._watcher.close()
             log.info("stopped")
+
+
+async def _make_folder(folder: Path, stop: asyncio.Event) -> None:
+    """Create the plugin folder if it is missing; while that fails (a read-only or
+    unwritable parent), say why and try again with backoff instead of exiting. A path
+    that is a file, not a folder, is a mistake no waiting mends: it is raised."""
+    delay = FOLDER_RETRY_FIRST_S
+    while not stop.is_set():
+        try:
+            os.makedirs(folder, mode=0o750, exist_ok=True)
+            return
+        except (FileExistsError, NotADirectoryError):
+            raise
+        except OSError as error:
+            log.error(
+                "cannot create the plugin folder %s: %s; retrying in %.1f s",
+                folder,
+                error.strerror or error,
+                delay,
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        delay = min(delay * 2, FOLDER_RETRY_MAX_S)
 
 
 async def _scan(plugin: Plugin) -> None:

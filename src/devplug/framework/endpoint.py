@@ -23,6 +23,7 @@ from devplug.framework.servicer import DevicePluginServicer
 from devplug.framework.unixserver import (
     SocketIdentity,
     UnixServer,
+    kubelet_socket_ok,
     socket_identity,
     socket_path_problem,
 )
@@ -64,7 +65,13 @@ class Endpoint:
         if self._server is None or not self._server.owns_path():
             if self._server is not None:
                 log.info("%s: socket %s is gone, serving again", self.name, self.socket_path)
-            await self._serve()
+            try:
+                await self._serve()
+            except OSError as error:  # the folder refuses the socket: say why, retry later
+                await self._stop_server(grace=0)
+                log.error("%s: %s; retrying in %.1f s", self.name, error, self._retry_s)
+                self._schedule_retry()
+                return
             if self._server is None or not self._server.owns_path():
                 return  # wiped while starting: its deletion event brings us back here
         kubelet = socket_identity(self.kubelet_socket)
@@ -74,6 +81,10 @@ class Endpoint:
             self._registered_to = None
             return
         if kubelet == self._registered_to:
+            return
+        if not kubelet_socket_ok(self.kubelet_socket):
+            # A link or plain file named kubelet.sock: never followed out of the folder.
+            log.error("%s: %s is not a socket: not registering", self.name, self.kubelet_socket)
             return
         await self._register(kubelet)
 
@@ -85,7 +96,11 @@ class Endpoint:
         )
         try:
             await register(
-                self.kubelet_socket, self.plugin.socket_name, self.plugin.resource_name, options
+                self.kubelet_socket,
+                self.plugin.socket_name,
+                self.plugin.resource_name,
+                options,
+                timeout=self.plugin.limits.register_timeout_s,
             )
         except grpc.aio.AioRpcError as error:
             log.warning(
@@ -118,7 +133,9 @@ class Endpoint:
         await self._stop_server(grace=0)
         servicer = DevicePluginServicer(self.plugin)
         server = UnixServer(
-            self.socket_path, lambda s: pb_grpc.add_DevicePluginServicer_to_server(servicer, s)
+            self.socket_path,
+            lambda s: pb_grpc.add_DevicePluginServicer_to_server(servicer, s),
+            self.plugin.limits.server_options(),
         )
         self._server, self._servicer = server, servicer  # first: stop() reaches it
         await server.start()

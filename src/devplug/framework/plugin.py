@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 import grpc
 
 from devplug.framework.device import ContainerEdits, Device, merge_edits
+from devplug.framework.limits import Limits
 from devplug.framework.names import resource_name_problem
 from devplug.framework.preferred import prefer_numa_local
+
+log = logging.getLogger("devplug.plugin")
 
 
 class AllocationError(Exception):
@@ -34,6 +38,8 @@ class Plugin:
     # Env var that receives the comma-separated IDs of the allocated devices.
     ids_env: str | None = None
     preferred_allocation: bool = False
+    # Bounds on requests and on the device list (see devplug.framework.limits).
+    limits: Limits = Limits()
 
     def __init__(
         self,
@@ -76,6 +82,16 @@ class Plugin:
             if device.id in table:
                 raise ValueError(f"{self.resource_name}: device ID {device.id!r} published twice")
             table[device.id] = device
+        if len(table) > self.limits.max_devices:
+            log.error(
+                "%s: %d devices, more than the limit of %d (limits.maxDevicesPerResource): "
+                "serving the first %d",
+                self.resource_name,
+                len(table),
+                self.limits.max_devices,
+                self.limits.max_devices,
+            )
+            table = dict(list(table.items())[: self.limits.max_devices])
         first = not self._published.is_set()
         self._published.set()
         if not first and list(table.items()) == list(self._devices.items()):

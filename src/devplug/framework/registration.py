@@ -18,7 +18,8 @@ async def register(
     *,
     timeout: float = REGISTER_DIAL_TIMEOUT_S + 5,
 ) -> None:
-    """Register with the kubelet; raises grpc.aio.AioRpcError when it refuses."""
+    """Register with the kubelet; raises grpc.aio.AioRpcError when it refuses, or
+    DEADLINE_EXCEEDED when it does not answer within `timeout` (a hung kubelet)."""
     async with unix_channel(kubelet_socket) as ch:
         await pb_grpc.RegistrationStub(ch).Register(
             pb.RegisterRequest(

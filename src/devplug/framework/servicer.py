@@ -79,6 +79,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._closing = asyncio.Event()
         self._wire_generation = -1
         self._wire_list = pb.ListAndWatchResponse()
+        self._streams = 0
 
     def close(self) -> None:
         """End every ListAndWatch stream cleanly (status OK) before the server stops."""
@@ -106,10 +107,24 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         request: pb.Empty,
         context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
-        generation = self.plugin.generation
-        yield self._current_list()
+        limit = self.plugin.limits.max_streams
+        if self._streams >= limit:
+            await self._refuse(
+                context,
+                "ListAndWatch",
+                AllocationError(
+                    f"{self._streams} ListAndWatch streams are open, the limit "
+                    f"(limits.maxStreams) is {limit}",
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                ),
+            )
+        self._streams += 1
         closing = asyncio.ensure_future(self._closing.wait())
         try:
+            # A client that does not read stalls only its own stream here (HTTP/2 flow
+            # control); it holds one list at most, as every send is the current one.
+            generation = self.plugin.generation
+            yield self._current_list()
             while not self._closing.is_set():
                 changed = asyncio.ensure_future(self.plugin.wait_changed(generation))
                 await asyncio.wait({changed, closing}, return_when=asyncio.FIRST_COMPLETED)
@@ -120,6 +135,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 yield self._current_list()
         finally:
             closing.cancel()
+            self._streams -= 1
 
     async def GetPreferredAllocation(
         self,
@@ -138,6 +154,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             )
         response = pb.PreferredAllocationResponse()
         try:
+            self._check_id_count(
+                sum(
+                    len(c.available_deviceIDs) + len(c.must_include_deviceIDs)
+                    for c in request.container_requests
+                )
+            )
             for index, creq in enumerate(request.container_requests):
                 ids = await self._preferred_one(index, creq)
                 response.container_responses.add(deviceIDs=ids)
@@ -181,6 +203,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> pb.AllocateResponse:
         response = pb.AllocateResponse()
         try:
+            self._check_id_count(sum(len(c.devices_ids) for c in request.container_requests))
             for index, creq in enumerate(request.container_requests):
                 ids = list(creq.devices_ids)
                 if not ids:
@@ -209,6 +232,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         ],
     ) -> pb.PreStartContainerResponse:
         try:
+            self._check_id_count(len(request.devices_ids))
             devices = resolve(self.plugin, list(request.devices_ids), need_healthy=False)
             await self.plugin.pre_start(devices)
         except AllocationError as error:
@@ -217,6 +241,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             log.exception("%s: PreStartContainer hook failed", self.plugin.resource_name)
             await context.abort(grpc.StatusCode.INTERNAL, f"pre-start failed: {error}")
         return pb.PreStartContainerResponse()
+
+    def _check_id_count(self, count: int) -> None:
+        limit = self.plugin.limits.max_ids_per_request
+        if count > limit:
+            raise AllocationError(
+                f"{count} device IDs in one request, the limit "
+                f"(limits.maxIdsPerRequest) is {limit}",
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            )
 
     async def _refuse(
         self, context: grpc.aio.ServicerContext[Any, Any], method: str, error: AllocationError

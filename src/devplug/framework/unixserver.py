@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+import socket
+import stat
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -26,6 +28,14 @@ def socket_identity(path: Path) -> SocketIdentity | None:
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
+def kubelet_socket_ok(path: Path) -> bool:
+    """Whether `path` is a socket itself (lstat: a symbolic link is not followed)."""
+    try:
+        return stat.S_ISSOCK(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
 def socket_path_problem(path: Path) -> str | None:
     if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
         return None
@@ -35,29 +45,83 @@ def socket_path_problem(path: Path) -> str | None:
     )
 
 
+class SocketPathTaken(OSError):
+    """The socket path holds something this process must not remove; the message says what."""
+
+
+def clear_stale_socket(path: Path) -> None:
+    """Make room for a new socket at `path`: nothing there, or a socket nobody serves
+    (left by a process that died) which is removed. Anything else is left alone and
+    SocketPathTaken raised: a symbolic link (never followed, never removed), a file
+    or folder that is no socket, or a socket another process still serves."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise SocketPathTaken(f"{path} is a symbolic link: not followed and not removed")
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketPathTaken(f"{path} exists and is not a socket: it is left alone")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(os.fspath(path))
+    except ConnectionRefusedError:
+        pass  # nobody listens: stale
+    except BlockingIOError:
+        raise SocketPathTaken(f"{path} is served by another process") from None
+    except FileNotFoundError:
+        return
+    else:
+        raise SocketPathTaken(f"{path} is served by another process")
+    finally:
+        probe.close()
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def bind_problem(path: Path) -> str:
+    """Why a socket could not be created at `path`, as far as the folder tells."""
+    folder = path.parent
+    if not folder.is_dir():
+        return f"cannot create socket {path}: the folder {folder} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create socket {path}: permission denied on {folder}"
+    return f"cannot create socket {path}"
+
+
 class UnixServer:
     """A grpc.aio server on one unix socket (mode 0600), which it removes when it
-    stops unless something else has taken the path meanwhile."""
+    stops unless something else has taken the path meanwhile. It never removes what it
+    did not create, apart from a stale socket nobody serves (see clear_stale_socket)."""
 
-    def __init__(self, path: Path, add_services: Callable[[grpc.aio.Server], None]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        add_services: Callable[[grpc.aio.Server], None],
+        options: Sequence[tuple[str, int]] = (),
+    ) -> None:
         if problem := socket_path_problem(path):
             raise ValueError(problem)
         self.path = path
         self._add_services = add_services
+        self._options = list(options)
         self._server: grpc.aio.Server | None = None
         self.identity: SocketIdentity | None = None
 
     async def start(self) -> None:
         self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()  # a stale socket of an earlier process
-        server = grpc.aio.server()
+        clear_stale_socket(self.path)
+        server = grpc.aio.server(options=self._options)
         self._add_services(server)
         # bind() inside add_insecure_port creates the file, 0600 by this umask. No
         # chmod after: it would change the file's ctime, part of its identity.
         umask = os.umask(0o177)
         try:
             server.add_insecure_port(f"unix://{self.path}")
+        except RuntimeError:
+            await server.stop(0)
+            raise OSError(bind_problem(self.path)) from None
         finally:
             os.umask(umask)
         self._server = server  # set first: a stop() while starting still stops it

@@ -46,4 +46,8 @@ def build_plugin(spec: ResourceSpec) -> SourcePlugin:
 
 def build_plugins(config: Config) -> list[SourcePlugin]:
     """One plugin per resource of a config returned by `load_config`."""
-    return [build_plugin(spec) for spec in config.resources]
+    plugins = [build_plugin(spec) for spec in config.resources]
+    limits = config.limits.to_limits()
+    for plugin in plugins:
+        plugin.limits = limits
+    return plugins

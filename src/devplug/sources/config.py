@@ -21,6 +21,7 @@ import yaml
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 from devplug.framework.device import cdi_name_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
+from devplug.sources.limits import LimitsSpec, check_limits
 
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
@@ -69,6 +70,7 @@ class ResourceSpec(_Schema):
 
 class Config(_Schema):
     resources: list[ResourceSpec]
+    limits: LimitsSpec = msgspec.field(default_factory=LimitsSpec)
 
 
 # -- loading ---------------------------------------------------------------------------
@@ -177,6 +179,7 @@ def _check(config: Config, source: str) -> None:
     def fail(field: str, problem: str) -> NoReturn:
         raise ConfigError(f"{source}: {field}: {_one_line(problem)}")
 
+    check_limits(config.limits, fail)
     if not config.resources:
         fail("resources", "expected at least one resource")
     seen: dict[str, int] = {}
@@ -199,6 +202,7 @@ def _check(config: Config, source: str) -> None:
         if resource.virtual is not None:
             if problem := _int_problem(resource.virtual, 1, MAX_VIRTUAL):
                 fail(f"{at}.virtual", problem)
+            _check_device_count(resource.virtual * resource.count, at, config.limits, fail)
             continue
         if resource.groups is None:  # for the type checker: `virtual` handled above
             continue
@@ -216,6 +220,17 @@ def _check(config: Config, source: str) -> None:
                         f"device ID {device_id!r} is already the ID of {ids[device_id]}",
                     )
                 ids[device_id] = f"{at}.groups[{j}]"
+        _check_device_count(len(ids) * resource.count, at, config.limits, fail)
+
+
+def _check_device_count(total: int, at: str, limits: LimitsSpec, fail: _Fail) -> None:
+    """Devices known from the config alone (glob matches are bounded when served)."""
+    if total > limits.max_devices_per_resource:
+        fail(
+            at,
+            f"{total} devices (replicas included), more than "
+            f"limits.maxDevicesPerResource ({limits.max_devices_per_resource})",
+        )
 
 
 def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -> None:
@@ -238,11 +253,8 @@ def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -
         if problem := permissions_problem(spec.permissions):
             fail(f"{where}.permissions", problem)
         if spec.container_path:
-            if not spec.container_path.startswith("/"):
-                fail(
-                    f"{where}.containerPath",
-                    f"expected an absolute path, got {spec.container_path!r}",
-                )
+            if problem := path_problem(spec.container_path):
+                fail(f"{where}.containerPath", problem)
             if has_glob(spec.path):
                 fail(
                     f"{where}.containerPath",
@@ -250,12 +262,12 @@ def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -
                 )
     for k, mount in enumerate(group.mounts):
         where = f"{at}.mounts[{k}]"
-        if not mount.host_path.startswith("/"):
-            fail(f"{where}.hostPath", f"expected an absolute path, got {mount.host_path!r}")
-        if mount.container_path and not mount.container_path.startswith("/"):
-            fail(
-                f"{where}.containerPath", f"expected an absolute path, got {mount.container_path!r}"
-            )
+        if problem := path_problem(mount.host_path):
+            fail(f"{where}.hostPath", problem)
+        if has_glob(mount.host_path):
+            fail(f"{where}.hostPath", "a mount names one path: globs are not expanded here")
+        if mount.container_path and (problem := path_problem(mount.container_path)):
+            fail(f"{where}.containerPath", problem)
     for key in group.env:
         if not key or "=" in key or "\0" in key:
             fail(f"{at}.env", f"bad variable name {key!r}")
@@ -277,11 +289,21 @@ def _int_problem(value: int, low: int, high: int) -> str | None:
     return None
 
 
-def _host_path_problem(path: str, allow_any_path: bool) -> str | None:
+def path_problem(path: str) -> str | None:
+    """Why `path` cannot name a file of the host or container: it must be absolute,
+    without NUL and without '..' (no climbing out of the folder it names)."""
     if not path.startswith("/"):
         return f"expected an absolute path, got {path!r}"
     if "\0" in path:
         return "the path contains a NUL character"
+    if ".." in path.split("/"):
+        return f"{path!r} contains '..': name the folder directly"
+    return None
+
+
+def _host_path_problem(path: str, allow_any_path: bool) -> str | None:
+    if problem := path_problem(path):
+        return problem
     if not allow_any_path and not posixpath.normpath(path).startswith("/dev/"):
         return f"{path!r} is outside /dev (set 'allowAnyPath: true' on the resource to allow it)"
     return None

@@ -1,0 +1,40 @@
+"""Bounds on what one plugin accepts from its clients and from its own discovery.
+
+The kubelet is the only expected client, but the socket is reachable by any local root
+process, so every input is bounded: a request past a limit is refused with
+RESOURCE_EXHAUSTED and a message naming the limit, and the daemon keeps serving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# gRPC's own default receive limit; a kubelet request for 10,000 devices is ~200 KiB.
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_DEVICES = 10_000
+DEFAULT_MAX_IDS_PER_REQUEST = 10_000
+# The kubelet holds one ListAndWatch stream; a few more cover `devplug` tools watching.
+DEFAULT_MAX_STREAMS = 16
+# How long one Register call may take before it is abandoned and retried with backoff
+# (the kubelet dials back within 10 s, so a healthy one answers well inside this).
+DEFAULT_REGISTER_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """`max_request_bytes`: largest request message; `max_devices`: devices one
+    resource publishes (the rest are left out, with an error in the log);
+    `max_ids_per_request`: device IDs in one Allocate / GetPreferredAllocation /
+    PreStartContainer request, all containers together; `max_streams`: ListAndWatch
+    streams open at once; `register_timeout_s`: one Register call."""
+
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_devices: int = DEFAULT_MAX_DEVICES
+    max_ids_per_request: int = DEFAULT_MAX_IDS_PER_REQUEST
+    max_streams: int = DEFAULT_MAX_STREAMS
+    register_timeout_s: float = DEFAULT_REGISTER_TIMEOUT_S
+
+    def server_options(self) -> list[tuple[str, int]]:
+        """gRPC server options that enforce the request size (gRPC answers
+        RESOURCE_EXHAUSTED before our code sees the message)."""
+        return [("grpc.max_receive_message_length", self.max_request_bytes)]
