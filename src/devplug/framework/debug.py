@@ -41,7 +41,7 @@ class DebugState:
 
         self._seq += 1
         tasks = asyncio.all_tasks()
-        names = collections.Counter(_kind(t.get_name()) for t in tasks)
+        names = collections.Counter(_kind(t) for t in tasks)
         state = {
             "seq": self._seq,
             "tasks": len(tasks),
@@ -51,7 +51,11 @@ class DebugState:
         write_atomic(self.path, json.dumps(state), mode=0o600)
 
 
-def _kind(name: str) -> str:
-    # "Task-123" -> "Task": numbered names are one kind.
+def _kind(task: asyncio.Task[Any]) -> str:
+    """A task's name, or for an unnamed one ("Task-123") what it runs."""
+    name = task.get_name()
     head, _, tail = name.rpartition("-")
-    return head if head and tail.isdigit() else name
+    if head == "Task" and tail.isdigit():
+        coro = task.get_coro()
+        return str(getattr(coro, "__qualname__", head))
+    return name

@@ -120,6 +120,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             )
         self._streams += 1
         closing = asyncio.ensure_future(self._closing.wait())
+        changed: asyncio.Future[int] | None = None
         try:
             # A client that does not read stalls only its own stream here (HTTP/2 flow
             # control); it holds one list at most, as every send is the current one.
@@ -129,12 +130,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 changed = asyncio.ensure_future(self.plugin.wait_changed(generation))
                 await asyncio.wait({changed, closing}, return_when=asyncio.FIRST_COMPLETED)
                 if not changed.done():
-                    changed.cancel()
                     break
                 generation = changed.result()
                 yield self._current_list()
         finally:
+            # A stream torn down while waiting (the kubelet went away) must not leave
+            # its waiters behind: they would pile up across kubelet restarts.
             closing.cancel()
+            if changed is not None:
+                changed.cancel()
             self._streams -= 1
 
     async def GetPreferredAllocation(

@@ -1,0 +1,38 @@
+"""Short runs of every fault scenario (tests/faults.py); `make soak` runs long ones."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from faults import FOLDER_TROUBLES, Outcome, SCENARIOS
+
+
+def clean(outcome: Outcome) -> None:
+    assert not outcome.failures, outcome.summary()
+    assert not outcome.leaks, outcome.summary()
+
+
+@pytest.mark.parametrize(
+    ("name", "iterations"),
+    [
+        ("restart_storm", 20),
+        ("sigkill_with_pods", 3),
+        ("flapping", 500),
+        ("hanging_register", 1),
+        ("stalled_reader", 60),
+        ("reboot_order", 2),
+        ("concurrent_clients", 20),
+    ],
+)
+def test_fault_scenario(short_tmp: Path, name: str, iterations: int) -> None:
+    outcome = asyncio.run(SCENARIOS[name](short_tmp, iterations))
+    assert outcome.iterations == iterations, outcome.summary()
+    clean(outcome)
+
+
+@pytest.mark.parametrize("trouble", sorted(FOLDER_TROUBLES))
+def test_socket_folder_trouble(short_tmp: Path, trouble: str) -> None:
+    problems = asyncio.run(FOLDER_TROUBLES[trouble](short_tmp))
+    assert problems == []
