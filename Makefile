@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench clean
+.PHONY: demo test lint proto bench soak clean
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
@@ -31,6 +31,10 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	@$(BIN)/python bench/run.py
+
+# The long fault runs (200 kubelet restarts, 500 flaps...): minutes; a table at the end.
+soak: $(STAMP)
+	$(BIN)/python tests/soak.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -497,7 +497,9 @@ async def sigkill_with_pods(root: Path, rounds: int) -> Outcome:
             after = {n: held(kubelet, n, VIRT) for n in names}
             out.check(after == before, f"round {round_}: held {before}, then {after}")
             out.check(status.allocated == 4, f"round {round_}: {status.allocated} allocated")
-            fill, over = await kubelet.apply([pod(f"fill-{round_}", VIRT, 2), pod(f"over-{round_}", VIRT, 1)])
+            fill, over = await kubelet.apply(
+                [pod(f"fill-{round_}", VIRT, 2), pod(f"over-{round_}", VIRT, 1)]
+            )
             given = [d for n in [*names, fill.name] for d in held(kubelet, n, VIRT)]
             out.check(fill.admitted, f"round {round_}: the free devices were refused: {fill}")
             out.check(len(given) == len(set(given)) == 6, f"round {round_}: handed out {given}")
@@ -571,7 +573,9 @@ async def folder_missing_at_start(root: Path) -> list[str]:
     plugin_dir = root / "later" / "plugins"
     async with serving(Serve(root, virt_config(3), plugin_dir)) as serve:
         socket_path = plugin_dir / default_socket_name(VIRT)
-        await wait_for_path(root / "later", lambda: plugin_dir.is_dir(), "the folder")
+        # Each step watches a folder that exists, then looks: nothing is missed.
+        for path in (plugin_dir.parent, plugin_dir):
+            await wait_for_path(path, path.is_dir, f"{path}")
         await wait_for_path(socket_path, socket_path.is_socket, "the plugin socket")
         async with new_kubelet(root, plugin_dir) as kubelet:
             await kubelet.wait_for_resource(VIRT, count=3)
@@ -726,6 +730,7 @@ async def hanging_register(root: Path, rounds: int) -> Outcome:
     started = time.monotonic()
     limits = "limits:\n  registerTimeoutSeconds: 0.3\n"
     async with serving(Serve(root, virt_config(3, limits), plugin_dir)) as serve:
+        before: Snapshot | None = None
         for round_ in range(1, rounds + 1):
             hanging = HangingRegistration()
             server = UnixServer(
@@ -742,6 +747,10 @@ async def hanging_register(root: Path, rounds: int) -> Outcome:
             await server.stop(0)
             async with new_kubelet(root, plugin_dir) as kubelet:
                 await kubelet.wait_for_resource(VIRT, count=3)
+                if before is None:
+                    before = await serve.settled()
+                else:
+                    out.growth = before.growth(await serve.settled(before))
             out.iterations = round_
         lines = await serve.wait_for_log(r"registration refused \(DEADLINE_EXCEEDED\)", 2)
         delays = [float(re.findall(r"retrying in ([0-9.]+) s", line)[0]) for line in lines[:2]]
@@ -800,8 +809,8 @@ async def stalled_reader(root: Path, flips: int) -> Outcome:
             async with ListWatcher(socket_path) as watcher, unix_channel(socket_path) as ch:
                 before = await serve.settled()
                 stub = pb_grpc.DevicePluginStub(ch)
-                steady = sorted(i for i in (await kubelet.wait_for_resource(NODE)).devices)
-                steady_id = next(d.id for d in steady if "fault1" in d.id)
+                devices = (await kubelet.wait_for_resource(NODE)).devices
+                steady_id = next(d.id for d in devices if "fault1" in d.id)
                 for i in range(flips):
                     toggle(nodes[0])
                     seen = len(watcher.lists)
@@ -858,9 +867,13 @@ async def reboot_order(root: Path, rounds: int) -> Outcome:
             )
             registrations = kubelet.registrations(VIRT)
             serve.start()
-            event = await kubelet.wait_for_event(
-                "registered", resource=VIRT, after=kubelet.last_event_seq
-            ) if kubelet.registrations(VIRT) == registrations else None
+            event = (
+                await kubelet.wait_for_event(
+                    "registered", resource=VIRT, after=kubelet.last_event_seq
+                )
+                if kubelet.registrations(VIRT) == registrations
+                else None
+            )
             await kubelet.wait_for_resource(VIRT, count=4)
             if event is not None:
                 windows.append((event.time - serve.started_at) * 1000)
@@ -893,9 +906,10 @@ async def concurrent_clients(root: Path, calls_per_client: int, clients: int = 1
     started = time.monotonic()
     async with (
         new_kubelet(root, plugin_dir) as kubelet,
-        serving(Serve(root, node_config(dev, 2), plugin_dir)),
+        serving(Serve(root, node_config(dev, 2), plugin_dir)) as serve,
     ):
         status = await kubelet.wait_for_resource(NODE, count=8)
+        before = await serve.settled()
         ids = sorted(d.id for d in status.devices)
         node_of = {i: str(dev / i.split("-")[-1].split(":")[0]) for i in ids}
         flapping_ids = {i for i in ids if "fault0" in i}
@@ -963,6 +977,7 @@ async def concurrent_clients(root: Path, calls_per_client: int, clients: int = 1
         out.iterations = clients * calls_per_client
         restore(nodes[0])
         await kubelet.wait_for_resource(NODE, count=8)
+        out.growth = before.growth(await serve.settled(before))
     out.wall_s = time.monotonic() - started
     return out
 
@@ -987,7 +1002,7 @@ def table(outcomes: Sequence[Outcome]) -> str:
             o.scenario,
             str(o.iterations),
             str(len(o.failures)),
-            ", ".join(o.leaks) or "none",
+            (", ".join(o.leaks) or "none") if o.growth else "not counted",
             f"{o.wall_s:.1f} s",
         ]
         for o in outcomes

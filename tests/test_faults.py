@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from faults import FOLDER_TROUBLES, Outcome, SCENARIOS
+from faults import FOLDER_TROUBLES, SCENARIOS, Outcome
 
 
 def clean(outcome: Outcome) -> None:
@@ -28,7 +28,7 @@ def clean(outcome: Outcome) -> None:
 )
 def test_fault_scenario(short_tmp: Path, name: str, iterations: int) -> None:
     outcome = asyncio.run(SCENARIOS[name](short_tmp, iterations))
-    assert outcome.iterations == iterations, outcome.summary()
+    assert outcome.iterations >= iterations, outcome.summary()
     clean(outcome)
 
 
