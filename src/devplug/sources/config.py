@@ -134,10 +134,10 @@ _TYPES = {
     "float": "a number",
     "null": "nothing (null)",
 }
-_AT = re.compile(r"^(?P<problem>.*) - at `(?P<path>[^`]*)`$")
-_AT_KEY = re.compile(r"^(?P<problem>.*) - at `key` in `(?P<path>[^`]*)`$")
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>.*)`$")
-_MISSING = re.compile(r"^Object missing required field `(?P<field>.*)`$")
+_AT = re.compile(r"^(?P<problem>.*) - at `(?P<path>[^`]*)`$", re.DOTALL)
+_AT_KEY = re.compile(r"^(?P<problem>.*) - at `key` in `(?P<path>[^`]*)`$", re.DOTALL)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>.*)`$", re.DOTALL)
+_MISSING = re.compile(r"^Object missing required field `(?P<field>.*)`$", re.DOTALL)
 _EXPECTED = re.compile(r"^Expected `(?P<want>[^`]*)`(?:, got `(?P<got>[^`]*)`)?$")
 
 
@@ -152,7 +152,10 @@ def _shape_message(source: str, message: str) -> str:
     problem, path = (m["problem"], m["path"]) if m else (message, "$")
     path = path.removeprefix("$").removeprefix(".")
     if m := _UNKNOWN.match(problem):
-        path, problem = _join(path, m["field"]), "unknown key"
+        field = m["field"]
+        if not field.isprintable() or not field.strip():
+            field = repr(field)  # a key of newlines or control characters, shown as such
+        path, problem = _join(path, field), "unknown key"
     elif m := _MISSING.match(problem):
         path, problem = _join(path, m["field"]), "required key is missing"
     elif m := _EXPECTED.match(problem):
@@ -164,8 +167,8 @@ def _shape_message(source: str, message: str) -> str:
             problem = f"keys must be strings: {problem}"
         if not path and want == "object":
             problem += " (the config must be a mapping with 'resources')"
-    path = path.replace("[...]", "[*]")
-    return f"{source}: {path}: {_one_line(problem)}" if path else f"{source}: {problem}"
+    path = _one_line(path.replace("[...]", "[*]"))
+    return f"{source}: {path}: {_one_line(problem)}" if path else f"{source}: {_one_line(problem)}"
 
 
 def _join(path: str, key: str) -> str:
