@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from startup import bench_startup  # bench/startup.py: python puts bench/ on the path
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
@@ -262,6 +263,7 @@ def main() -> int:
             report["list_and_watch_10k"] = bench_big_list(root / "big-plugins")
             report["list_and_watch_10k"]["rss_mib"] = rss_mib(proc.pid)
         report.update(run_async_benches(root))
+        report["startup"] = bench_startup(root)
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)

@@ -52,13 +52,15 @@ def _add_global_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="devplug", description="Kubernetes device plugins and a kubelet simulator."
     )
     _add_global_options(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         cmd = importlib.import_module(f"devplug.cli.{module}")
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         cmd.configure(command_parser)
@@ -70,7 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _command(argv) in WITHOUT_TLS:
         # Before any import of asyncio, which loads ssl when it can.
         sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
-    args = build_parser().parse_args(argv)
+    # `serve` builds its own parser only: it is on the path of a node's reboot, where
+    # every millisecond before registration can fail a pod's admission.
+    args = build_parser(only="serve" if _command(argv) == "serve" else None).parse_args(argv)
     from devplug.logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)

@@ -91,9 +91,14 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
 def load_default_config() -> Config:
     """The config packaged with devplug (virtual resources and /dev/null-style nodes)."""
-    from importlib import resources as package_files  # only when used: it loads zipfile
+    beside = os.path.join(os.path.dirname(__file__), DEFAULT_CONFIG)
+    try:  # an installed package: a plain file beside this module (no importlib.resources)
+        with open(beside, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:  # a zipped package
+        from importlib import resources as package_files
 
-    text = package_files.files("devplug.sources").joinpath(DEFAULT_CONFIG).read_text("utf-8")
+        text = package_files.files("devplug.sources").joinpath(DEFAULT_CONFIG).read_text("utf-8")
     return parse_config(text, f"<packaged {DEFAULT_CONFIG}>")
 
 
