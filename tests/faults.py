@@ -672,7 +672,34 @@ async def permission_denied(root: Path) -> list[str]:
     return problems
 
 
+async def folder_cannot_be_made(root: Path) -> list[str]:
+    """The folder is missing and its parent may not be written: a clear error,
+    retried with backoff instead of exiting; made and served once that is fixed."""
+    problems: list[str] = []
+    parent = root / "readonly"
+    parent.mkdir()
+    parent.chmod(0o555)
+    plugin_dir = parent / "plugins"
+    serve = Serve(root, virt_config(3), plugin_dir)
+    serve.start(without_dac_override=True)
+    async with serving(serve):
+        lines = await serve.wait_for_log(r"cannot create the plugin folder .*retrying in", 2)
+        delays = [float(re.findall(r"retrying in ([0-9.]+) s", line)[0]) for line in lines[:2]]
+        if delays[1] <= delays[0]:
+            problems.append(f"no backoff: {delays}")
+        if not serve.running:
+            problems.append("the daemon exited")
+        parent.chmod(0o755)
+        socket_path = plugin_dir / default_socket_name(VIRT)
+        for path in (plugin_dir, socket_path):
+            await wait_for_path(path, path.exists, f"{path} after the fix")
+        async with new_kubelet(root, plugin_dir) as kubelet:
+            await kubelet.wait_for_resource(VIRT, count=3)
+    return problems
+
+
 FOLDER_TROUBLES = {
+    "parent not writable": folder_cannot_be_made,
     "missing at start": folder_missing_at_start,
     "deleted while serving": folder_deleted_while_serving,
     "stale socket of the same name": stale_socket_of_the_same_name,
