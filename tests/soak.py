@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import platform
 import shutil
@@ -18,8 +19,11 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+# The table is the output: gRPC's and the simulator's notes on each restart are not.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+logging.getLogger("devplug").setLevel(logging.CRITICAL)
 
-from faults import SCENARIOS, Outcome, table
+from faults import SCENARIOS, Outcome, table  # noqa: E402
 
 ITERATIONS = {
     "restart_storm": 200,
