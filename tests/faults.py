@@ -142,11 +142,16 @@ def drop_dac_override() -> None:
 class Serve:
     """`devplug serve` as a child process, with its log and a state dump on SIGUSR1."""
 
-    def __init__(self, root: Path, config: str, plugin_dir: Path, name: str = "serve") -> None:
+    def __init__(
+        self, root: Path, config: str | None, plugin_dir: Path, name: str = "serve"
+    ) -> None:
+        """`config` None: the packaged default config (no --config)."""
         self.root = root
         self.plugin_dir = plugin_dir
-        self.config = root / f"{name}.yaml"
-        self.config.write_text(config)
+        self.config: Path | None = None
+        if config is not None:
+            self.config = root / f"{name}.yaml"
+            self.config.write_text(config)
         self.log_path = root / f"{name}.log"
         self.log_path.touch()
         self.state_dir = root / f"{name}-state"
@@ -164,7 +169,9 @@ class Serve:
         self.starts += 1
         env = {**os.environ, DEBUG_STATE_ENV: str(self.state)}
         args = [sys.executable, "-m", "devplug.cli.main", "serve"]
-        args += ["--config", str(self.config), "--plugin-dir", str(self.plugin_dir)]
+        if self.config is not None:
+            args += ["--config", str(self.config)]
+        args += ["--plugin-dir", str(self.plugin_dir)]
         with open(self.log_path, "ab") as log:
             self.started_at = time.time()
             self.proc = ChildProcess(

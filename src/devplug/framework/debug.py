@@ -11,6 +11,7 @@ import asyncio
 import collections
 import contextlib
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ DEBUG_STATE_ENV = "DEVPLUG_DEBUG_STATE"
 
 
 class DebugState:
-    """A daemon service: SIGUSR1 -> {"seq", "tasks", "threads", "task_names"} in `path`."""
+    """A daemon service: SIGUSR1 -> {"seq", "tasks", "threads", "task_names",
+    "modules"} in `path`."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
@@ -47,6 +49,7 @@ class DebugState:
             "tasks": len(tasks),
             "threads": threading.active_count(),
             "task_names": dict(sorted(names.items())),
+            "modules": sorted(k for k, v in sys.modules.items() if v is not None),
         }
         write_atomic(self.path, json.dumps(state), mode=0o600)
 

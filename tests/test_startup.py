@@ -1,0 +1,43 @@
+"""What `devplug serve` loads on its way to registration: after a node reboot every
+millisecond before it registers can fail a pod's admission (bench/startup.py times it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from faults import Serve, new_kubelet, serving
+
+from devplug.sources import load_default_config
+
+# Loaded by other commands, never needed to serve.
+NOT_FOR_SERVE = {
+    "devplug.cli.check",
+    "devplug.cli.cluster",
+    "devplug.cli.demo",
+    "devplug.cli.kubelet",
+    "devplug.simulator",
+    "importlib.resources",
+    "ssl",
+    "hashlib",
+}
+
+
+def test_serve_loads_only_what_serving_needs(short_tmp: Path) -> None:
+    async def scenario() -> list[str]:
+        plugin_dir = short_tmp / "plugins"
+        names = [r.name for r in load_default_config().resources]
+        async with (
+            new_kubelet(short_tmp, plugin_dir) as kubelet,
+            serving(Serve(short_tmp, None, plugin_dir)) as serve,
+        ):
+            for name in names:
+                await kubelet.wait_for_resource(name)
+            await serve.tasks()
+            modules: list[str] = json.loads(serve.state.read_text())["modules"]
+        return modules
+
+    modules = set(asyncio.run(scenario()))
+    assert "devplug.framework.daemon" in modules  # the dump sees what serving loaded
+    assert not modules & NOT_FOR_SERVE, sorted(modules & NOT_FOR_SERVE)
