@@ -56,6 +56,7 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
                 "health": "Healthy" if d.healthy else "Unhealthy",
                 "numaNodes": list(d.numa_nodes),
                 "hostPaths": [n.host_path for n in d.nodes],
+                "attributes": dict(d.attributes),
             }
             for d in devices
         ],
