@@ -139,14 +139,14 @@ def test_pools_hot_plug_and_vfio_through_the_kubelet(kubelet: KubeletHarness) ->
     assert "PCI_RESOURCE_EXAMPLE_COM_FPGA-U250" not in pod.env()
 
     # Hot-plug: a second adapter appears, then goes (Unhealthy, same ID), then returns.
-    def second() -> None:
+    def second(port: str = "1-4", tty: int = 2) -> None:
         tree.add_usb(
-            "1-4",
+            port,
             "0403",
             "6011",
             serial="FT9XYZ",
-            devnum=7,
-            interfaces=[UsbInterface("ff", [Node("tty", "ttyUSB2", 188, 2)])],
+            devnum=5 + tty,
+            interfaces=[UsbInterface("ff", [Node("tty", f"ttyUSB{tty}", 188, tty)])],
         )
 
     second()
@@ -160,13 +160,14 @@ def test_pools_hot_plug_and_vfio_through_the_kubelet(kubelet: KubeletHarness) ->
         what="the unplugged adapter Unhealthy",
     )
     assert kubelet.device_ids(SERIAL) == ["usb-FT4ABC", "usb-FT9XYZ"]
-    second()
+    second("1-5", 3)  # back in another port, with another tty: the same device
     kubelet.wait_until(
         lambda: len(kubelet.device_ids(SERIAL, healthy=True)) == 2, what="the adapter back"
     )
     pod = kubelet.admit({SERIAL: 2})
     assert pod.admitted, pod
-    assert f"{tree.dev}/ttyUSB2" in pod.device_nodes().values()
+    assert f"{tree.dev}/ttyUSB3" in pod.device_nodes().values()
+    assert kubelet.device_ids(SERIAL) == ["usb-FT4ABC", "usb-FT9XYZ"]
 
     # PCI hot-unplug and back.
     tree.remove("0000:3b:00.0")

@@ -177,9 +177,11 @@ class HostDevicePlugin(Plugin):
         """Remember `base` (`replace`: its latest sysfs view); a warning if its ID is
         already another path's."""
         known = self._known.setdefault(base.id, base)
+        if replace and known.order[:2] == base.order[:2]:
+            # The same device seen again, maybe on another port or with other nodes.
+            self._known[base.id] = base
+            return None
         if known.order == base.order:
-            if replace:
-                self._known[base.id] = base
             return None
         # Two paths give one ID (e.g. '/dev/a-b' and '/dev/a/b'): the first seen wins.
         return (
