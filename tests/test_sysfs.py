@@ -197,7 +197,7 @@ def test_health_checks(kubelet: KubeletHarness) -> None:
     flag = kubelet.root / "hw" / "ok"
     flag.touch()
     status = Path(os.path.realpath(tree.sys / "bus/pci/devices/0000:3b:00.0")) / "state"
-    status.write_text("ready\n")
+    status.write_text("resetting\n")  # failing from the start
     extra = (
         "  - name: example.com/checked\n"
         "    groups:\n"
@@ -211,6 +211,9 @@ def test_health_checks(kubelet: KubeletHarness) -> None:
     )
     kubelet.start_serve(hardware_config(tree, extra))
     checked = "example.com/checked"
+    # Checked before the first list: never offered Healthy while failing.
+    assert kubelet.device_ids(checked, healthy=False) == ["0000:3b:00.0"]
+    status.write_text("ready\n")
     kubelet.wait_until(lambda: kubelet.device_ids(checked, healthy=True) == ["0000:3b:00.0"])
     status.write_text("resetting\n")
     kubelet.wait_until(lambda: kubelet.device_ids(checked, healthy=False) == ["0000:3b:00.0"])
@@ -361,3 +364,25 @@ def test_udev_is_imported_only_for_the_real_sysfs(tmp_path: Path) -> None:
             [sys.executable, "-c", script, root], capture_output=True, text=True, timeout=30
         )
         assert result.stdout.strip() == expected, result.stderr
+
+
+def test_command_checks_time_out_and_never_use_a_shell() -> None:
+    import asyncio
+
+    from devplug.sources.hardware import CheckSpec
+    from devplug.sources.health import check_problem
+    from devplug.sources.hostdev import _Base
+
+    base = _Base("dev0", (0, -2, "dev0"), (), None, {"serial": "a;touch x"})  # type: ignore[arg-type]
+    values = {"id": "dev0", "serial": "a;touch x"}
+
+    def problem(command: list[str], timeout: float = 5) -> str | None:
+        check = CheckSpec(command=command, timeout=timeout)
+        return asyncio.run(check_problem(check, base, values))
+
+    assert problem(["true"]) is None
+    assert problem(["false"]) == "false exited 1"
+    assert problem(["sleep", "30"], timeout=0.2) == "sleep took longer than 0.2 s"
+    assert problem(["/no/such/program"]) is not None
+    # A placeholder is one argument, never shell syntax.
+    assert problem(["test", "{serial}", "=", "a;touch x"]) is None
