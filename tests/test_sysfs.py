@@ -357,9 +357,20 @@ def test_udev_is_imported_only_for_the_real_sysfs(tmp_path: Path) -> None:
             task.cancel()
             print("pyudev" in sys.modules)
 
-        asyncio.run(main(sys.argv[1]))
+        if sys.argv[1] == "default":
+            from devplug.sources import load_default_config
+            plugins = build_plugins(load_default_config())
+            async def scan_all():
+                tasks = [asyncio.create_task(p.scan()) for p in plugins]
+                await asyncio.gather(*(p.wait_published() for p in plugins))
+                for task in tasks:
+                    task.cancel()
+                print("pyudev" in sys.modules or "jsonschema" in sys.modules)
+            asyncio.run(scan_all())
+        else:
+            asyncio.run(main(sys.argv[1]))
     """)
-    for root, expected in ((str(tree.sys), "False"), ("/sys", "True")):
+    for root, expected in ((str(tree.sys), "False"), ("default", "False"), ("/sys", "True")):
         result = subprocess.run(
             [sys.executable, "-c", script, root], capture_output=True, text=True, timeout=30
         )
