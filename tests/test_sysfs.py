@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hw_helpers import roots, standard_tree
+from hw_helpers import add_u250, roots, standard_tree
 
 from devplug.testing import KubeletHarness
 from devplug.testing.sysfs import FakeSysfs, Node, UsbInterface, make_node
@@ -175,16 +175,7 @@ def test_pools_hot_plug_and_vfio_through_the_kubelet(kubelet: KubeletHarness) ->
         lambda: kubelet.device_ids("example.com/fpga-u250", healthy=False) == ["0000:3b:00.0"],
         what="the FPGA Unhealthy",
     )
-    tree.add_pci(
-        "0000:3b:00.0",
-        "10ee",
-        "500c",
-        numa_node=0,
-        driver="xclmgmt",
-        iommu_group=12,
-        bridge="0000:3a:00.0",
-        nodes=[Node("drm", "dri/renderD128", 226, 128)],
-    )
+    add_u250(tree)
     kubelet.wait_until(
         lambda: kubelet.device_ids("example.com/fpga-u250", healthy=True) == ["0000:3b:00.0"],
         what="the FPGA back",
