@@ -388,3 +388,29 @@ def test_command_checks_time_out_and_never_use_a_shell() -> None:
     assert problem(["/no/such/program"]) is not None
     # A placeholder is one argument, never shell syntax.
     assert problem(["test", "{serial}", "=", "a;touch x"]) is None
+
+
+def test_kernel_uevents_reach_the_watcher() -> None:
+    """The netlink path of a mounted sysfs: a uevent (a synthetic 'change' of a PCI
+    device, which changes nothing) wakes the watcher."""
+    import asyncio
+
+    from devplug.sources.sysfs.udev import UdevEvents
+
+    devices = sorted(Path("/sys/bus/pci/devices").glob("*"))
+    if not devices or not os.access(devices[0] / "uevent", os.W_OK):
+        pytest.skip("no writable PCI uevent file in /sys")
+
+    async def scenario() -> None:
+        woken = asyncio.Event()
+        events = UdevEvents.start(woken.set)
+        if events is None:
+            pytest.skip("netlink uevents are refused here")
+        try:
+            (devices[0] / "uevent").write_text("change")
+            async with asyncio.timeout(10):
+                await woken.wait()
+        finally:
+            events.close()
+
+    asyncio.run(scenario())
