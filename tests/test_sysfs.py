@@ -414,3 +414,23 @@ def test_kernel_uevents_reach_the_watcher() -> None:
             events.close()
 
     asyncio.run(scenario())
+
+
+def test_two_devices_with_one_serial(tmp_path: Path) -> None:
+    tree = FakeSysfs(tmp_path)
+    for port, tty in (("1-1", 0), ("1-2", 1)):
+        interface = UsbInterface("ff", [Node("tty", f"ttyUSB{tty}", 188, tty)])
+        tree.add_usb(port, "1a86", "7523", serial="0001", devnum=2 + tty, interfaces=[interface])
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        roots(tree) + "resources: [{name: example.com/ch340, groups: [{usb: {vendor: 1a86}}]}]"
+    )
+    [resource] = check_json(config).values()
+    devices = resource["devices"]
+    assert [(d["id"], d["hostPaths"][-1]) for d in devices] == [  # type: ignore[attr-defined]
+        ("usb-0001", f"{tree.dev}/ttyUSB0"),
+        ("usb-1-2", f"{tree.dev}/ttyUSB1"),
+    ]
+    assert resource["warnings"] == [  # type: ignore[comparison-overlap]
+        "example.com/ch340: 1-2 has the serial of device 'usb-0001': it is served as 'usb-1-2'"
+    ]

@@ -104,8 +104,16 @@ class HostDevicePlugin(Plugin):
         for g, group in enumerate(self.groups):
             if is_selector(group):
                 for selected in selected_devices(self.sysfs, self.spec, g, group, self.pool):
+                    device_id = selected.id
+                    if device_id in self._present:
+                        # Two devices with one serial: the second is known by its port.
+                        device_id = f"usb-{selected.sort_key}"
+                        warnings.append(
+                            f"{self.resource_name}: {selected.sort_key} has the serial of "
+                            f"device {selected.id!r}: it is served as {device_id!r}"
+                        )
                     base = _Base(
-                        selected.id,
+                        device_id,
                         (g, -2, selected.sort_key),
                         selected.nodes,
                         group,
