@@ -135,3 +135,56 @@ def test_labels_and_specs_of_any_devices() -> None:
     validate_cdi(document)
     assert [d["name"] for d in document["devices"]] == ["a", "b"]
     assert qualified_name("example.com/fpga", "a::1") == "example.com/fpga=a"
+
+
+def test_services_work_for_any_plugin(short_tmp: Path) -> None:
+    """The feature file and CDI specs of a plugin written in Python, not from a config:
+    its own `node_labels()`, its devices' edits; and a daemon with no plugin at all."""
+    import asyncio
+
+    from hw_helpers import wait_for_file
+
+    from devplug.framework.daemon import Daemon
+    from devplug.framework.device import DeviceNode
+    from devplug.framework.plugin import Plugin
+    from devplug.outputs.cdi import CdiSpecs
+    from devplug.outputs.nfd import FeatureFile
+
+    class Widgets(Plugin):
+        def node_labels(self) -> dict[str, str]:
+            return {"example.com/widget.count": str(len(self.devices))}
+
+    features = short_tmp / "features"
+    cdi = short_tmp / "cdi"
+    spec_path = cdi / "devplug-example.com_widget.json"
+    plugin = Widgets("example.com/widget", [Device("w0", nodes=[DeviceNode("/dev/w0")])])
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        services = [
+            FeatureFile(features),
+            CdiSpecs({"example.com/widget": "example.com/widget"}, cdi),
+        ]
+        daemon = Daemon([plugin], short_tmp / "plugins", services=services)
+        task = asyncio.create_task(daemon.run(stop))
+        await wait_for_file(features, lambda t: t == "example.com/widget.count=1\n")
+        plugin.publish([Device("w0"), Device("w1", nodes=[DeviceNode("/dev/w1")])])
+        await wait_for_file(features, lambda t: t == "example.com/widget.count=2\n")
+        text = await wait_for_file(spec_path, lambda t: t is not None and "w1" in t)
+        validate_cdi(json.loads(text or ""))
+        stop.set()
+        await task
+        assert not features.exists()
+        assert not spec_path.exists()
+
+        # No plugins: an empty file, kept until shutdown.
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            Daemon([], short_tmp / "plugins", services=[FeatureFile(features)]).run(stop)
+        )
+        await wait_for_file(features, lambda t: t == "")
+        stop.set()
+        await task
+        assert not features.exists()
+
+    asyncio.run(scenario())
