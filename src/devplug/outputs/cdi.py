@@ -9,7 +9,6 @@ atomically whenever the device list changes and removed on shutdown.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -118,6 +117,8 @@ def spec_document(kind: str, devices: Iterable[Device]) -> dict[str, Any]:
 
 def write_spec(path: Path | str, body: Mapping[str, Any]) -> bool:
     """Write a spec file atomically (JSON, which every CDI version reads)."""
+    import json  # only where specs are written: the default daemon does without it
+
     return write_atomic(path, json.dumps(body, indent=2) + "\n")
 
 
