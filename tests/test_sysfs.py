@@ -68,15 +68,24 @@ def test_devices_nodes_and_attributes_from_sysfs(tmp_path: Path) -> None:
     make_node(tree.dev / "xclmgmt12")
     config = tmp_path / "c.yaml"
     # A driver's own node, named in the config from the device's attributes.
+    # A security key (hidraw); the webcam by vendor: all its interfaces, sound too.
+    key = UsbInterface("03", [Node("hidraw", "hidraw0", 240, 0)])
+    tree.add_usb("1-5", "1050", "0407", serial="YK1", devnum=9, interfaces=[key])
     named = (
         "  - name: example.com/mgmt\n"
         "    groups:\n"
         "      - pci: {driver: xclmgmt}\n"
         '        paths: [{path: "/dev/xclmgmt{iommuGroup}", permissions: r}]\n'
+        "  - {name: example.com/key, groups: [{usb: {vendor: '1050'}}]}\n"
+        "  - {name: example.com/camera, groups: [{usb: {vendor: '046d'}}]}\n"
     )
     config.write_text(hardware_config(tree, named))
     report = check_json(config)
     dev = tree.dev
+    [key_device] = report["example.com/key"]["devices"]  # type: ignore[misc]
+    assert key_device["hostPaths"] == [f"{dev}/bus/usb/001/009", f"{dev}/hidraw0"]
+    [camera] = report["example.com/camera"]["devices"]  # type: ignore[misc]
+    assert camera["hostPaths"][-1] == f"{dev}/snd/controlC1"
     [mgmt] = report["example.com/mgmt"]["devices"]  # type: ignore[misc]
     assert mgmt["hostPaths"] == [f"{dev}/dri/renderD128", f"{dev}/xclmgmt12"]
     assert mgmt["health"] == "Healthy"
