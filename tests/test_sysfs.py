@@ -87,7 +87,7 @@ def test_devices_nodes_and_attributes_from_sysfs(tmp_path: Path) -> None:
     [camera] = report["example.com/camera"]["devices"]  # type: ignore[misc]
     assert camera["hostPaths"][-1] == f"{dev}/snd/controlC1"
     [mgmt] = report["example.com/mgmt"]["devices"]  # type: ignore[misc]
-    assert mgmt["hostPaths"] == [f"{dev}/dri/renderD128", f"{dev}/xclmgmt12"]
+    assert mgmt["hostPaths"] == [f"{dev}/dri/card1", f"{dev}/dri/renderD128", f"{dev}/xclmgmt12"]
     assert mgmt["health"] == "Healthy"
     [serial] = report[SERIAL]["devices"]  # type: ignore[misc]
     assert serial["id"] == "usb-FT4ABC"
@@ -112,7 +112,7 @@ def test_devices_nodes_and_attributes_from_sysfs(tmp_path: Path) -> None:
     assert (u250["id"], u250["numaNodes"], u250["hostPaths"]) == (
         "0000:3b:00.0",
         [0],
-        [f"{dev}/dri/renderD128"],
+        [f"{dev}/dri/card1", f"{dev}/dri/renderD128"],
     )
     assert u250["attributes"] == {
         "pciAddress": "0000:3b:00.0",
@@ -144,7 +144,10 @@ def test_pools_hot_plug_and_vfio_through_the_kubelet(kubelet: KubeletHarness) ->
         "/dev/vfio/40": f"{tree.dev}/vfio/40",
     }
     pod = kubelet.admit({"example.com/fpga-u250": 1})
-    assert pod.device_nodes() == {"/dev/dri/renderD128": f"{tree.dev}/dri/renderD128"}
+    assert pod.device_nodes() == {
+        "/dev/dri/card1": f"{tree.dev}/dri/card1",
+        "/dev/dri/renderD128": f"{tree.dev}/dri/renderD128",
+    }
     assert "PCI_RESOURCE_EXAMPLE_COM_FPGA-U250" not in pod.env()
 
     # Hot-plug: a second adapter appears, then goes (Unhealthy, same ID), then returns.
