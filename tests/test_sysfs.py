@@ -446,3 +446,29 @@ def test_two_devices_with_one_serial(tmp_path: Path) -> None:
     assert resource["warnings"] == [  # type: ignore[comparison-overlap]
         "example.com/ch340: 1-2 has the serial of device 'usb-0001': it is served as 'usb-1-2'"
     ]
+
+
+def test_one_cdi_kind_per_resource(tmp_path: Path) -> None:
+    line = _refused(
+        tmp_path,
+        "resources:\n"
+        "  - {name: example.com/a, groups: [{paths: [{path: /dev/a}]}], cdi: {kind: acme.io/x}}\n"
+        "  - {name: example.com/b, groups: [{paths: [{path: /dev/b}]}], cdi: {kind: acme.io/x}}\n",
+    )
+    assert line.endswith(
+        "resources[1].cdi.kind: CDI kind 'acme.io/x' is already the kind of resources[0]"
+    )
+
+
+def test_pools_get_valid_cdi_kinds() -> None:
+    from devplug.sources import build_plugins, parse_config
+    from devplug.sources.hostdev import HostDevicePlugin
+
+    config = parse_config(
+        "resources: [{name: example.com/fpga, groups: [{pci: {vendor: '10ee'}}],"
+        " cdi: {kind: acme.io/fpga}, split: {by: productID, models: {'500c': u250.v2}}}]"
+    )
+    [plugin] = build_plugins(config)
+    assert isinstance(plugin, HostDevicePlugin)
+    assert plugin.resource_name == "example.com/fpga-u250.v2"
+    assert plugin.cdi_kind == "acme.io/fpga-u250-v2"
