@@ -188,3 +188,52 @@ def test_services_work_for_any_plugin(short_tmp: Path) -> None:
         assert not features.exists()
 
     asyncio.run(scenario())
+
+
+def test_a_file_that_cannot_be_written_does_not_stop_serving(short_tmp: Path) -> None:
+    import asyncio
+    import logging
+
+    from devplug.framework.daemon import Daemon
+    from devplug.framework.plugin import Plugin
+    from devplug.outputs.cdi import CdiSpecs
+    from devplug.outputs.nfd import FeatureFile
+
+    blocker = short_tmp / "not-a-folder"
+    blocker.write_text("")
+    plugin = Plugin("example.com/widget", [Device("w0")])
+    warned: list[str] = []
+
+    async def scenario() -> None:
+        both = asyncio.Event()
+
+        class Catch(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                warned.append(record.getMessage())
+                if len(warned) == 2:
+                    both.set()
+
+        handler = Catch(logging.WARNING)
+        logging.getLogger("devplug.outputs").addHandler(handler)
+        try:
+            stop = asyncio.Event()
+            services = [
+                FeatureFile(blocker / "devplug"),
+                CdiSpecs({"example.com/widget": "example.com/widget"}, blocker / "cdi"),
+            ]
+            task = asyncio.create_task(
+                Daemon([plugin], short_tmp / "plugins", services=services).run(stop)
+            )
+            async with asyncio.timeout(10):
+                await both.wait()
+            assert not task.done()  # still serving
+            stop.set()
+            await task
+        finally:
+            logging.getLogger("devplug.outputs").removeHandler(handler)
+
+    asyncio.run(scenario())
+    assert sorted(w.split(":")[0] for w in warned) == [
+        "cannot write node features to " + str(blocker / "devplug"),
+        "example.com/widget",
+    ]

@@ -166,8 +166,13 @@ class CdiSpecs:
                 kind = self.kinds[plugin.resource_name]
                 document = spec_document(kind, plugin.devices.values())
                 path = self.path(plugin.resource_name)
-                if write_spec(path, document):
-                    log.info("%s: CDI spec written to %s", plugin.resource_name, path)
+                try:  # logged, not fatal: the next change tries again
+                    if write_spec(path, document):
+                        log.info("%s: CDI spec written to %s", plugin.resource_name, path)
+                except OSError as e:
+                    log.warning(
+                        "%s: cannot write the CDI spec %s: %s", plugin.resource_name, path, e
+                    )
 
         try:
             if plugins:
