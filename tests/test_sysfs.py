@@ -472,3 +472,20 @@ def test_pools_get_valid_cdi_kinds() -> None:
     assert isinstance(plugin, HostDevicePlugin)
     assert plugin.resource_name == "example.com/fpga-u250.v2"
     assert plugin.cdi_kind == "acme.io/fpga-u250-v2"
+
+
+def test_roots_from_flags(tmp_path: Path) -> None:
+    tree = standard_tree(tmp_path)
+    config = tmp_path / "c.yaml"
+    config.write_text("resources: [{name: example.com/serial, groups: [{usb: {vendor: '0403'}}]}]")
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "devplug.cli.main", "check", "--config", str(config)),
+            *("--sysfs-root", str(tree.sys), "--dev-root", str(tree.dev)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert f"usb-FT4ABC  Healthy  numa 0  {tree.dev}/bus/usb/001/002" in result.stdout
