@@ -237,3 +237,13 @@ def test_a_file_that_cannot_be_written_does_not_stop_serving(short_tmp: Path) ->
         "cannot write node features to " + str(blocker / "devplug"),
         "example.com/widget",
     ]
+
+
+def test_feature_file_from_the_flag(kubelet: KubeletHarness) -> None:
+    features = kubelet.root / "nfd" / "devplug"
+    process = kubelet.start_serve(
+        "resources: [{name: example.com/fake, virtual: 2}]\n", "--feature-file", str(features)
+    )
+    assert wait_file(features, lambda t: t is not None) == "example.com/fake.count=2\n"
+    assert process.stop() == 0
+    assert not features.exists()
