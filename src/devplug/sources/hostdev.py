@@ -181,6 +181,11 @@ class HostDevicePlugin(Plugin):
         """Every device seen (before replication), in list order."""
         return sorted(self._known.values(), key=lambda b: b.order)
 
+    def present_bases(self) -> list[_Base]:
+        """The devices seen that are there now (a selected device gone from sysfs is
+        not: it is Unhealthy already, and its checks would only fail)."""
+        return [b for b in self.bases() if b.order[1] != -2 or b.id in self._present]
+
     def _add(self, base: _Base, replace: bool = False) -> str | None:
         """Remember `base` (`replace`: its latest sysfs view); a warning if its ID is
         already another path's."""
