@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from startup import bench_startup  # bench/startup.py: python puts bench/ on the path
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
@@ -263,6 +262,11 @@ def main() -> int:
             report["list_and_watch_10k"] = bench_big_list(root / "big-plugins")
             report["list_and_watch_10k"]["rss_mib"] = rss_mib(proc.pid)
         report.update(run_async_benches(root))
+        from sysfs import bench_sysfs  # bench/sysfs.py
+
+        report["sysfs_hotplug"] = bench_sysfs(root)
+        from startup import bench_startup  # bench/startup.py
+
         report["startup"] = bench_startup(root)
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
