@@ -756,7 +756,7 @@ async def hanging_register(root: Path, rounds: int) -> Outcome:
     plugin_dir = root / "plugins"
     plugin_dir.mkdir()
     started = time.monotonic()
-    limits = "limits:\n  registerTimeoutSeconds: 0.3\n"
+    limits = "limits:\n  registerTimeoutSeconds: 1\n"  # a loaded real kubelet fits in 1 s
     async with serving(Serve(root, virt_config(3, limits), plugin_dir)) as serve:
         before: Snapshot | None = None
         for round_ in range(1, rounds + 1):
