@@ -598,7 +598,11 @@ async def folder_deleted_while_serving(root: Path) -> list[str]:
         async with new_kubelet(root, plugin_dir) as kubelet:
             await kubelet.wait_for_resource(VIRT, count=3)
             await kubelet.stop()
-            shutil.rmtree(plugin_dir)
+            # Moved out of the way, then deleted: a daemon quick to serve again cannot
+            # slip a new socket into the folder while it is being emptied.
+            gone = root / "gone"
+            plugin_dir.rename(gone)
+            shutil.rmtree(gone)
             await kubelet.start()
             await kubelet.wait_for_registration(VIRT, after=1)
             await kubelet.wait_for_resource(VIRT, count=3)
