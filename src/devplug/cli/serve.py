@@ -25,12 +25,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help=f"the kubelet's device-plugins folder (default: {DEVICE_PLUGIN_PATH})",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve /metrics, /healthz and /readyz on this port (off by default; 0: any)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default="",
+        metavar="ADDR",
+        help="the address to serve metrics on (default: all)",
+    )
+    parser.add_argument(
+        "--metrics-pod-resources",
+        metavar="SOCKET",
+        help="add devplug_pod_device_info (device -> pod, container) from the kubelet's "
+        "PodResources socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from devplug.framework.daemon import serve
+    from devplug.framework.daemon import Service, serve
     from devplug.sources import ConfigError, build_plugins, load_config, load_default_config
 
     try:
@@ -45,8 +63,19 @@ def run(args: argparse.Namespace) -> int:
         args.config or "the packaged default config",
         args.plugin_dir,
     )
+    services: list[Service] = []
+    if args.config:
+        from devplug.sources.reload import ConfigReloader
+
+        services.append(ConfigReloader(args.config, config))
+    if args.metrics_port is not None:
+        from devplug.framework.metrics import MetricsServer
+
+        services.append(
+            MetricsServer(args.metrics_port, args.metrics_address, args.metrics_pod_resources)
+        )
     try:
-        asyncio.run(serve(plugins, args.plugin_dir))
+        asyncio.run(serve(plugins, args.plugin_dir, services=services))
     except Exception:
         log.exception("stopped on a failure")
         return EXIT_FAILED
