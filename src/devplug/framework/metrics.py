@@ -69,7 +69,7 @@ class MetricsServer:
         )
         from prometheus_client.process_collector import ProcessCollector
 
-        disable_created_metrics()  # `_created` series: noise for a node daemon
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created`: noise
 
         registry = CollectorRegistry()
         ProcessCollector(registry=registry)
