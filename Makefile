@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench clean
+.PHONY: demo test lint proto bench clean image image-deps
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/devplug demo
 
-test: lint
+test: lint image-deps
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -31,6 +31,20 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	@$(BIN)/python bench/run.py
+
+# The container image (Dockerfile) as an OCI archive, built with buildah from a Debian
+# base made by mmdebstrap: no docker engine, no registry. Debian packages are installed
+# only when missing.
+IMAGE_TOOLS := buildah mmdebstrap umoci
+image-deps:
+	@missing=$$(for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing" >&2; \
+		apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >&2; \
+	fi
+
+image: image-deps $(STAMP)
+	@tools/image.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -75,7 +75,8 @@ class _Version(argparse.Action):
             found = version("devplug")
         except PackageNotFoundError:
             found = "unknown"
-        parser.exit(message=f"devplug {found}\n")
+        print(f"devplug {found}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
