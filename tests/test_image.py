@@ -117,8 +117,7 @@ def test_image_serves_and_registers_through_a_bind_mounted_plugin_folder(
                 f"mount --rbind /dev {shlex.quote(str(rootfs / 'dev'))}",
                 f"mount --bind {shlex.quote(str(kubelet.plugin_dir))} "
                 f"{shlex.quote(str(mountpoint))}",
-                "exec "
-                + shlex.join(in_image(image, *image.args, "--metrics-port", str(port))),
+                "exec " + shlex.join(in_image(image, *image.args, "--metrics-port", str(port))),
             ]
         )
         kubelet.plugin_dir.mkdir(parents=True, exist_ok=True)
