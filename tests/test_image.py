@@ -11,16 +11,15 @@ import json
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import tarfile
 import tempfile
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from serve_helpers import free_port, http_get
 
 from devplug.testing import KubeletHarness
 
@@ -93,13 +92,6 @@ def test_image_prints_its_version_and_checks_the_default_config(image: Unpacked)
     assert "devplug.io/null" in check.stdout
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def test_image_serves_and_registers_through_a_bind_mounted_plugin_folder(
     image: Unpacked,
 ) -> None:
@@ -128,10 +120,8 @@ def test_image_serves_and_registers_through_a_bind_mounted_plugin_folder(
         assert pod.admitted, pod
         assert pod.device_nodes() == {"/dev/zero": "/dev/zero", "/dev/full": "/dev/full"}
         # Every resource is listed, so each stream is open: ready.
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
-            assert answer.status == 200
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-            text = answer.read().decode()
+        assert http_get(port, "/readyz") == (200, "ok\n")
+        text = http_get(port, "/metrics")[1]
         assert 'devplug_allocations_total{resource="devplug.io/zero"} 1.0' in text
         assert served.stop() == 0
         assert not list(kubelet.plugin_dir.glob("devplug-*.sock"))
