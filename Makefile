@@ -29,7 +29,7 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python tools/genproto.py
 
-bench: $(STAMP)
+bench: $(STAMP) image
 	@$(BIN)/python bench/run.py
 
 # The container image (Dockerfile) as an OCI archive, built with buildah from a Debian

@@ -154,7 +154,10 @@ def test_json_logs_one_line_per_event(nodes: Path) -> None:
         sick = kubelet.device_ids("example.com/widget", healthy=False)
         kubelet.restart()
         assert serve.stop() == 0
-        lines = [json.loads(line) for line in serve.output.splitlines()]
+        output = serve.output
+    not_json = [line for line in output.splitlines() if not line.startswith("{")]
+    assert not not_json, output
+    lines = [json.loads(line) for line in output.splitlines()]
     events = [(e.get("event"), e.get("resource")) for e in lines if e.get("event")]
     assert events.count(("registered", "example.com/fake")) == 2
     registered = [e for e in lines if e.get("event") == "registered"]
