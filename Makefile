@@ -34,8 +34,8 @@ bench: $(STAMP) image
 
 # The container image (Dockerfile) as an OCI archive, built with buildah from a Debian
 # base made by mmdebstrap: no docker engine, no registry. Debian packages are installed
-# only when missing.
-IMAGE_TOOLS := buildah mmdebstrap umoci
+# only when missing (podman and containerd: the image test loads the archive into both).
+IMAGE_TOOLS := buildah mmdebstrap umoci podman containerd
 image-deps:
 	@missing=$$(for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
 	if [ -n "$$missing" ]; then \
@@ -43,8 +43,12 @@ image-deps:
 		apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >&2; \
 	fi
 
-image: image-deps $(STAMP)
+IMAGE_INPUTS := Dockerfile .dockerignore tools/image.sh pyproject.toml README.md \
+	$(shell find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc')
+build/devplug-image.tar: $(IMAGE_INPUTS) | image-deps $(STAMP)
 	@tools/image.sh
+
+image: build/devplug-image.tar
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

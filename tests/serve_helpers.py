@@ -6,6 +6,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from asyncinotify import Inotify, Mask
 
@@ -49,3 +50,15 @@ def metric_lines(port: int, prefix: str) -> list[str]:
     status, text = http_get(port, "/metrics")
     assert status == 200
     return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def wait_for_path(path: Path) -> None:
+    """Return once `path` exists, woken by inotify on its folder."""
+    deadline = time.monotonic() + TIMEOUT_S
+    with Inotify() as inotify:
+        inotify.add_watch(path.parent, Mask.CREATE | Mask.MOVED_TO)
+        while not path.exists():
+            left = deadline - time.monotonic()
+            assert left > 0, f"{path} did not appear"
+            inotify.sync_timeout = left
+            inotify.sync_get()

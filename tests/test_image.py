@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from serve_helpers import free_port, http_get
+from serve_helpers import free_port, http_get, wait_for_path
 
 from devplug.testing import KubeletHarness
 
@@ -34,6 +34,11 @@ def project_version() -> str:
     found = re.search(r'^version = "(.*)"', (ROOT / "pyproject.toml").read_text(), re.M)
     assert found is not None
     return found.group(1)
+
+
+def image_name() -> str:
+    # `devplug/devplug:VERSION`, fully qualified as the kubelet reads that name.
+    return f"docker.io/devplug/devplug:{project_version()}"
 
 
 @dataclass
@@ -53,7 +58,7 @@ def image() -> Iterator[Unpacked]:
         with tarfile.open(ARCHIVE) as archive:
             archive.extractall(layout, filter="tar")
         index = json.loads((layout / "index.json").read_text())
-        tag = f"devplug/devplug:{project_version()}"
+        tag = image_name()
         names = [m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]]
         assert names == [tag]
         bundle = work / "bundle"
@@ -125,3 +130,37 @@ def test_image_serves_and_registers_through_a_bind_mounted_plugin_folder(
         assert 'devplug_allocations_total{resource="devplug.io/zero"} 1.0' in text
         assert served.stop() == 0
         assert not list(kubelet.plugin_dir.glob("devplug-*.sock"))
+
+
+def test_the_archive_loads_into_podman_and_containerd(image: Unpacked, short_tmp: Path) -> None:
+    loaded = subprocess.run(
+        ["podman", "load", "-i", str(ARCHIVE)], capture_output=True, text=True, timeout=120
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert f"Loaded image: {image_name()}" in loaded.stdout + loaded.stderr
+
+    # A containerd of our own (own root, state, socket, empty config), as on a node.
+    config = short_tmp / "config.toml"
+    config.write_text("version = 2\n")
+    address = short_tmp / "run" / "containerd.sock"
+    address.parent.mkdir()
+    daemon = subprocess.Popen(
+        [
+            *("containerd", "--config", str(config), "--address", str(address)),
+            *("--root", str(short_tmp / "root"), "--state", str(short_tmp / "state")),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_path(address)
+        ctr = ["ctr", "--address", str(address), "--namespace", "k8s.io", "images"]
+        imported = subprocess.run(
+            [*ctr, "import", str(ARCHIVE)], capture_output=True, text=True, timeout=120
+        )
+        assert imported.returncode == 0, imported.stderr
+        listed = subprocess.run([*ctr, "ls", "-q"], capture_output=True, text=True, check=True)
+        assert image_name() in listed.stdout.split()
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=30)

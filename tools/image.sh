@@ -15,7 +15,9 @@ HOOK=merged-usr
 # Documentation, man pages and translations have no use in a node daemon's image.
 EXCLUDES=('/usr/share/doc/*' '/usr/share/man/*' '/usr/share/info/*' '/usr/share/locale/*' '/usr/share/lintian/*')
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-NAME=devplug/devplug:$VERSION
+# Fully qualified: the DaemonSet's `devplug/devplug:VERSION` means this name to the kubelet,
+# so `ctr -n k8s.io images import` makes it usable as it is.
+NAME=docker.io/devplug/devplug:$VERSION
 OUT=build/devplug-image.tar
 read -r -a FLAGS <<<"${BUILDAH_FLAGS:-}"
 bah() { buildah "${FLAGS[@]}" "$@"; }

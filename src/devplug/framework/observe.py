@@ -9,7 +9,7 @@ line at the level it carries, with its fields as structured data for JSON logs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +79,7 @@ def emit(kind: str, resource: str, message: str, level: int = logging.INFO, **fi
             log.exception("observer %r failed on %s", observer, kind)
 
 
-def show_ids(ids: list[str], limit: int = 10) -> str:
+def show_ids(ids: Sequence[str], limit: int = 10) -> str:
     """IDs for a log line: the first `limit`, then how many more."""
     shown = ", ".join(ids[:limit])
     return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")

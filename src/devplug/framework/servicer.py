@@ -70,9 +70,7 @@ def resolve(plugin: Plugin, ids: Sequence[str], *, need_healthy: bool = True) ->
     return devices
 
 
-def _show(ids: Sequence[str], limit: int = 10) -> str:
-    shown = ", ".join(ids[:limit])
-    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+_show = observe.show_ids
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
