@@ -5,8 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH
+
+if TYPE_CHECKING:
+    from devplug.framework.daemon import Service
+    from devplug.sources import Config
+    from devplug.sources.reload import BuildPlugins
 
 log = logging.getLogger("devplug.serve")
 
@@ -48,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from devplug.framework.daemon import Service, serve
+    from devplug.framework.daemon import serve
     from devplug.sources import ConfigError, build_plugins, load_config, load_default_config
 
     try:
@@ -63,20 +69,29 @@ def run(args: argparse.Namespace) -> int:
         args.config or "the packaged default config",
         args.plugin_dir,
     )
-    services: list[Service] = []
-    if args.config:
-        from devplug.sources.reload import ConfigReloader
-
-        services.append(ConfigReloader(args.config, config))
-    if args.metrics_port is not None:
-        from devplug.framework.metrics import MetricsServer
-
-        services.append(
-            MetricsServer(args.metrics_port, args.metrics_address, args.metrics_pod_resources)
-        )
+    services = reload_and_metrics(args, config, build_plugins)
     try:
         asyncio.run(serve(plugins, args.plugin_dir, services=services))
     except Exception:
         log.exception("stopped on a failure")
         return EXIT_FAILED
     return EXIT_OK
+
+
+def reload_and_metrics(
+    args: argparse.Namespace, config: Config, build: BuildPlugins
+) -> list[Service]:
+    """The config reloader (with --config; `build` as at start-up) and the metrics server
+    (with --metrics-port), each imported only when used."""
+    services: list[Service] = []
+    if args.config:
+        from devplug.sources.reload import ConfigReloader
+
+        services.append(ConfigReloader(args.config, config, build))
+    if args.metrics_port is not None:
+        from devplug.framework.metrics import MetricsServer
+
+        services.append(
+            MetricsServer(args.metrics_port, args.metrics_address, args.metrics_pod_resources)
+        )
+    return services

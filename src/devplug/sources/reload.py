@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,10 +24,14 @@ from asyncinotify import Mask
 
 from devplug.framework import observe
 from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
-from devplug.sources import Config, ConfigError, ResourceSpec, build_plugin, parse_config
+from devplug.sources import Config, ConfigError, ResourceSpec, build_plugins, parse_config
 
 if TYPE_CHECKING:
     from devplug.framework.daemon import Daemon
+    from devplug.framework.plugin import Plugin
+
+# How `devplug serve` turns a checked config into the plugins it serves.
+BuildPlugins = Callable[[Config], Sequence["Plugin"]]
 
 log = logging.getLogger("devplug.sources.reload")
 
@@ -41,9 +46,12 @@ def read_text(path: Path) -> str | None:
 class ConfigReloader:
     """A daemon service that keeps the served resources in step with a config file."""
 
-    def __init__(self, path: Path | str, config: Config) -> None:
+    def __init__(
+        self, path: Path | str, config: Config, build: BuildPlugins = build_plugins
+    ) -> None:
         self.path = Path(path)
         self.config = config
+        self.build = build  # the same as at start-up, so a reload serves what a start would
         self._text = read_text(self.path)
         self.reloads = 0  # applied reloads, for tests and status
 
@@ -88,7 +96,7 @@ class ConfigReloader:
             if text is None:
                 raise ConfigError(f"{self.path}: cannot read the config")
             config = parse_config(text, str(self.path))
-            plugins = {spec.name: build_plugin(spec) for spec in config.resources}
+            plugins = {p.resource_name: p for p in self.build(config)}
         except (ConfigError, ValueError) as error:
             self._text = text
             observe.emit(
@@ -102,10 +110,11 @@ class ConfigReloader:
         self._text = text
         old = _by_name(self.config.resources)
         new = _by_name(config.resources)
-        removed = [n for n in old if n not in new]
-        added = [n for n in new if n not in old]
-        changed = [n for n in new if n in old and new[n] != old[n]]
-        kept = [n for n in new if n in old and new[n] == old[n]]
+        served = [e.name for e in daemon.endpoints]
+        removed = [n for n in served if n not in plugins]
+        added = [n for n in plugins if n not in served]
+        changed = [n for n in plugins if n in served and new.get(n) != old.get(n)]
+        kept = [n for n in plugins if n in served and new.get(n) == old.get(n)]
         for name in removed + changed:
             await daemon.remove(name)
         for name in changed + added:
