@@ -24,7 +24,7 @@ def image_size() -> dict[str, Any]:
     if not ARCHIVE.exists():
         return {"built": False}
     version = re.search(r'^version = "(.*)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    name = f"devplug/devplug:{version.group(1) if version else ''}"
+    name = f"docker.io/devplug/devplug:{version.group(1) if version else ''}"
     stored = subprocess.run(
         ["buildah", "images", "--format", "{{.Size}}", name], capture_output=True, text=True
     )
