@@ -70,7 +70,11 @@ def image() -> Iterator[Unpacked]:
         process = json.loads((bundle / "config.json").read_text())["process"]
         yield Unpacked(bundle / "rootfs", process["args"], process["env"])
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        # The bind mounts live in the served process's own mount namespace; never remove
+        # a tree that still has a mount in it here (it could be the host's /dev).
+        mounts = Path("/proc/self/mountinfo").read_text()
+        if f" {work}/" not in mounts:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def in_image(image: Unpacked, *args: str) -> list[str]:
