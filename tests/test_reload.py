@@ -104,7 +104,13 @@ def test_a_bad_config_is_refused_and_the_old_one_keeps_serving(short_tmp: Path) 
             assert kubelet.registrations(name) == 1
             assert kubelet.resource(name).endpoint == "connected"  # type: ignore[union-attr]
         assert kubelet.admit({"example.com/gone": 1}).admitted
-        # A good config after the bad one applies against the running one.
+        # Valid, but a socket path over the unix limit: refused before anything changes.
+        volume.write([KEPT, resource("example.com/" + "x" * 63, 1)])
+        output = wait_for_output(serve, REFUSED, count=2)
+        refusals = [line for line in output.splitlines() if REFUSED in line]
+        assert "is longer than 107 bytes" in refusals[-1]
+        assert kubelet.resource("example.com/gone").endpoint == "connected"  # type: ignore[union-attr]
+        # A good config after the bad ones applies against the running one.
         volume.write([KEPT])
         wait_for_output(serve, RELOADED)
         kubelet.wait_until(

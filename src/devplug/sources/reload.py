@@ -24,6 +24,7 @@ from asyncinotify import Mask
 
 from devplug.framework import observe
 from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
+from devplug.framework.unixserver import socket_path_problem
 from devplug.sources import Config, ConfigError, ResourceSpec, build_plugins, parse_config
 
 if TYPE_CHECKING:
@@ -97,6 +98,9 @@ class ConfigReloader:
                 raise ConfigError(f"{self.path}: cannot read the config")
             config = parse_config(text, str(self.path))
             plugins = {p.resource_name: p for p in self.build(config)}
+            for plugin in plugins.values():  # what Daemon.add would refuse, before any change
+                if problem := socket_path_problem(daemon.plugin_dir / plugin.socket_name):
+                    raise ValueError(f"{plugin.resource_name}: {problem}")
         except (ConfigError, ValueError) as error:
             self._text = text
             observe.emit(
