@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -207,3 +208,22 @@ def test_metrics_port_in_use_stops_the_daemon_with_the_reason(short_tmp: Path) -
         )
     assert done.returncode == 1
     assert "Address already in use" in done.stderr
+
+
+def test_events_without_consequence_log_nothing(nodes: Path) -> None:
+    """Folder events that change nothing (a foreign file in the plugin folder, a name
+    no glob matches) log no line; the next line is the next real event."""
+    with KubeletHarness() as kubelet:
+        config = kubelet.root / "widgets.yaml"
+        config.write_text(node_config(nodes))
+        serve = kubelet.start_serve(config)
+        before = wait_for_output(serve, "registered with the kubelet", count=2).splitlines()
+        for folder in (kubelet.plugin_dir, nodes):
+            (folder / "unrelated").write_text("")
+            (folder / "unrelated").unlink()
+        os.kill(serve.pid, signal.SIGHUP)  # a real event, after the others
+        output = wait_for_output(serve, "config reloaded")
+        new = output.splitlines()[len(before) :]
+        assert len(new) == 1, new
+        assert "nothing changed" in new[0]
+        assert serve.stop() == 0
