@@ -104,6 +104,7 @@ def test_metrics_probes_and_pod_labels_follow_what_happens(nodes: Path) -> None:
 
         # A kubelet restart: registrations and restarts seen.
         kubelet.restart()
+        wait_for_output(serve, "re-registered with the restarted kubelet", count=2)
         assert 'devplug_registrations_total{resource="example.com/fake"} 2.0' in (
             metric_lines(port, "devplug_registrations_total")
         )

@@ -59,8 +59,10 @@ _observers: list[Observer] = [log_event]
 
 
 def add_observer(observer: Observer) -> None:
+    """Call `observer` with every event, before the log line is written: a line seen
+    in the log means every observer has seen its event."""
     if observer not in _observers:
-        _observers.append(observer)
+        _observers.insert(0, observer)
 
 
 def remove_observer(observer: Observer) -> None:
