@@ -12,7 +12,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,8 +54,8 @@ def image() -> Iterator[Unpacked]:
     work = Path(tempfile.mkdtemp(prefix="dp-img-"))
     try:
         layout = work / "oci"
-        with tarfile.open(ARCHIVE) as archive:
-            archive.extractall(layout, filter="tar")
+        layout.mkdir()
+        subprocess.run(["tar", "-xf", str(ARCHIVE), "-C", str(layout)], check=True)
         index = json.loads((layout / "index.json").read_text())
         tag = image_name()
         names = [m["annotations"]["org.opencontainers.image.ref.name"] for m in index["manifests"]]
