@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from deploy import bench_deploy  # bench/deploy.py, beside this script
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework.channel import FAST_RECONNECT
@@ -265,6 +266,7 @@ def main() -> int:
         from sysfs import bench_sysfs  # bench/sysfs.py
 
         report["sysfs_hotplug"] = bench_sysfs(root)
+    report["deploy"] = bench_deploy()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)
