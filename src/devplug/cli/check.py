@@ -46,7 +46,7 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
     devices = plugin.discover()
     return {
         "name": plugin.resource_name,
-        "kind": "virtual" if isinstance(plugin, VirtualPlugin) else "host",
+        "kind": getattr(plugin, "kind", "virtual" if isinstance(plugin, VirtualPlugin) else "host"),
         "count": plugin.spec.count,
         "idsEnv": plugin.ids_env,
         "preferredAllocation": plugin.preferred_allocation,

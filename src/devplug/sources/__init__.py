@@ -7,6 +7,8 @@ await devplug.framework.daemon.serve(plugins, plugin_dir)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from devplug.sources.config import (
     Config,
     ConfigError,
@@ -18,9 +20,14 @@ from devplug.sources.config import (
 from devplug.sources.hostdev import HostDevicePlugin
 from devplug.sources.virtual import VirtualPlugin
 
-# Both kinds offer `discover()` (the devices to serve now, without publishing) and
+# Every kind offers `discover()` (the devices to serve now, without publishing) and
 # `warnings` (one-line messages, e.g. a glob that matches nothing).
-SourcePlugin = HostDevicePlugin | VirtualPlugin
+if TYPE_CHECKING:
+    from devplug.sources.nvidia.plugin import NvidiaPlugin
+
+    SourcePlugin = HostDevicePlugin | VirtualPlugin | NvidiaPlugin
+else:
+    SourcePlugin = HostDevicePlugin | VirtualPlugin  # NVIDIA's loads only when configured
 
 __all__ = [
     "Config",
@@ -45,5 +52,14 @@ def build_plugin(spec: ResourceSpec) -> SourcePlugin:
 
 
 def build_plugins(config: Config) -> list[SourcePlugin]:
-    """One plugin per resource of a config returned by `load_config`."""
-    return [build_plugin(spec) for spec in config.resources]
+    """One plugin per resource of a config returned by `load_config` (an `nvidia:` entry
+    can give several: MIG profiles, per-model names)."""
+    plugins: list[SourcePlugin] = []
+    for spec in config.resources:
+        if spec.nvidia is not None:
+            from devplug.sources.nvidia.plugin import build_plugins as build_gpu_plugins
+
+            plugins.extend(build_gpu_plugins(spec))
+        else:
+            plugins.append(build_plugin(spec))
+    return plugins

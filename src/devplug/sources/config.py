@@ -21,6 +21,8 @@ import yaml
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 from devplug.framework.device import cdi_name_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
+from devplug.sources.nvidia.config import DEFAULT_RESOURCE as NVIDIA_RESOURCE
+from devplug.sources.nvidia.config import NvidiaSpec, check_nvidia
 
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
@@ -59,12 +61,15 @@ class GroupSpec(_Schema):
 
 
 class ResourceSpec(_Schema):
-    name: str
+    # Required, except with `nvidia` (default nvidia.com/gpu).
+    name: str = ""
     count: int = 1
     allow_any_path: bool = False
     preferred_allocation: bool = True
     groups: list[GroupSpec] | None = None
     virtual: int | None = None
+    # NVIDIA GPUs through NVML (devplug.sources.nvidia).
+    nvidia: NvidiaSpec | None = None
 
 
 class Config(_Schema):
@@ -182,6 +187,10 @@ def _check(config: Config, source: str) -> None:
     seen: dict[str, int] = {}
     for i, resource in enumerate(config.resources):
         at = f"resources[{i}]"
+        if not resource.name and resource.nvidia is not None:
+            resource.name = NVIDIA_RESOURCE
+        if not resource.name:
+            fail(f"{at}.name", "required key is missing")
         if problem := resource_name_problem(resource.name):
             fail(f"{at}.name", problem)
         if resource.name in seen:
@@ -192,6 +201,13 @@ def _check(config: Config, source: str) -> None:
         seen[resource.name] = i
         if problem := _int_problem(resource.count, 1, MAX_COUNT):
             fail(f"{at}.count", problem)
+        if resource.nvidia is not None:
+            if resource.groups is not None or resource.virtual is not None:
+                fail(at, "'nvidia' is set with 'groups' or 'virtual': a resource has one of them")
+            if resource.count != 1:
+                fail(f"{at}.count", "not used with 'nvidia': set nvidia.replicas to share GPUs")
+            check_nvidia(resource.nvidia, resource.name, at, fail)
+            continue
         if resource.groups is not None and resource.virtual is not None:
             fail(at, "both 'groups' and 'virtual' are set: a resource has exactly one of them")
         if resource.groups is None and resource.virtual is None:

@@ -1,0 +1,75 @@
+"""Node labels of the GPUs (node-feature-discovery feature file), named as NVIDIA's GPU
+feature discovery names them, so selectors written for it keep working."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from devplug.framework.device import Device
+from devplug.framework.preferred import physical_id
+
+if TYPE_CHECKING:
+    from devplug.sources.nvidia.source import GpuSource
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def label_value(text: str) -> str:
+    """A valid label value: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA-H100-80GB-HBM3'."""
+    return _UNSAFE.sub("-", text)[:63].strip("-._")
+
+
+def _mib(memory: int) -> str:
+    return str(memory // (1024 * 1024))
+
+
+def node_labels(
+    source: GpuSource, resource: str, primary: bool, devices: Iterable[Device]
+) -> dict[str, str]:
+    view = source.view
+    if view is None:
+        return {}
+    spec = source.spec
+    served = [u for u in source.units if u.resource == resource]
+    labels: dict[str, str] = {}
+    if not primary:
+        if served:
+            first = served[0]
+            memory = first.mig.memory if first.mig else first.gpu.memory
+            labels[f"{resource}.count"] = str(len(served))
+            labels[f"{resource}.product"] = label_value(first.gpu.model)
+            labels[f"{resource}.memory"] = _mib(memory)
+            labels[f"{resource}.replicas"] = str(spec.replicas)
+        return labels
+    domain = resource.partition("/")[0]
+    gpu = f"{domain}/gpu"
+    if view.gpus:
+        first_gpu = view.gpus[0]
+        product, memory, count = first_gpu.model, first_gpu.memory, len(view.gpus)
+        if spec.mig_strategy == "single" and any(u.mig for u in served):
+            first_mig = next(u.mig for u in served if u.mig)
+            product = f"{product}-MIG-{first_mig.profile}"
+            memory, count = first_mig.memory, len({physical_id(d.id) for d in devices})
+        major, minor = first_gpu.compute_capability
+        labels |= {
+            f"{gpu}.product": label_value(product),
+            f"{gpu}.memory": _mib(memory),
+            f"{gpu}.count": str(count),
+            f"{gpu}.compute.major": str(major),
+            f"{gpu}.compute.minor": str(minor),
+            f"{gpu}.replicas": str(spec.replicas),
+            f"{gpu}.sharing-strategy": "time-slicing" if spec.replicas > 1 else "none",
+        }
+    labels[f"{domain}/mig.capable"] = str(any(g.mig_capable for g in view.gpus)).lower()
+    labels[f"{domain}/mig.strategy"] = spec.mig_strategy
+    driver = view.driver_version.split(".")
+    labels[f"{domain}/cuda.driver-version.full"] = label_value(view.driver_version)
+    for key, part in zip(("major", "minor", "revision"), driver, strict=False):
+        labels[f"{domain}/cuda.driver-version.{key}"] = label_value(part)
+    cuda_major, _, cuda_minor = view.cuda_version.partition(".")
+    labels[f"{domain}/cuda.runtime-version.full"] = view.cuda_version
+    labels[f"{domain}/cuda.runtime-version.major"] = cuda_major
+    labels[f"{domain}/cuda.runtime-version.minor"] = cuda_minor
+    return labels
