@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from devplug.sources.config import (
     Config,
     ConfigError,
@@ -18,6 +20,8 @@ from devplug.sources.config import (
     parse_config,
 )
 from devplug.sources.hostdev import HostDevicePlugin
+from devplug.sources.sysfs.select import Pool
+from devplug.sources.sysfs.tree import Sysfs
 from devplug.sources.virtual import VirtualPlugin
 
 # Every kind offers `discover()` (the devices to serve now, without publishing) and
@@ -44,22 +48,36 @@ __all__ = [
 ]
 
 
-def build_plugin(spec: ResourceSpec) -> SourcePlugin:
-    """The plugin of one checked resource."""
+def build_plugin(spec: ResourceSpec, sysfs: Sysfs | None = None) -> SourcePlugin:
+    """The plugin of one checked resource (not split into pools)."""
     if spec.virtual is not None:
         return VirtualPlugin(spec)
-    return HostDevicePlugin(spec)
+    return HostDevicePlugin(spec, sysfs)
 
 
-def build_plugins(config: Config) -> list[SourcePlugin]:
-    """One plugin per resource of a config returned by `load_config` (an `nvidia:` entry
-    can give several: MIG profiles, per-model names)."""
+def build_plugins(
+    config: Config, *, sysfs_root: str | None = None, dev_root: str | None = None
+) -> list[SourcePlugin]:
+    """One plugin per resource of a config returned by `load_config`, one per model for
+    a resource with `split`, several for an
+    `nvidia:` entry (MIG profiles, models); the roots override the config's
+    `sysfsRoot`/`devRoot`."""
+    sysfs = Sysfs(sysfs_root or config.sysfs_root, dev_root or config.dev_root)
     plugins: list[SourcePlugin] = []
     for spec in config.resources:
-        if spec.nvidia is not None:
+        if spec.nvidia is not None:  # NVML loads only here
             from devplug.sources.nvidia.plugin import build_plugins as build_gpu_plugins
 
             plugins.extend(build_gpu_plugins(spec))
-        else:
-            plugins.append(build_plugin(spec))
+            continue
+        if spec.split is None:
+            plugins.append(build_plugin(spec, sysfs))
+            continue
+        for value, model in spec.split.models.items():
+            name = f"{spec.name}-{model}"
+            cdi = spec.cdi
+            if cdi is not None and cdi.kind is not None:
+                cdi = msgspec.structs.replace(cdi, kind=f"{cdi.kind}-{model}")
+            pool_spec = msgspec.structs.replace(spec, name=name, split=None, cdi=cdi)
+            plugins.append(HostDevicePlugin(pool_spec, sysfs, Pool(spec.split.by, value, model)))
     return plugins

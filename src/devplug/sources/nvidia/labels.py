@@ -3,22 +3,15 @@ feature discovery names them, so selectors written for it keep working."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from devplug.framework.device import Device
 from devplug.framework.preferred import physical_id
+from devplug.outputs.nfd import label_value
 
 if TYPE_CHECKING:
     from devplug.sources.nvidia.source import GpuSource
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def label_value(text: str) -> str:
-    """A valid label value: 'NVIDIA H100 80GB HBM3' -> 'NVIDIA-H100-80GB-HBM3'."""
-    return _UNSAFE.sub("-", text)[:63].strip("-._")
 
 
 def _mib(memory: int) -> str:
