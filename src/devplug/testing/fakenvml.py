@@ -152,11 +152,11 @@ def nvmlShutdown() -> None:
 
 
 def nvmlSystemGetDriverVersion() -> str:
-    return str(_initialized()["driver"].get("version", "550.54.15"))
+    return str(_initialized().get("driver", {}).get("version", "550.54.15"))
 
 
 def nvmlSystemGetCudaDriverVersion() -> int:
-    return int(_initialized()["driver"].get("cuda", 12040))
+    return int(_initialized().get("driver", {}).get("cuda", 12040))
 
 
 def nvmlDeviceGetCount() -> int:

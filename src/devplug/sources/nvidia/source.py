@@ -48,6 +48,7 @@ class GpuSource:
         self._health: dict[str, bool] = {}
         self._task: asyncio.Task[None] | None = None
         self._users = 0
+        self._logged = ""  # the NVML problem last logged (one line per new problem)
 
     # -- for plugins ---------------------------------------------------------------------
 
@@ -114,7 +115,7 @@ class GpuSource:
                     )
             except Exception as error:
                 problem = _describe(error)
-                if problem != self.problem:
+                if problem != self._logged:
                     log.warning(
                         "%s: NVML is not usable (%s): serving no GPUs, retrying with backoff",
                         self.name,
@@ -122,7 +123,7 @@ class GpuSource:
                     )
                 else:
                     log.debug("%s: NVML still not usable (%s)", self.name, problem)
-                self.problem = problem
+                self.problem = self._logged = problem
                 self._set_view(None)
                 self._recheck()
                 self.ready.set()
@@ -131,9 +132,9 @@ class GpuSource:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.spec.retry_max_seconds)
                 continue
-            if self.problem:
+            if self._logged:
                 log.info("%s: NVML is usable again", self.name)
-            self.problem = ""
+            self.problem = self._logged = ""
             delay = min(FIRST_RETRY_S, self.spec.retry_max_seconds)
             self._set_view(view)
             self._log_view(view, unwatched)
