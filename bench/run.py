@@ -262,6 +262,9 @@ def main() -> int:
             report["list_and_watch_10k"] = bench_big_list(root / "big-plugins")
             report["list_and_watch_10k"]["rss_mib"] = rss_mib(proc.pid)
         report.update(run_async_benches(root))
+    from nvidia import bench_nvidia
+
+    report["nvidia"] = bench_nvidia()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)
@@ -369,6 +372,12 @@ def summary(report: dict[str, Any]) -> str:
         parts.append(f"re-register p99 {report['reregister']['p99_ms']} ms")
     if "simulator" in report:
         parts.append(f"sim {report['simulator']['pods_per_s']} pods/s")
+    if "nvidia" in report:
+        gpus = report["nvidia"]
+        parts.append(
+            f"gpu allocate p50 {gpus['allocate_1_gpu']['p50_ms']} ms, "
+            f"xid->unhealthy p50 {gpus['xid_to_unhealthy']['p50_ms']} ms"
+        )
     return "bench: " + ", ".join(parts)
 
 
