@@ -138,6 +138,11 @@ def test_nvml_that_hangs_at_start_does_not_stop_serving(
     kubelet.wait_for_resource(GPU, count=0, capacity=0)
     eight.set_driver(hang=False)
     kubelet.wait_for_resource(GPU, count=8)
+    # NVML stops answering while serving: every GPU Unhealthy, and back when it answers.
+    eight.set_driver(hang=True)
+    kubelet.wait_for_resource(GPU, count=0, capacity=8)
+    eight.set_driver(hang=False)
+    kubelet.wait_for_resource(GPU, count=8)
 
 
 def test_without_the_driver_library(kubelet: KubeletHarness, short_tmp: Path) -> None:
@@ -225,9 +230,18 @@ def test_mig_single_and_per_model_names(kubelet: KubeletHarness, short_tmp: Path
         short_tmp / "single",
         {"gpus": [gpu(i, mig=[(1, 4864)] * 7, **a100) for i in range(2)]},  # type: ignore[arg-type]
     )
-    kubelet.start_serve(config(single, migStrategy="single"), env=single.env)
+    features = short_tmp / "features"
+    kubelet.start_serve(config(single, features, migStrategy="single"), env=single.env)
     kubelet.wait_for_resource(GPU, count=14)
     assert kubelet.admit({GPU: 1}).env()["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+    kubelet.wait_until(features.exists, what="the feature file")
+    labels = parse_features(features.read_text())
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.memory"]) == ("14", "4864")
+    assert (labels["nvidia.com/mig.strategy"], labels["nvidia.com/mig.capable"]) == (
+        "single",
+        "true",
+    )
 
     mixed_models = FakeGpuHost(
         short_tmp / "models",
