@@ -49,26 +49,30 @@ class GpuSource:
         self._task: asyncio.Task[None] | None = None
         self._users = 0
         self._logged = ""  # the NVML problem last logged (one line per new problem)
+        self._session: Nvml | None = None  # started by read_now, taken over by run
 
     # -- for plugins ---------------------------------------------------------------------
 
     def read_now(self) -> None:
         """Discover synchronously, once (start-up and `devplug check`); a failure is kept
-        in `problem`."""
+        in `problem`. The NVML session stays open for `run` to carry on with."""
         timeout = self.spec.nvml_timeout_seconds
 
-        def read() -> NvmlView:
+        def read() -> tuple[Nvml, NvmlView]:
             nvml = Nvml()
             nvml.start()
             try:
-                return nvml.read()
-            finally:
+                return nvml, nvml.read()
+            except BaseException:
                 nvml.stop()
+                raise
 
         try:
-            self._set_view(blocking.call_sync(read, timeout, "NVML discovery"))
+            self._session, view = blocking.call_sync(read, timeout, "NVML discovery")
         except Exception as error:
             self.problem = _describe(error)
+        else:
+            self._set_view(view)
 
     def healthy(self, unit: Unit) -> bool:
         return self._health.get(unit.uuid, True)
@@ -78,8 +82,12 @@ class GpuSource:
         return self._generation
 
     async def wait_changed(self, generation: int) -> int:
+        """The next generation; raises what stopped the source if it failed."""
         while self._generation == generation:
             await self._changed.wait()
+        task = self._task
+        if task is not None and task.done() and not task.cancelled():
+            task.result()
         return self._generation
 
     async def attach(self) -> None:
@@ -87,6 +95,7 @@ class GpuSource:
         self._users += 1
         if self._task is None:
             self._task = asyncio.create_task(self.run(), name=f"nvml {self.name}")
+            self._task.add_done_callback(lambda _: self._bump())  # plugins see a failure
         await self.ready.wait()
 
     async def detach(self) -> None:
@@ -102,11 +111,14 @@ class GpuSource:
         delay = min(FIRST_RETRY_S, self.spec.retry_max_seconds)
         timeout = self.spec.nvml_timeout_seconds
         while True:
-            nvml: Nvml | None = None
+            nvml, self._session = self._session, None
             try:
-                nvml = await blocking.call(Nvml, timeout, "loading NVML")
-                await blocking.call(nvml.start, timeout, "nvmlInit")
-                view = await blocking.call(nvml.read, timeout, "NVML discovery")
+                if nvml is not None and self.view is not None:
+                    view = self.view  # read at start-up: no second discovery
+                else:
+                    nvml = await blocking.call(Nvml, timeout, "loading NVML")
+                    await blocking.call(nvml.start, timeout, "nvmlInit")
+                    view = await blocking.call(nvml.read, timeout, "NVML discovery")
                 events: Any = None
                 unwatched: list[int] = []
                 if self.spec.health_checks:
