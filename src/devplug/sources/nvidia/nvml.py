@@ -83,7 +83,7 @@ def _address(handle: Any) -> int:
 
 
 class Nvml:
-    """One NVML session; `errors` classify what its calls raise."""
+    """NVML from `start` to `stop`; `Error`, `Lost` and `Timeout` classify what its calls raise."""
 
     def __init__(self) -> None:
         self.lib: Any = importlib.import_module(os.environ.get(NVML_MODULE_ENV) or "pynvml")
@@ -92,7 +92,7 @@ class Nvml:
         self.Timeout: type[Exception] = self.lib.NVMLError_Timeout
         self._handles: list[Any] = []
 
-    # -- session ---------------------------------------------------------------------
+    # -- start, stop ---------------------------------------------------------------------
 
     def start(self) -> None:
         self.lib.nvmlInit()

@@ -49,13 +49,13 @@ class GpuSource:
         self._task: asyncio.Task[None] | None = None
         self._users = 0
         self._logged = ""  # the NVML problem last logged (one line per new problem)
-        self._session: Nvml | None = None  # started by read_now, taken over by run
+        self._started: Nvml | None = None  # started by read_now, taken over by run
 
     # -- for plugins ---------------------------------------------------------------------
 
     def read_now(self) -> None:
         """Discover synchronously, once (start-up and `devplug check`); a failure is kept
-        in `problem`. The NVML session stays open for `run` to carry on with."""
+        in `problem`. NVML stays started for `run` to carry on with."""
         timeout = self.spec.nvml_timeout_seconds
 
         def read() -> tuple[Nvml, NvmlView]:
@@ -68,7 +68,7 @@ class GpuSource:
                 raise
 
         try:
-            self._session, view = blocking.call_sync(read, timeout, "NVML discovery")
+            self._started, view = blocking.call_sync(read, timeout, "NVML discovery")
         except Exception as error:
             self.problem = _describe(error)
         else:
@@ -111,7 +111,7 @@ class GpuSource:
         delay = min(FIRST_RETRY_S, self.spec.retry_max_seconds)
         timeout = self.spec.nvml_timeout_seconds
         while True:
-            nvml, self._session = self._session, None
+            nvml, self._started = self._started, None
             try:
                 if nvml is not None and self.view is not None:
                     view = self.view  # read at start-up: no second discovery
