@@ -262,7 +262,10 @@ def main() -> int:
             report["list_and_watch_10k"] = bench_big_list(root / "big-plugins")
             report["list_and_watch_10k"]["rss_mib"] = rss_mib(proc.pid)
         report.update(run_async_benches(root))
-    from nvidia import bench_nvidia
+        from sysfs import bench_sysfs  # bench/sysfs.py
+
+        report["sysfs_hotplug"] = bench_sysfs(root)
+    from nvidia import bench_nvidia  # bench/nvidia.py
 
     report["nvidia"] = bench_nvidia()
     report["targets"] = TARGETS

@@ -92,16 +92,7 @@ def standard_tree(base: Path) -> FakeSysfs:
         interfaces=[UsbInterface("08")],
         devnum=4,
     )
-    tree.add_pci(
-        "0000:3b:00.0",
-        "10ee",
-        "500c",
-        numa_node=0,
-        driver="xclmgmt",
-        iommu_group=12,
-        bridge="0000:3a:00.0",
-        nodes=[Node("drm", "dri/renderD128", 226, 128)],
-    )
+    add_u250(tree)
     tree.add_pci(
         "0000:d8:00.0",
         "10ee",
@@ -112,6 +103,20 @@ def standard_tree(base: Path) -> FakeSysfs:
         bridge="0000:d7:00.0",
     )
     return tree
+
+
+def add_u250(tree: FakeSysfs) -> None:
+    """The FPGA at 0000:3b:00.0 on NUMA node 0, with its driver and render node."""
+    tree.add_pci(
+        "0000:3b:00.0",
+        "10ee",
+        "500c",
+        numa_node=0,
+        driver="xclmgmt",
+        iommu_group=12,
+        bridge="0000:3a:00.0",
+        nodes=[Node("drm", "dri/renderD128", 226, 128)],
+    )
 
 
 def roots(tree: FakeSysfs) -> str:

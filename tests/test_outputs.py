@@ -83,7 +83,7 @@ def test_feature_file_and_cdi_specs_follow_the_devices(kubelet: KubeletHarness) 
         {
             "hostPath": f"{tmp}/lib",
             "containerPath": "/lib/gadget",
-            "options": ["ro", "nosuid", "nodev", "rbind"],
+            "options": ["ro", "nosuid", "nodev", "bind"],
         }
     ]
 

@@ -18,13 +18,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", choices=["text", "json"], default="text", help="report format (text)"
     )
+    parser.add_argument(
+        "--sysfs-root", metavar="DIR", help="where sysfs is (default: the config's, or /sys)"
+    )
+    parser.add_argument(
+        "--dev-root", metavar="DIR", help="where device nodes are (default: the config's, or /dev)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from devplug.sources import ConfigError, build_plugins, load_config
 
     try:
-        plugins = build_plugins(load_config(args.config))
+        plugins = build_plugins(
+            load_config(args.config), sysfs_root=args.sysfs_root, dev_root=args.dev_root
+        )
         report = [_resource_report(p) for p in plugins]
     except (ConfigError, ValueError) as e:
         problem = str(e) if isinstance(e, ConfigError) else f"{args.config}: {e}"
@@ -56,6 +64,7 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
                 "health": "Healthy" if d.healthy else "Unhealthy",
                 "numaNodes": list(d.numa_nodes),
                 "hostPaths": [n.host_path for n in d.nodes],
+                "attributes": dict(d.attributes),
             }
             for d in devices
         ],

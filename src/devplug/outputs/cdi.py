@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from devplug.framework.device import ContainerEdits, Device
+from devplug.framework.device import ContainerEdits, Device, merge_edits
 from devplug.framework.preferred import physical_id
 from devplug.outputs.files import remove_quietly, write_atomic
 from devplug.outputs.follow import follow
@@ -67,32 +67,58 @@ def qualified_name(kind: str, device_id: str) -> str:
     return f"{kind}={device_name(device_id)}"
 
 
+def edits_json(edits: ContainerEdits) -> dict[str, Any]:
+    """A CDI `containerEdits` object: env as NAME=value, device nodes, bind mounts."""
+    body: dict[str, Any] = {}
+    if edits.env:
+        body["env"] = [f"{k}={v}" for k, v in edits.env.items()]
+    if edits.nodes:
+        body["deviceNodes"] = [
+            {"path": n.container_path, "hostPath": n.host_path, "permissions": n.permissions}
+            for n in edits.nodes
+        ]
+    if edits.mounts:
+        body["mounts"] = [
+            {
+                "hostPath": m.host_path,
+                "containerPath": m.container_path,
+                "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"],
+            }
+            for m in edits.mounts
+        ]
+    return body
+
+
+def spec(
+    kind: str,
+    devices: Mapping[str, ContainerEdits],
+    common: ContainerEdits | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A CDI spec of `kind` with one entry per device name (and edits common to all)."""
+    body: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind}
+    if annotations:
+        body["annotations"] = dict(annotations)
+    body["devices"] = [
+        {"name": name, "containerEdits": edits_json(edits)} for name, edits in devices.items()
+    ]
+    if common is not None and (common_edits := edits_json(common)):
+        body["containerEdits"] = common_edits
+    return body
+
+
 def spec_document(kind: str, devices: Iterable[Device]) -> dict[str, Any]:
-    """The CDI spec of `devices` (one entry per physical device, replicas folded)."""
-    entries: dict[str, dict[str, Any]] = {}
+    """The CDI spec of `devices`: one entry per physical device (replicas folded) with
+    its nodes, mounts and env."""
+    entries: dict[str, ContainerEdits] = {}
     for device in devices:
-        name = device_name(device.id)
-        if name in entries:
-            continue
-        edits: dict[str, Any] = {}
-        if device.nodes:
-            edits["deviceNodes"] = [
-                {"path": n.container_path, "hostPath": n.host_path, "permissions": n.permissions}
-                for n in device.nodes
-            ]
-        if device.mounts:
-            edits["mounts"] = [
-                {
-                    "hostPath": m.host_path,
-                    "containerPath": m.container_path,
-                    "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "rbind"],
-                }
-                for m in device.mounts
-            ]
-        if device.env:
-            edits["env"] = [f"{k}={v}" for k, v in device.env.items()]
-        entries[name] = {"name": name, "containerEdits": edits}
-    return {"cdiVersion": CDI_VERSION, "kind": kind, "devices": list(entries.values())}
+        entries.setdefault(device_name(device.id), merge_edits([device]))
+    return spec(kind, entries)
+
+
+def write_spec(path: Path | str, body: Mapping[str, Any]) -> bool:
+    """Write a spec file atomically (JSON, which every CDI version reads)."""
+    return write_atomic(path, json.dumps(body, indent=2) + "\n")
 
 
 def spec_file_name(kind: str) -> str:
@@ -139,7 +165,7 @@ class CdiSpecs:
                 kind = self.kinds[plugin.resource_name]
                 document = spec_document(kind, plugin.devices.values())
                 path = self.path(plugin.resource_name)
-                if write_atomic(path, json.dumps(document, indent=2) + "\n"):
+                if write_spec(path, document):
                     log.info("%s: CDI spec written to %s", plugin.resource_name, path)
 
         try:

@@ -45,7 +45,17 @@ __all__ = [
     "load_config",
     "load_default_config",
     "parse_config",
+    "resource_names",
 ]
+
+
+def resource_names(config: Config) -> list[str]:
+    """The resources a config serves: one per entry, one per model of a split entry."""
+    return [
+        f"{spec.name}-{model}" if spec.split else spec.name
+        for spec in config.resources
+        for model in (spec.split.models.values() if spec.split else [""])
+    ]
 
 
 def build_plugin(spec: ResourceSpec, sysfs: Sysfs | None = None) -> SourcePlugin:

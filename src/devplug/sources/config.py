@@ -219,6 +219,11 @@ def _check(config: Config, source: str) -> None:
                 f"duplicate resource {resource.name!r}, see resources[{seen[resource.name]}]",
             )
         seen[resource.name] = i
+        for model in resource.split.models.values() if resource.split else ():
+            pool = f"{resource.name}-{model}"
+            if pool in seen:
+                fail(f"{at}.split.models", f"resource {pool!r} is already served")
+            seen[pool] = i
         if problem := _int_problem(resource.count, 1, MAX_COUNT):
             fail(f"{at}.count", problem)
         if resource.nvidia is not None:

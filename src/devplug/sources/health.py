@@ -29,14 +29,17 @@ async def run_checks(
 ) -> None:
     """Check every device every `health.interval` seconds; call `changed()` when a
     verdict changes. Runs until cancelled."""
-    await plugin.wait_published()
     while True:
-        bases = plugin.bases()
-        results = await asyncio.gather(*(device_healthy(b, health) for b in bases))
-        verdicts = {b.id: ok for b, ok in zip(bases, results, strict=True)}
-        if plugin.set_checks(verdicts):
-            changed()
         await asyncio.sleep(health.interval)
+        if await check_round(plugin, health):
+            changed()
+
+
+async def check_round(plugin: HostDevicePlugin, health: hardware.HealthSpec) -> bool:
+    """Check every device seen once; True when a verdict changed."""
+    bases = plugin.bases()
+    results = await asyncio.gather(*(device_healthy(b, health) for b in bases))
+    return plugin.set_checks({b.id: ok for b, ok in zip(bases, results, strict=True)})
 
 
 async def device_healthy(base: _Base, health: hardware.HealthSpec) -> bool:

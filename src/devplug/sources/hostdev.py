@@ -177,9 +177,11 @@ class HostDevicePlugin(Plugin):
         """Remember `base` (`replace`: its latest sysfs view); a warning if its ID is
         already another path's."""
         known = self._known.setdefault(base.id, base)
+        if replace and known.order[:2] == base.order[:2]:
+            # The same device seen again, maybe on another port or with other nodes.
+            self._known[base.id] = base
+            return None
         if known.order == base.order:
-            if replace:
-                self._known[base.id] = base
             return None
         # Two paths give one ID (e.g. '/dev/a-b' and '/dev/a/b'): the first seen wins.
         return (
@@ -265,15 +267,18 @@ class HostDevicePlugin(Plugin):
             from devplug.sources.sysfs.udev import UdevEvents  # pyudev: only for real /sys
 
             udev = UdevEvents.start(dirty.set)
-        if self.spec.health is not None:
-            from devplug.sources.health import run_checks
-
-            helpers.append(asyncio.create_task(run_checks(self, self.spec.health, dirty.set)))
-            helpers[-1].add_done_callback(lambda _: dirty.set())
         try:
             # Watch first, then look: a change after the look is an event.
             if not self._rewatch(watcher):
                 dirty.set()
+            if self.spec.health is not None:
+                from devplug.sources.health import check_round, run_checks
+
+                # Checked before the first list: no pod gets a device that fails them.
+                self.discover()
+                await check_round(self, self.spec.health)
+                helpers.append(asyncio.create_task(run_checks(self, self.spec.health, dirty.set)))
+                helpers[-1].add_done_callback(lambda _: dirty.set())
             self._publish_now()
             while True:
                 await dirty.wait()

@@ -131,7 +131,6 @@ class FakeSysfs:
         iommu_group: int | None = None,
         bridge: str | None = None,
         nodes: list[Node] = (),  # type: ignore[assignment]
-        label: str | None = None,
     ) -> Path:
         """A PCI device under root bus `pci<domain>:<bus>` and an optional `bridge`
         (a root port or switch port, itself a folder on the way down)."""
@@ -156,8 +155,6 @@ class FakeSysfs:
             "class": pci_class,
             "numa_node": str(numa_node),
         }
-        if label is not None:
-            files["label"] = label
         self._files(folder, files)
         if driver:
             drivers = self.sys / "bus/pci/drivers" / driver

@@ -118,9 +118,6 @@ class Sysfs:
         numa = _numa_of(path, self.root)
         if numa is not None:
             attributes["numaNode"] = numa
-        for key, file in (("model", "label"),):
-            if value := _read(path / file):
-                attributes[key] = value
         nodes = {"": tuple(_devnames(path))}
         pci_path = tuple(part for part in path.parts if _PCI_ADDRESS.match(part))
         return SysDevice("pci", name, path, attributes, nodes, {}, numa, pci_path)
