@@ -167,3 +167,14 @@ def test_blocking_call_times_out_without_blocking_the_loop() -> None:
     release.set()
     with pytest.raises(blocking.Hung):
         blocking.call_sync(threading.Event().wait, 0.05, "a hung call")
+
+
+def test_docs_examples_are_valid() -> None:
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "nvidia.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    assert blocks
+    for block in blocks:
+        [resource] = parse_config(block, "docs/nvidia.md").resources
+        assert resource.nvidia is not None
