@@ -114,6 +114,16 @@ def test_lost_gpu_is_unhealthy_until_it_answers(
     kubelet.wait_for_resource(GPU, count=8)
 
 
+def test_gpu_lost_at_start_joins_when_it_answers(
+    kubelet: KubeletHarness, eight: FakeGpuHost
+) -> None:
+    eight.set_lost(6, True)
+    serve(kubelet, eight, config(eight), 7)
+    assert gpu_uuid(6) not in kubelet.device_ids(GPU)
+    eight.set_lost(6, False)
+    kubelet.wait_for_resource(GPU, count=8)
+
+
 def test_no_driver_registers_zero_devices_and_retries(
     kubelet: KubeletHarness, eight: FakeGpuHost
 ) -> None:

@@ -57,6 +57,8 @@ class NvmlView:
     # level of their closest common ancestor (10 one PCIe switch ... 50 across CPUs).
     nvlinks: dict[tuple[int, int], int] = field(default_factory=dict)
     ancestors: dict[tuple[int, int], int] = field(default_factory=dict)
+    # GPUs NVML counts but cannot describe now (index, why): lost, or not ready.
+    missing: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +110,21 @@ class Nvml:
         driver = _text(lib.nvmlSystemGetDriverVersion())
         cuda = int(lib.nvmlSystemGetCudaDriverVersion())
         count = int(lib.nvmlDeviceGetCount())
-        self._handles = [lib.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        gpus = tuple(self._gpu(i, h) for i, h in enumerate(self._handles))
+        self._handles = []
+        found: list[GpuInfo] = []
+        missing: list[tuple[int, str]] = []
+        for index in range(count):
+            try:
+                handle = lib.nvmlDeviceGetHandleByIndex(index)
+                found.append(self._gpu(index, handle))
+            except self.Error as error:  # one GPU off the bus does not hide the others
+                handle = None
+                missing.append((index, f"{type(error).__name__}: {error}"))
+            self._handles.append(handle)
+        gpus = tuple(found)
         nvlinks, ancestors = self._topology(gpus)
-        return NvmlView(driver, f"{cuda // 1000}.{cuda % 1000 // 10}", gpus, nvlinks, ancestors)
+        cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        return NvmlView(driver, cuda_version, gpus, nvlinks, ancestors, tuple(missing))
 
     def _gpu(self, index: int, handle: Any) -> GpuInfo:
         lib = self.lib
@@ -165,7 +178,8 @@ class Nvml:
         by_bus = {g.bus_id: g.index for g in gpus}
         links: dict[tuple[int, int], int] = {}
         switch_links: dict[int, int] = {}  # GPU -> links to NVSwitches
-        for gpu, handle in zip(gpus, self._handles, strict=True):
+        for gpu in gpus:
+            handle = self._handles[gpu.index]
             for link in range(int(lib.NVML_NVLINK_MAX_LINKS)):
                 try:
                     if lib.nvmlDeviceGetNvLinkState(handle, link) != lib.NVML_FEATURE_ENABLED:
@@ -178,12 +192,13 @@ class Nvml:
                     switch_links[gpu.index] = switch_links.get(gpu.index, 0) + 1
                 elif peer > gpu.index:
                     links[(gpu.index, peer)] = links.get((gpu.index, peer), 0) + 1
-        for i, j in list(_pairs(len(gpus))):
+        indices = [g.index for g in gpus]
+        for i, j in _pairs(indices):
             through_switch = min(switch_links.get(i, 0), switch_links.get(j, 0))
             if through_switch:
                 links[(i, j)] = links.get((i, j), 0) + through_switch
         ancestors: dict[tuple[int, int], int] = {}
-        for i, j in _pairs(len(gpus)):
+        for i, j in _pairs(indices):
             try:
                 ancestors[(i, j)] = int(
                     lib.nvmlDeviceGetTopologyCommonAncestor(self._handles[i], self._handles[j])
@@ -201,9 +216,14 @@ class Nvml:
     def watch_xids(self) -> tuple[Any, list[int]]:
         """An event set for critical Xid errors, and the GPUs that could not join it."""
         lib = self.lib
-        events = lib.nvmlEventSetCreate()
+        present = [i for i, h in enumerate(self._handles) if h is not None]
+        try:
+            events = lib.nvmlEventSetCreate()
+        except self.Error:
+            return None, present
         unwatched = []
-        for index, handle in enumerate(self._handles):
+        for index in present:
+            handle = self._handles[index]
             try:
                 supported = int(lib.nvmlDeviceGetSupportedEventTypes(handle))
                 if not supported & lib.nvmlEventTypeXidCriticalError:
@@ -222,7 +242,10 @@ class Nvml:
         if not int(data.eventType) & self.lib.nvmlEventTypeXidCriticalError:
             return None
         address = _address(data.device)
-        index = next((i for i, h in enumerate(self._handles) if _address(h) == address), -1)
+        index = next(
+            (i for i, h in enumerate(self._handles) if h is not None and _address(h) == address),
+            -1,
+        )
         return XidEvent(
             index, int(data.eventData), int(data.gpuInstanceId), int(data.computeInstanceId)
         )
@@ -232,5 +255,5 @@ class Nvml:
             self.lib.nvmlEventSetFree(events)
 
 
-def _pairs(count: int) -> list[tuple[int, int]]:
-    return [(i, j) for i in range(count) for j in range(i + 1, count)]
+def _pairs(indices: list[int]) -> list[tuple[int, int]]:
+    return [(i, j) for n, i in enumerate(indices) for j in indices[n + 1 :]]

@@ -49,6 +49,7 @@ class GpuSource:
         self._task: asyncio.Task[None] | None = None
         self._users = 0
         self._logged = ""  # the NVML problem last logged (one line per new problem)
+        self._logged_view: NvmlView | None = None
         self._started: Nvml | None = None  # started by read_now, taken over by run
 
     # -- for plugins ---------------------------------------------------------------------
@@ -147,13 +148,21 @@ class GpuSource:
             if self._logged:
                 log.info("%s: NVML is usable again", self.name)
             self.problem = self._logged = ""
-            delay = min(FIRST_RETRY_S, self.spec.retry_max_seconds)
             self._set_view(view)
-            self._log_view(view, unwatched)
+            if view != self._logged_view:  # a view is described once, not per retry
+                self._logged_view = view
+                self._log_view(view, unwatched)
+            self._lost = {}
             self._recheck()
             self.ready.set()
             try:
-                await self._watch(nvml, events)
+                if not view.missing:
+                    delay = min(FIRST_RETRY_S, self.spec.retry_max_seconds)
+                    await self._watch(nvml, events)
+                # Serve the GPUs that answer; look for the others again after a while.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._watch(nvml, events), delay)
+                delay = min(delay * 2, self.spec.retry_max_seconds)
             finally:
                 await _quietly(nvml.stop, timeout)
 
@@ -289,6 +298,10 @@ class GpuSource:
             )
         for warning in self.warnings:
             log.warning("%s: %s", self.name, warning)
+        for index, problem in view.missing:
+            log.warning(
+                "%s: GPU %d cannot be used now (%s): looking again", self.name, index, problem
+            )
         if unwatched:
             log.warning(
                 "%s: GPU(s) %s do not report Xid events: only probed",
