@@ -88,7 +88,7 @@ def test_discovery_allocation_topology_and_labels(
 def test_xid_turns_gpu_unhealthy_then_it_recovers(
     kubelet: KubeletHarness, eight: FakeGpuHost
 ) -> None:
-    serve(kubelet, eight, config(eight, recoverySeconds=1), 8)
+    serve(kubelet, eight, config(eight, recoverySeconds=2), 8)
     eight.inject_xid(2, 13)  # application error: ignored by default
     eight.inject_xid(3, 79)  # fallen off the bus
     kubelet.wait_until(
@@ -98,7 +98,7 @@ def test_xid_turns_gpu_unhealthy_then_it_recovers(
     assert gpu_uuid(2) in kubelet.device_ids(GPU, healthy=True)
     pod = kubelet.admit({GPU: 8})
     assert not pod.admitted
-    kubelet.wait_for_resource(GPU, count=8)  # recovery after a quiet second
+    kubelet.wait_for_resource(GPU, count=8)  # recovery after 2 quiet seconds
     assert kubelet.admit({GPU: 8}).admitted
 
 
