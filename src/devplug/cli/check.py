@@ -81,7 +81,7 @@ def _print_text(config: str, report: list[dict[str, Any]]) -> None:
         healthy = sum(d["health"] == "Healthy" for d in devices)
         print(
             f"\n{resource['name']} ({resource['kind']}, count {resource['count']}, "
-            f"env {resource['idsEnv']}): {len(devices)} device(s), {healthy} healthy"
+            f"env {resource['idsEnv'] or '-'}): {len(devices)} device(s), {healthy} healthy"
         )
         rows = [
             (
