@@ -26,7 +26,7 @@ RECOVERY_S = 0.05
 
 
 def bench_nvidia() -> dict[str, Any]:
-    from run import percentiles, stub_for, timed_calls, wait_for_health
+    from run import percentiles, rss_mib, stub_for, timed_calls, wait_for_health
 
     with tempfile.TemporaryDirectory(prefix="devplug-bench-gpu-") as tmp:
         root = Path(tmp)
@@ -68,11 +68,13 @@ def bench_nvidia() -> dict[str, Any]:
                     wait_for_health(stream, device, "Healthy")
                     up.append(time.perf_counter() - started)
                 stream.cancel()
+            rss = rss_mib(proc.pid)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
     return {
         "gpus": 8,
+        "rss_mib": rss,
         "allocate_1_gpu": percentiles(allocate_one),
         "allocate_2_gpus": percentiles(allocate_two),
         "preferred_4_of_8_nvlink": percentiles(prefer_four),
