@@ -122,6 +122,18 @@ def test_gpu_lost_at_start_joins_when_it_answers(
     kubelet.wait_for_resource(GPU, count=8)
 
 
+def test_no_gpu_at_start_registers_zero_devices_and_looks_again(
+    kubelet: KubeletHarness, eight: FakeGpuHost
+) -> None:
+    gpus = eight.description["gpus"]
+    eight.update(lambda d: d.__setitem__("gpus", []))
+    process = kubelet.start_serve(config(eight), env=eight.env)
+    kubelet.wait_for_resource(GPU, count=0, capacity=0)
+    assert "NVML sees no GPU" in process.output
+    eight.update(lambda d: d.__setitem__("gpus", gpus))  # the driver has come up
+    kubelet.wait_for_resource(GPU, count=8)
+
+
 def test_no_driver_registers_zero_devices_and_retries(
     kubelet: KubeletHarness, eight: FakeGpuHost
 ) -> None:

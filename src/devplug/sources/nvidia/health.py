@@ -19,7 +19,7 @@ from devplug.sources.nvidia.nvml import Nvml, XidEvent
 
 log = logging.getLogger("devplug.sources.nvidia")
 
-WAIT_SLICE_MS = 500  # the longest single event wait: how soon a stop is seen
+WAIT_SLICE_MS = 250  # the longest single event wait: how soon a stop is seen
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +59,10 @@ class HealthThread:
     def stop(self) -> None:
         """Ask the thread to end after its current wait; does not wait for it."""
         self._stop.set()
+
+    def join(self) -> None:
+        """Block until the thread has ended (its event set freed)."""
+        self._thread.join()
 
     def _run(self) -> None:
         next_probe = time.monotonic()

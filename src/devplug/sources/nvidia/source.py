@@ -156,10 +156,11 @@ class GpuSource:
             self._recheck()
             self.ready.set()
             try:
-                if not view.missing:
+                if view.gpus and not view.missing:
                     delay = min(FIRST_RETRY_S, self.spec.retry_max_seconds)
                     await self._watch(nvml, events)
-                # Serve the GPUs that answer; look for the others again after a while.
+                # Serve the GPUs that answer; look for the others (or any, when NVML
+                # sees none: a driver still coming up) again after a while.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._watch(nvml, events), delay)
                 delay = min(delay * 2, self.spec.retry_max_seconds)
@@ -200,6 +201,9 @@ class GpuSource:
                 self._on_report(report)
         finally:
             thread.stop()
+            # NVML is shut down next: no event wait of the thread may outlive it.
+            with contextlib.suppress(blocking.Hung):
+                await blocking.call(thread.join, self.spec.nvml_timeout_seconds, "health thread")
 
     def _on_report(self, report: Report) -> None:
         assert self.view is not None
@@ -296,6 +300,8 @@ class GpuSource:
                 "-" if unit.numa is None else unit.numa,
                 unit.resource,
             )
+        if not view.gpus and not view.missing:
+            log.warning("%s: NVML sees no GPU: serving none, looking again", self.name)
         for warning in self.warnings:
             log.warning("%s: %s", self.name, warning)
         for index, problem in view.missing:
