@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from devplug.outputs.nfd import parse_features
-from devplug.testing import KubeletHarness, pod_manifest
+from devplug.testing import KubeletHarness, PodAdmission, pod_manifest
 from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu, gpu_uuid, mig_layout, mig_uuid
 
 GPU = "nvidia.com/gpu"
@@ -77,6 +77,7 @@ def test_discovery_allocation_topology_and_labels(
         "9",
         "0",
     )
+    assert labels["nvidia.com/gpu.family"] == "hopper"
     assert labels["nvidia.com/gpu.replicas"] == "1"
     assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
     assert labels["nvidia.com/mig.capable"] == "false"
@@ -173,14 +174,24 @@ def test_without_the_driver_library(kubelet: KubeletHarness, short_tmp: Path) ->
     assert "NVML is not usable" in process.output
 
 
+def gpus_of(pod: PodAdmission, resource: str) -> list[str]:
+    return sorted({i.partition("::")[0] for i in pod.devices()[resource]})
+
+
 def test_time_slicing_spread_pack_and_one_replica_per_container(
-    kubelet: KubeletHarness, eight: FakeGpuHost
+    kubelet: KubeletHarness, eight: FakeGpuHost, short_tmp: Path
 ) -> None:
-    serve(kubelet, eight, config(eight, replicas=4), 32)
+    features = short_tmp / "features"
+    serve(kubelet, eight, config(eight, features, replicas=4), 32)
     spread = kubelet.admit({GPU: 2})
-    gpus = sorted(i.partition("::")[0] for i in spread.devices()[GPU])
-    assert gpus == [gpu_uuid(0), gpu_uuid(3)]  # two GPUs, an NVLink pair
+    assert gpus_of(spread, GPU) == [gpu_uuid(0), gpu_uuid(3)]  # two GPUs, an NVLink pair
     kubelet.delete(spread)
+    kubelet.wait_until(features.exists, what="the feature file")
+    labels = parse_features(features.read_text())
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/gpu.count"] == "8"  # GPUs, not replicas
 
     kubelet.start_serve(
         config(eight, replicas=4, replicaPolicy="pack").replace(
@@ -299,6 +310,8 @@ def test_gpus_command(short_tmp: Path) -> None:
     assert mig_uuid(0, 6) in text.stdout
     assert "serves nvidia.com/mig-1g.5gb: 7 device(s)" in text.stdout
     assert "nvidia.com/mig.strategy=mixed" in text.stdout
+    assert "nvidia.com/mig-2g.10gb.product=NVIDIA-A100-SXM4-40GB-MIG-2g.10gb" in text.stdout
+    assert "nvidia.com/mig-2g.10gb.count=2" in text.stdout
 
     result = devplug("gpus", "--host-root", host.host_root, "--output", "json", env=host.env)
     [report] = json.loads(result.stdout)["sources"]
