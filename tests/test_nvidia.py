@@ -201,7 +201,11 @@ def test_time_slicing_spread_pack_and_one_replica_per_container(
     )
     kubelet.wait_for_resource("example.com/packed", count=32)
     packed = kubelet.admit({"example.com/packed": 2})
-    assert len({i.partition("::")[0] for i in packed.devices()["example.com/packed"]}) == 1
+    assert gpus_of(packed, "example.com/packed") == [gpu_uuid(0)]
+    # Six replicas need two GPUs: GPU 0's last two and all of its NVLink peer's (GPU 3),
+    # rather than the next GPU by index, which shares a PCIe switch but no NVLink.
+    spanning = kubelet.admit({"example.com/packed": 6})
+    assert gpus_of(spanning, "example.com/packed") == [gpu_uuid(0), gpu_uuid(3)]
 
     kubelet.start_serve(
         config(eight, replicas=4, failRequestsGreaterThanOne=True).replace(
@@ -330,8 +334,12 @@ def test_check_lists_gpus(short_tmp: Path) -> None:
     path.write_text(config(host))
     result = devplug("check", "--config", str(path), "--output", "json", env=host.env)
     [resource] = json.loads(result.stdout)["resources"]
-    assert (resource["name"], resource["kind"]) == (GPU, "nvidia")
+    assert (resource["name"], resource["kind"], resource["count"]) == (GPU, "nvidia", 1)
     assert [d["id"] for d in resource["devices"]] == [gpu_uuid(i) for i in range(8)]
+    # Time-sliced: the count is the replicas served of each GPU.
+    path.write_text(config(host, replicas=4))
+    text = devplug("check", "--config", str(path), env=host.env)
+    assert f"{GPU} (nvidia, count 4, env -): 32 device(s), 32 healthy" in text.stdout
 
 
 def test_nvml_binding_loads_with_a_gpu_resource(kubelet: KubeletHarness, short_tmp: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 from devplug.sources import ConfigError, parse_config
 from devplug.sources.nvidia import blocking
 from devplug.sources.nvidia.nvml import Nvml, bus_id
-from devplug.sources.nvidia.topology import Links, best_gpus
+from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
 from devplug.testing import fakenvml
 from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid, mig_layout
 
@@ -140,6 +140,22 @@ def test_topology_choice() -> None:
     chosen = best_gpus(range(32), [], 8, many)
     assert len(chosen) == 8
     assert many.score(chosen)[0] == 8  # four pairs of two links
+
+
+def test_packed_choice() -> None:
+    numa = {i: i // 4 for i in range(8)}
+    links = Links({(0, 3): 4, (1, 2): 4, (4, 7): 4, (5, 6): 4}, {}, numa)
+    whole = dict.fromkeys(range(8), 4)
+    assert packed_gpus(whole, [], 3, links) == [0]  # one GPU holds them
+    assert packed_gpus(whole, [], 6, links) == [0, 3]  # two: an NVLink pair
+    assert packed_gpus(whole, [5], 6, links) == [5, 6]  # with the must-include GPU
+    # The busiest GPU first; spanning, the busiest linked pair (GPU 1 and 2 hold 5).
+    busy = whole | {1: 1, 2: 4, 6: 2}
+    assert packed_gpus(busy, [], 1, links) == [1]
+    assert packed_gpus(busy, [], 5, links) == [1, 2]
+    # As few GPUs as possible, even if a busier GPU would take part of the request.
+    assert packed_gpus(whole | {1: 1}, [], 4, links) == [0]
+    assert packed_gpus(whole, [], 40, links) == list(range(8))  # more than there is
 
 
 def test_blocking_call_times_out_without_blocking_the_loop() -> None:

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import msgspec
+
 from devplug.framework.device import ContainerEdits, Device
 from devplug.framework.plugin import AllocationError, Plugin
-from devplug.framework.preferred import physical_id, prefer_numa_local, spread_replicas
+from devplug.framework.preferred import prefer_numa_local, spread_replicas
 from devplug.sources.config import ResourceSpec
 from devplug.sources.nvidia.discovery import devices as unit_devices
 from devplug.sources.nvidia.discovery import resource_names
 from devplug.sources.nvidia.labels import node_labels
 from devplug.sources.nvidia.source import GpuSource
-from devplug.sources.nvidia.topology import Links, best_gpus
+from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
 
 
 class NvidiaPlugin(Plugin):
@@ -26,7 +28,10 @@ class NvidiaPlugin(Plugin):
     def __init__(self, source: GpuSource, resource_name: str) -> None:
         super().__init__(resource_name)
         self.source = source
-        self.spec: ResourceSpec = source.resource
+        # `count` as for other resources: how many times each device is served.
+        self.spec: ResourceSpec = msgspec.structs.replace(
+            source.resource, count=source.spec.replicas
+        )
         self.nvidia = source.spec
         self.preferred_allocation = self.spec.preferred_allocation
         self.primary = resource_name == source.name
@@ -74,16 +79,14 @@ class NvidiaPlugin(Plugin):
         if any("migProfile" in d.attributes for d in available):
             return prefer_numa_local(available, must_include, size)
         if self.nvidia.replicas > 1 and self.nvidia.replica_policy == "pack":
-            return _pack(available, must_include, size)
+            return self._pack(available, must_include, size)
         return self._connected(available, must_include, size)
 
     def _connected(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
     ) -> list[str]:
         """Whole GPUs (or one replica per GPU first) on the best-connected GPUs."""
-        by_gpu: dict[int, list[Device]] = {}
-        for device in sorted(available, key=lambda d: d.id):
-            by_gpu.setdefault(_index(device), []).append(device)
+        by_gpu = _by_gpu(available)
         forced = sorted({_index(d) for d in must_include})
         gpus = best_gpus(sorted(by_gpu), forced, min(size, len(by_gpu)), self._links())
         chosen = {d.id: d for d in must_include}
@@ -96,6 +99,23 @@ class NvidiaPlugin(Plugin):
             rest = [d for d in available if d.id not in chosen]
             for device in spread_replicas(rest, list(chosen.values()))[: size - len(chosen)]:
                 chosen[device.id] = device
+        return list(chosen)
+
+    def _pack(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> list[str]:
+        """Replicas on as few GPUs as possible, linked ones when the request spans GPUs
+        (`packed_gpus`); the must-include GPUs first, then the busiest GPU's replicas."""
+        by_gpu = _by_gpu(available)
+        free = {g: len(devices) for g, devices in by_gpu.items()}
+        forced = {_index(d) for d in must_include}
+        gpus = packed_gpus(free, sorted(forced), size, self._links())
+        chosen = {d.id: d for d in must_include}
+        for gpu in sorted(gpus, key=lambda g: (g not in forced, free[g], g)):
+            for device in by_gpu[gpu]:
+                if len(chosen) >= size:
+                    return list(chosen)
+                chosen.setdefault(device.id, device)
         return list(chosen)
 
     def _links(self) -> Links:
@@ -114,23 +134,13 @@ def _index(device: Device) -> int:
     return index if isinstance(index, int) else -1
 
 
-def _pack(available: Sequence[Device], must_include: Sequence[Device], size: int) -> list[str]:
-    """Replicas on as few GPUs as possible: the must-include GPUs, then the busiest GPUs
-    (fewest free replicas), so whole GPUs stay free for those who need them."""
-    free: dict[str, int] = {}
-    for device in available:
-        free[physical_id(device.id)] = free.get(physical_id(device.id), 0) + 1
-    forced = {physical_id(d.id) for d in must_include}
-    chosen = {d.id: d for d in must_include}
-    order = sorted(
-        available,
-        key=lambda d: (physical_id(d.id) not in forced, free[physical_id(d.id)], _index(d), d.id),
-    )
-    for device in order:
-        if len(chosen) >= size:
-            break
-        chosen.setdefault(device.id, device)
-    return list(chosen)
+def _by_gpu(devices: Sequence[Device]) -> dict[int, list[Device]]:
+    """Devices by GPU index, each GPU's in ID order (the answer must not depend on the
+    order the kubelet lists them in)."""
+    by_gpu: dict[int, list[Device]] = {}
+    for device in sorted(devices, key=lambda d: d.id):
+        by_gpu.setdefault(_index(device), []).append(device)
+    return by_gpu
 
 
 def build_plugins(resource: ResourceSpec) -> list[NvidiaPlugin]:

@@ -8,8 +8,9 @@ lowest GPU indices, so equal choices are the same whatever order the kubelet off
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from math import comb
 
 # NVML topology levels (nvmlGpuTopologyLevel_t): the closest common ancestor of two GPUs.
 TOPOLOGY_MULTIPLE = 20  # through PCIe switches only, no host bridge
@@ -53,23 +54,55 @@ def best_gpus(
     need = size - len(chosen)
     if need <= 0:
         return chosen[:size] if need < 0 else chosen
-    if _combinations(len(rest), need) <= MAX_COMBINATIONS:
+    return sorted([*chosen, *_best_extra(chosen, rest, need, links.score)])
+
+
+def packed_gpus(
+    free: Mapping[int, int], forced: Sequence[int], replicas: int, links: Links
+) -> list[int]:
+    """The fewest GPUs whose `free` replicas (by GPU index) hold `replicas`, all of
+    `forced` included: of those, the best connected, then the busiest (fewest free
+    replicas in all), so that a request spanning GPUs still gets linked ones and whole
+    GPUs stay free for those who need them."""
+    chosen = sorted(set(forced))
+    rest = sorted(set(free) - set(chosen))
+    held = sum(free.get(g, 0) for g in chosen)
+    need = 0
+    for room in sorted((free[g] for g in rest), reverse=True):  # the roomiest first
+        if held >= replicas:
+            break
+        held += room
+        need += 1
+    if need == 0:
+        return chosen
+
+    def rank(gpus: Sequence[int]) -> tuple[int, ...]:
+        total = sum(free.get(g, 0) for g in gpus)
+        return (int(total >= replicas), *links.score(gpus), -total)
+
+    return sorted([*chosen, *_best_extra(chosen, rest, need, rank)])
+
+
+def _best_extra(
+    chosen: Sequence[int],
+    rest: Sequence[int],
+    need: int,
+    rank: Callable[[Sequence[int]], tuple[int, ...]],
+) -> tuple[int, ...]:
+    """The `need` GPUs of `rest` that, with `chosen`, rank highest; ties go to the
+    lowest indices (`rest` is sorted). Too many combinations: grown greedily."""
+    if comb(len(rest), need) <= MAX_COMBINATIONS:
         best: tuple[int, ...] = ()
-        best_score = (-1, -1, -1)
+        best_rank: tuple[int, ...] | None = None
         for extra in itertools.combinations(rest, need):
-            score = links.score((*chosen, *extra))
-            if score > best_score:  # strictly better: the first (lowest indices) wins ties
-                best, best_score = extra, score
-        return sorted([*chosen, *best])
-    while need > 0:  # greedy: the GPU that adds the most to the set so far
-        pick = max(rest, key=lambda g: (links.score((*chosen, g)), -g))
-        chosen.append(pick)
-        rest.remove(pick)
-        need -= 1
-    return sorted(chosen)
-
-
-def _combinations(n: int, k: int) -> int:
-    from math import comb
-
-    return comb(n, k)
+            score = rank((*chosen, *extra))
+            if best_rank is None or score > best_rank:  # strictly better: first wins ties
+                best, best_rank = extra, score
+        return best
+    picked: list[int] = []
+    left = list(rest)
+    while len(picked) < need:  # the GPU that adds the most to the set so far
+        pick = max(left, key=lambda g: (rank((*chosen, *picked, g)), -g))
+        picked.append(pick)
+        left.remove(pick)
+    return tuple(picked)
