@@ -259,6 +259,17 @@ def test_mig_mixed_serves_one_resource_per_profile(
     assert kubelet.device_ids("nvidia.com/mig-3g.20gb", healthy=True) == [mig_uuid(1, 0)]
 
 
+def test_xid_on_a_mig_instance_of_a_gpu_served_whole(
+    kubelet: KubeletHarness, short_tmp: Path
+) -> None:
+    host = FakeGpuHost(short_tmp / "mig", mig_layout())
+    serve(kubelet, host, config(host), 3)  # migStrategy none: GPUs 0 and 1 whole
+    host.inject_xid(1, 94, gi=2)
+    kubelet.wait_until(
+        lambda: kubelet.device_ids(GPU, healthy=False) == [gpu_uuid(1)], what="GPU 1 unhealthy"
+    )
+
+
 def test_mig_single_and_per_model_names(kubelet: KubeletHarness, short_tmp: Path) -> None:
     a100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_gib": 40, "cc": (8, 0)}
     single = FakeGpuHost(

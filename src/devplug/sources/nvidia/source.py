@@ -245,7 +245,10 @@ class GpuSource:
                 ),
                 None,
             )
-            uuid = mig.uuid if mig is not None else uuid
+            # Only that MIG device when it is served as one; a GPU served whole
+            # (migStrategy none) is what the Xid concerns.
+            if mig is not None and any(u.uuid == mig.uuid for u in self.units):
+                uuid = mig.uuid
         log.warning("%s: %s: critical Xid %d", self.name, uuid, event.xid)
         self._critical[uuid] = time.monotonic()
         # Look again once the quiet time is over (recovery).
