@@ -115,6 +115,24 @@ def test_nvlinks_and_common_ancestors(short_tmp: Path, monkeypatch: pytest.Monke
     assert bus_id("00000000:1B:00.0") == "0000:1b:00.0"
 
 
+def test_nvlinks_through_nvswitches(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Links whose far end is no GPU go to NVSwitches: every pair of GPUs on the
+    switches is linked by as many links as the less-linked of the two has."""
+    description = eight_gpus()
+    for index, entry in enumerate(description["gpus"][:3]):
+        entry["nvlinks"] = ["00000000:F0:00.0"] * (2 + index)  # NVSwitch ports
+    for entry in description["gpus"][3:]:
+        entry["nvlinks"] = []
+    host = FakeGpuHost(short_tmp, description)
+    for key, value in host.env.items():
+        monkeypatch.setenv(key, value)
+    nvml = Nvml()
+    nvml.start()
+    view = nvml.read()
+    nvml.stop()
+    assert view.nvlinks == {(0, 1): 2, (0, 2): 2, (1, 2): 3}
+
+
 def test_topology_choice() -> None:
     numa = {i: i // 4 for i in range(8)}
     ancestors = {
