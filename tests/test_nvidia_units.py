@@ -4,7 +4,9 @@ its errors, topology choice, calls with timeouts."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
+import re
 import threading
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from devplug.sources import ConfigError, parse_config
 from devplug.sources.nvidia import blocking
+from devplug.sources.nvidia import nvml as nvml_module
 from devplug.sources.nvidia.nvml import Nvml, bus_id
 from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
 from devplug.testing import fakenvml
@@ -99,6 +102,23 @@ def test_nvml_interface_over_the_fake(fake: FakeGpuHost) -> None:
     assert memory.total == 40 * 1024**3
     nvml.free(events)
     nvml.stop()
+
+
+def test_the_fake_has_pynvmls_signatures_and_every_function_devplug_calls() -> None:
+    """Keyword callers and new calls in nvml.py work the same on the real binding."""
+    for name, fake in vars(fakenvml).items():
+        if name.startswith("nvml") and inspect.isfunction(fake):
+            real = inspect.signature(getattr(pynvml, name))
+            mine = inspect.signature(fake)
+            assert [(p.name, p.default) for p in mine.parameters.values()] == [
+                (p.name, p.default) for p in real.parameters.values()
+            ], name
+    source = Path(nvml_module.__file__).read_text()
+    for name in set(re.findall(r"\blib\.(\w+)", source)):
+        assert hasattr(fakenvml, name), f"the fake lacks {name}"
+        assert name in vars(pynvml), f"pynvml has no {name}"
+    for name in ("NVMLError_NotFound", "NVMLError_GpuIsLost", "NVMLError_Timeout"):
+        assert getattr(fakenvml, name) is getattr(pynvml, name)
 
 
 def test_nvlinks_and_common_ancestors(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,7 +224,6 @@ def test_blocking_call_times_out_without_blocking_the_loop() -> None:
 
 
 def test_docs_examples_are_valid() -> None:
-    import re
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "nvidia.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)

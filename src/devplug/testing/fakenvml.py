@@ -217,15 +217,15 @@ def nvmlDeviceGetMinorNumber(handle: Any) -> int:
     return int(gpu["minor"])
 
 
-def nvmlDeviceGetMigMode(handle: Any) -> list[int]:
-    _, gpu, mig = _target(handle)
+def nvmlDeviceGetMigMode(device: Any) -> list[int]:
+    _, gpu, mig = _target(device)
     if mig is not None or gpu.get("migMode") is None:
         raise NVMLError_NotSupported()
     return [int(gpu["migMode"]), int(gpu["migMode"])]
 
 
-def nvmlDeviceGetMaxMigDeviceCount(handle: Any) -> int:
-    _, gpu, _ = _target(handle)
+def nvmlDeviceGetMaxMigDeviceCount(device: Any) -> int:
+    _, gpu, _ = _target(device)
     if gpu.get("migMode") is None:
         raise NVMLError_NotSupported()
     return 7
