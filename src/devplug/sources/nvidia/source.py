@@ -43,7 +43,6 @@ class GpuSource:
         self._changed = asyncio.Event()
         self._lost: dict[int, str] = {}  # GPU index -> why it does not answer
         self._critical: dict[str, float] = {}  # UUID -> time of its last critical Xid
-        self._last_round = time.monotonic()
         self._hung = False
         self._health: dict[str, bool] = {}
         self._task: asyncio.Task[None] | None = None
@@ -182,7 +181,6 @@ class GpuSource:
         )
         # NVML that stops answering: no probe round for this long.
         silence = self.spec.probe_seconds + self.spec.nvml_timeout_seconds
-        self._last_round = time.monotonic()
         thread.start()
         try:
             while True:
@@ -201,14 +199,17 @@ class GpuSource:
                 self._on_report(report)
         finally:
             thread.stop()
-            # NVML is shut down next: no event wait of the thread may outlive it.
-            with contextlib.suppress(blocking.Hung):
-                await blocking.call(thread.join, self.spec.nvml_timeout_seconds, "health thread")
+            # NVML is shut down next: no event wait of the thread may outlive it
+            # (unless NVML hangs: then neither would return).
+            if not self._hung:
+                with contextlib.suppress(blocking.Hung):
+                    await blocking.call(
+                        thread.join, self.spec.nvml_timeout_seconds, "health thread"
+                    )
 
     def _on_report(self, report: Report) -> None:
         assert self.view is not None
         if isinstance(report, Round):
-            self._last_round = time.monotonic()
             if self._hung:
                 log.info("%s: NVML answers again", self.name)
             self._hung = False
