@@ -106,7 +106,7 @@ def standard_tree(base: Path) -> FakeSysfs:
 
 
 def add_u250(tree: FakeSysfs) -> None:
-    """The FPGA at 0000:3b:00.0 on NUMA node 0, with its driver and render node."""
+    """The FPGA at 0000:3b:00.0 on NUMA node 0, with its driver and DRM nodes."""
     tree.add_pci(
         "0000:3b:00.0",
         "10ee",
@@ -115,7 +115,7 @@ def add_u250(tree: FakeSysfs) -> None:
         driver="xclmgmt",
         iommu_group=12,
         bridge="0000:3a:00.0",
-        nodes=[Node("drm", "dri/renderD128", 226, 128)],
+        nodes=[Node("drm", "dri/card1", 226, 1), Node("drm", "dri/renderD128", 226, 128)],
     )
 
 

@@ -135,3 +135,115 @@ def test_labels_and_specs_of_any_devices() -> None:
     validate_cdi(document)
     assert [d["name"] for d in document["devices"]] == ["a", "b"]
     assert qualified_name("example.com/fpga", "a::1") == "example.com/fpga=a"
+
+
+def test_services_work_for_any_plugin(short_tmp: Path) -> None:
+    """The feature file and CDI specs of a plugin written in Python, not from a config:
+    its own `node_labels()`, its devices' edits; and a daemon with no plugin at all."""
+    import asyncio
+
+    from hw_helpers import wait_for_file
+
+    from devplug.framework.daemon import Daemon
+    from devplug.framework.device import DeviceNode
+    from devplug.framework.plugin import Plugin
+    from devplug.outputs.cdi import CdiSpecs
+    from devplug.outputs.nfd import FeatureFile
+
+    class Widgets(Plugin):
+        def node_labels(self) -> dict[str, str]:
+            return {"example.com/widget.count": str(len(self.devices))}
+
+    features = short_tmp / "features"
+    cdi = short_tmp / "cdi"
+    spec_path = cdi / "devplug-example.com_widget.json"
+    plugin = Widgets("example.com/widget", [Device("w0", nodes=[DeviceNode("/dev/w0")])])
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        services = [
+            FeatureFile(features),
+            CdiSpecs({"example.com/widget": "example.com/widget"}, cdi),
+        ]
+        daemon = Daemon([plugin], short_tmp / "plugins", services=services)
+        task = asyncio.create_task(daemon.run(stop))
+        await wait_for_file(features, lambda t: t == "example.com/widget.count=1\n")
+        plugin.publish([Device("w0"), Device("w1", nodes=[DeviceNode("/dev/w1")])])
+        await wait_for_file(features, lambda t: t == "example.com/widget.count=2\n")
+        text = await wait_for_file(spec_path, lambda t: t is not None and "w1" in t)
+        validate_cdi(json.loads(text or ""))
+        stop.set()
+        await task
+        assert not features.exists()
+        assert not spec_path.exists()
+
+        # No plugins: an empty file, kept until shutdown.
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            Daemon([], short_tmp / "plugins", services=[FeatureFile(features)]).run(stop)
+        )
+        await wait_for_file(features, lambda t: t == "")
+        stop.set()
+        await task
+        assert not features.exists()
+
+    asyncio.run(scenario())
+
+
+def test_a_file_that_cannot_be_written_does_not_stop_serving(short_tmp: Path) -> None:
+    import asyncio
+    import logging
+
+    from devplug.framework.daemon import Daemon
+    from devplug.framework.plugin import Plugin
+    from devplug.outputs.cdi import CdiSpecs
+    from devplug.outputs.nfd import FeatureFile
+
+    blocker = short_tmp / "not-a-folder"
+    blocker.write_text("")
+    plugin = Plugin("example.com/widget", [Device("w0")])
+    warned: list[str] = []
+
+    async def scenario() -> None:
+        both = asyncio.Event()
+
+        class Catch(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                warned.append(record.getMessage())
+                if len(warned) == 2:
+                    both.set()
+
+        handler = Catch(logging.WARNING)
+        logging.getLogger("devplug.outputs").addHandler(handler)
+        try:
+            stop = asyncio.Event()
+            services = [
+                FeatureFile(blocker / "devplug"),
+                CdiSpecs({"example.com/widget": "example.com/widget"}, blocker / "cdi"),
+            ]
+            task = asyncio.create_task(
+                Daemon([plugin], short_tmp / "plugins", services=services).run(stop)
+            )
+            async with asyncio.timeout(10):
+                await both.wait()
+            assert not task.done()  # still serving
+            stop.set()
+            await task
+        finally:
+            logging.getLogger("devplug.outputs").removeHandler(handler)
+
+    asyncio.run(scenario())
+    assert sorted(w.split(":")[0] for w in warned) == [
+        "cannot write node features to " + str(blocker / "devplug"),
+        "example.com/widget",
+    ]
+
+
+def test_feature_file_from_the_flag(kubelet: KubeletHarness) -> None:
+    features = kubelet.root / "nfd" / "devplug"
+    process = kubelet.start_serve(
+        "resources: [{name: example.com/fake, virtual: 2}]\n", "--feature-file", str(features)
+    )
+    assert wait_file(features, lambda t: t is not None) == "example.com/fake.count=2\n"
+    assert process.stop() == 0
+    assert not features.exists()

@@ -68,17 +68,26 @@ def test_devices_nodes_and_attributes_from_sysfs(tmp_path: Path) -> None:
     make_node(tree.dev / "xclmgmt12")
     config = tmp_path / "c.yaml"
     # A driver's own node, named in the config from the device's attributes.
+    # A security key (hidraw); the webcam by vendor: all its interfaces, sound too.
+    key = UsbInterface("03", [Node("hidraw", "hidraw0", 240, 0)])
+    tree.add_usb("1-5", "1050", "0407", serial="YK1", devnum=9, interfaces=[key])
     named = (
         "  - name: example.com/mgmt\n"
         "    groups:\n"
         "      - pci: {driver: xclmgmt}\n"
         '        paths: [{path: "/dev/xclmgmt{iommuGroup}", permissions: r}]\n'
+        "  - {name: example.com/key, groups: [{usb: {vendor: '1050'}}]}\n"
+        "  - {name: example.com/camera, groups: [{usb: {vendor: '046d'}}]}\n"
     )
     config.write_text(hardware_config(tree, named))
     report = check_json(config)
     dev = tree.dev
+    [key_device] = report["example.com/key"]["devices"]  # type: ignore[misc]
+    assert key_device["hostPaths"] == [f"{dev}/bus/usb/001/009", f"{dev}/hidraw0"]
+    [camera] = report["example.com/camera"]["devices"]  # type: ignore[misc]
+    assert camera["hostPaths"][-1] == f"{dev}/snd/controlC1"
     [mgmt] = report["example.com/mgmt"]["devices"]  # type: ignore[misc]
-    assert mgmt["hostPaths"] == [f"{dev}/dri/renderD128", f"{dev}/xclmgmt12"]
+    assert mgmt["hostPaths"] == [f"{dev}/dri/card1", f"{dev}/dri/renderD128", f"{dev}/xclmgmt12"]
     assert mgmt["health"] == "Healthy"
     [serial] = report[SERIAL]["devices"]  # type: ignore[misc]
     assert serial["id"] == "usb-FT4ABC"
@@ -103,7 +112,7 @@ def test_devices_nodes_and_attributes_from_sysfs(tmp_path: Path) -> None:
     assert (u250["id"], u250["numaNodes"], u250["hostPaths"]) == (
         "0000:3b:00.0",
         [0],
-        [f"{dev}/dri/renderD128"],
+        [f"{dev}/dri/card1", f"{dev}/dri/renderD128"],
     )
     assert u250["attributes"] == {
         "pciAddress": "0000:3b:00.0",
@@ -135,7 +144,10 @@ def test_pools_hot_plug_and_vfio_through_the_kubelet(kubelet: KubeletHarness) ->
         "/dev/vfio/40": f"{tree.dev}/vfio/40",
     }
     pod = kubelet.admit({"example.com/fpga-u250": 1})
-    assert pod.device_nodes() == {"/dev/dri/renderD128": f"{tree.dev}/dri/renderD128"}
+    assert pod.device_nodes() == {
+        "/dev/dri/card1": f"{tree.dev}/dri/card1",
+        "/dev/dri/renderD128": f"{tree.dev}/dri/renderD128",
+    }
     assert "PCI_RESOURCE_EXAMPLE_COM_FPGA-U250" not in pod.env()
 
     # Hot-plug: a second adapter appears, then goes (Unhealthy, same ID), then returns.
@@ -388,3 +400,92 @@ def test_command_checks_time_out_and_never_use_a_shell() -> None:
     assert problem(["/no/such/program"]) is not None
     # A placeholder is one argument, never shell syntax.
     assert problem(["test", "{serial}", "=", "a;touch x"]) is None
+
+
+def test_kernel_uevents_reach_the_watcher() -> None:
+    """The netlink path of a mounted sysfs: a uevent (a synthetic 'change' of a PCI
+    device, which changes nothing) wakes the watcher."""
+    import asyncio
+
+    from devplug.sources.sysfs.udev import UdevEvents
+
+    devices = sorted(Path("/sys/bus/pci/devices").glob("*"))
+    if not devices or not os.access(devices[0] / "uevent", os.W_OK):
+        pytest.skip("no writable PCI uevent file in /sys")
+
+    async def scenario() -> None:
+        woken = asyncio.Event()
+        events = UdevEvents.start(woken.set)
+        if events is None:
+            pytest.skip("netlink uevents are refused here")
+        try:
+            (devices[0] / "uevent").write_text("change")
+            async with asyncio.timeout(10):
+                await woken.wait()
+        finally:
+            events.close()
+
+    asyncio.run(scenario())
+
+
+def test_two_devices_with_one_serial(tmp_path: Path) -> None:
+    tree = FakeSysfs(tmp_path)
+    for port, tty in (("1-1", 0), ("1-2", 1)):
+        interface = UsbInterface("ff", [Node("tty", f"ttyUSB{tty}", 188, tty)])
+        tree.add_usb(port, "1a86", "7523", serial="0001", devnum=2 + tty, interfaces=[interface])
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        roots(tree) + "resources: [{name: example.com/ch340, groups: [{usb: {vendor: 1a86}}]}]"
+    )
+    [resource] = check_json(config).values()
+    devices = resource["devices"]
+    assert [(d["id"], d["hostPaths"][-1]) for d in devices] == [  # type: ignore[attr-defined]
+        ("usb-0001", f"{tree.dev}/ttyUSB0"),
+        ("usb-1-2", f"{tree.dev}/ttyUSB1"),
+    ]
+    assert resource["warnings"] == [  # type: ignore[comparison-overlap]
+        "example.com/ch340: 1-2 has the serial of device 'usb-0001': it is served as 'usb-1-2'"
+    ]
+
+
+def test_one_cdi_kind_per_resource(tmp_path: Path) -> None:
+    line = _refused(
+        tmp_path,
+        "resources:\n"
+        "  - {name: example.com/a, groups: [{paths: [{path: /dev/a}]}], cdi: {kind: acme.io/x}}\n"
+        "  - {name: example.com/b, groups: [{paths: [{path: /dev/b}]}], cdi: {kind: acme.io/x}}\n",
+    )
+    assert line.endswith(
+        "resources[1].cdi.kind: CDI kind 'acme.io/x' is already the kind of resources[0]"
+    )
+
+
+def test_pools_get_valid_cdi_kinds() -> None:
+    from devplug.sources import build_plugins, parse_config
+    from devplug.sources.hostdev import HostDevicePlugin
+
+    config = parse_config(
+        "resources: [{name: example.com/fpga, groups: [{pci: {vendor: '10ee'}}],"
+        " cdi: {kind: acme.io/fpga}, split: {by: productID, models: {'500c': u250.v2}}}]"
+    )
+    [plugin] = build_plugins(config)
+    assert isinstance(plugin, HostDevicePlugin)
+    assert plugin.resource_name == "example.com/fpga-u250.v2"
+    assert plugin.cdi_kind == "acme.io/fpga-u250-v2"
+
+
+def test_roots_from_flags(tmp_path: Path) -> None:
+    tree = standard_tree(tmp_path)
+    config = tmp_path / "c.yaml"
+    config.write_text("resources: [{name: example.com/serial, groups: [{usb: {vendor: '0403'}}]}]")
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "devplug.cli.main", "check", "--config", str(config)),
+            *("--sysfs-root", str(tree.sys), "--dev-root", str(tree.dev)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert f"usb-FT4ABC  Healthy  numa 0  {tree.dev}/bus/usb/001/002" in result.stdout

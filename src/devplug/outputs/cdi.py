@@ -9,7 +9,6 @@ atomically whenever the device list changes and removed on shutdown.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -118,6 +117,8 @@ def spec_document(kind: str, devices: Iterable[Device]) -> dict[str, Any]:
 
 def write_spec(path: Path | str, body: Mapping[str, Any]) -> bool:
     """Write a spec file atomically (JSON, which every CDI version reads)."""
+    import json  # only where specs are written: the default daemon does without it
+
     return write_atomic(path, json.dumps(body, indent=2) + "\n")
 
 
@@ -165,8 +166,13 @@ class CdiSpecs:
                 kind = self.kinds[plugin.resource_name]
                 document = spec_document(kind, plugin.devices.values())
                 path = self.path(plugin.resource_name)
-                if write_spec(path, document):
-                    log.info("%s: CDI spec written to %s", plugin.resource_name, path)
+                try:  # logged, not fatal: the next change tries again
+                    if write_spec(path, document):
+                        log.info("%s: CDI spec written to %s", plugin.resource_name, path)
+                except OSError as e:
+                    log.warning(
+                        "%s: cannot write the CDI spec %s: %s", plugin.resource_name, path, e
+                    )
 
         try:
             if plugins:

@@ -14,6 +14,8 @@ async def follow(plugins: Sequence[Plugin], update: Callable[[], None]) -> None:
     await asyncio.gather(*(p.wait_published() for p in plugins))
     generations = [p.generation for p in plugins]
     update()
+    if not plugins:
+        await asyncio.Event().wait()  # nothing will change: wait to be cancelled
     while True:
         waits = [
             asyncio.ensure_future(p.wait_changed(g))

@@ -84,8 +84,13 @@ class FeatureFile:
         plugins = daemon.plugins
 
         def update() -> None:
-            if write_atomic(self.path, feature_text(plugins)):
-                log.info("node features written to %s", self.path)
+            # A file that cannot be written is logged, not fatal: the devices are still
+            # served, and the next change tries again.
+            try:
+                if write_atomic(self.path, feature_text(plugins)):
+                    log.info("node features written to %s", self.path)
+            except OSError as e:
+                log.warning("cannot write node features to %s: %s", self.path, e)
 
         try:
             await follow(plugins, update)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from devplug.outputs.cdi import default_kind
 from devplug.sources.config import (
     Config,
     ConfigError,
@@ -87,7 +88,7 @@ def build_plugins(
             name = f"{spec.name}-{model}"
             cdi = spec.cdi
             if cdi is not None and cdi.kind is not None:
-                cdi = msgspec.structs.replace(cdi, kind=f"{cdi.kind}-{model}")
+                cdi = msgspec.structs.replace(cdi, kind=default_kind(f"{cdi.kind}-{model}"))
             pool_spec = msgspec.structs.replace(spec, name=name, split=None, cdi=cdi)
             plugins.append(HostDevicePlugin(pool_spec, sysfs, Pool(spec.split.by, value, model)))
     return plugins

@@ -205,12 +205,17 @@ def _check(config: Config, source: str) -> None:
     if config.node_features is not None and not config.node_features.path.startswith("/"):
         fail("nodeFeatures.path", f"expected an absolute path, got {config.node_features.path!r}")
     seen: dict[str, int] = {}
+    kinds: dict[str, str] = {}
     for i, resource in enumerate(config.resources):
         at = f"resources[{i}]"
         if not resource.name and resource.nvidia is not None:
             resource.name = NVIDIA_RESOURCE
         if not resource.name:
             fail(f"{at}.name", "required key is missing")
+        for kind in _cdi_kinds(resource):
+            if kind in kinds:
+                fail(f"{at}.cdi.kind", f"CDI kind {kind!r} is already the kind of {kinds[kind]}")
+            kinds[kind] = at
         if problem := resource_name_problem(resource.name):
             fail(f"{at}.name", problem)
         if resource.name in seen:
@@ -268,6 +273,16 @@ def _check(config: Config, source: str) -> None:
 def is_selector(group: GroupSpec) -> bool:
     """Whether the group selects devices in sysfs (its paths then join each device)."""
     return group.usb is not None or group.pci is not None
+
+
+def _cdi_kinds(resource: ResourceSpec) -> list[str]:
+    """The CDI kinds a resource writes specs for (one per model when split)."""
+    if resource.cdi is None or not resource.cdi.write_spec:
+        return []
+    kind = resource.cdi.kind or resource.name
+    if resource.split is None:
+        return [default_kind(kind)]
+    return [default_kind(f"{kind}-{model}") for model in resource.split.models.values()]
 
 
 def _check_hardware(resource: ResourceSpec, at: str, fail: _Fail) -> None:

@@ -37,7 +37,7 @@ async def run_checks(
 
 async def check_round(plugin: HostDevicePlugin, health: hardware.HealthSpec) -> bool:
     """Check every device seen once; True when a verdict changed."""
-    bases = plugin.bases()
+    bases = plugin.present_bases()
     results = await asyncio.gather(*(device_healthy(b, health) for b in bases))
     return plugin.set_checks({b.id: ok for b, ok in zip(bases, results, strict=True)})
 

@@ -104,8 +104,16 @@ class HostDevicePlugin(Plugin):
         for g, group in enumerate(self.groups):
             if is_selector(group):
                 for selected in selected_devices(self.sysfs, self.spec, g, group, self.pool):
+                    device_id = selected.id
+                    if device_id in self._present:
+                        # Two devices with one serial: the second is known by its port.
+                        device_id = f"usb-{selected.sort_key}"
+                        warnings.append(
+                            f"{self.resource_name}: {selected.sort_key} has the serial of "
+                            f"device {selected.id!r}: it is served as {device_id!r}"
+                        )
                     base = _Base(
-                        selected.id,
+                        device_id,
                         (g, -2, selected.sort_key),
                         selected.nodes,
                         group,
@@ -172,6 +180,11 @@ class HostDevicePlugin(Plugin):
     def bases(self) -> list[_Base]:
         """Every device seen (before replication), in list order."""
         return sorted(self._known.values(), key=lambda b: b.order)
+
+    def present_bases(self) -> list[_Base]:
+        """The devices seen that are there now (a selected device gone from sysfs is
+        not: it is Unhealthy already, and its checks would only fail)."""
+        return [b for b in self.bases() if b.order[1] != -2 or b.id in self._present]
 
     def _add(self, base: _Base, replace: bool = False) -> str | None:
         """Remember `base` (`replace`: its latest sysfs view); a warning if its ID is

@@ -47,7 +47,9 @@ class Sysfs:
 
     @property
     def is_real(self) -> bool:
-        return os.path.realpath(self.root) == "/sys"
+        """Whether the root is a mounted sysfs (`/sys`, or the host's mounted elsewhere,
+        such as `/host/sys` in a container), which makes no inotify events."""
+        return filesystem_type(self.root) == "sysfs"
 
     def bus_folder(self, bus: str) -> Path:
         return self.root / "bus" / bus / "devices"
@@ -124,6 +126,27 @@ class Sysfs:
 
 
 # -- helpers -------------------------------------------------------------------------------
+
+
+def filesystem_type(path: Path | str) -> str:
+    """The type of the file system `path` is on, from /proc/self/mountinfo ('' if
+    unknown): the mount with the longest mount point that holds the path."""
+    target = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        fields = line.split(" ")
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, line.split(" - ", 1)[1].split(" ")[0]
+    return kind
 
 
 def _names(folder: Path) -> list[str]:

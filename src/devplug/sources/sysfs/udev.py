@@ -1,9 +1,13 @@
-"""Hot-plug events from udev's netlink socket (pyudev), for the real /sys.
+"""Hot-plug events from the kernel's uevent netlink socket (through pyudev), for a
+mounted sysfs.
 
 sysfs is a virtual file system that makes no inotify events when devices come and go,
 so watching the real /sys needs the kernel's uevents; /dev (devtmpfs) does make them
-and stays watched through inotify. pyudev is imported only here, only when a config
-selects devices in the real /sys.
+and stays watched through inotify. The kernel's own events are used, not udevd's
+re-broadcast: they need no udevd (absent in most containers) and come first; sysfs is
+complete when they are sent, which is all a rescan needs. Uevents are sent in the
+host's network namespace only, so the daemon's pod needs `hostNetwork: true`. pyudev
+is imported only here, only when a config selects devices in a mounted sysfs.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ class UdevEvents:
             log.warning("pyudev is not installed: USB/PCI hot-plug is seen through /dev only")
             return None
         try:
-            monitor = pyudev.Monitor.from_netlink(pyudev.Context())
+            monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="kernel")
             for subsystem in SUBSYSTEMS:
                 monitor.filter_by(subsystem)
             monitor.start()
