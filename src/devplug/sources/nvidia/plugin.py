@@ -53,8 +53,8 @@ class NvidiaPlugin(Plugin):
         ]
 
     async def scan(self) -> None:
-        await self.source.attach()
-        try:
+        try:  # attach counts this plugin at once: cancelled while it waits, detach
+            await self.source.attach()
             generation = -1
             while True:
                 self.publish(self.discover())
