@@ -9,6 +9,7 @@ import random
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import pynvml
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from devplug.sources import ConfigError, parse_config
 from devplug.sources.nvidia import blocking
 from devplug.sources.nvidia import nvml as nvml_module
-from devplug.sources.nvidia.nvml import Nvml, bus_id
+from devplug.sources.nvidia.nvml import Nvml, NvmlView, bus_id
 from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
 from devplug.testing import fakenvml
 from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid, mig_layout
@@ -61,12 +62,26 @@ def test_config_defaults_and_errors() -> None:
     )
 
 
-@pytest.fixture
-def fake(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGpuHost:
-    host = FakeGpuHost(short_tmp, mig_layout())
+def loaded(host: FakeGpuHost, monkeypatch: pytest.MonkeyPatch) -> FakeGpuHost:
+    """`host`, which `Nvml()` loads in this test."""
     for key, value in host.env.items():
         monkeypatch.setenv(key, value)
     return host
+
+
+def view_of(folder: Path, description: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> NvmlView:
+    loaded(FakeGpuHost(folder, description), monkeypatch)
+    nvml = Nvml()
+    nvml.start()
+    try:
+        return nvml.read()
+    finally:
+        nvml.stop()
+
+
+@pytest.fixture
+def fake(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGpuHost:
+    return loaded(FakeGpuHost(short_tmp, mig_layout()), monkeypatch)
 
 
 def test_nvml_interface_over_the_fake(fake: FakeGpuHost) -> None:
@@ -122,13 +137,7 @@ def test_the_fake_has_pynvmls_signatures_and_every_function_devplug_calls() -> N
 
 
 def test_nvlinks_and_common_ancestors(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    host = FakeGpuHost(short_tmp, eight_gpus())
-    for key, value in host.env.items():
-        monkeypatch.setenv(key, value)
-    nvml = Nvml()
-    nvml.start()
-    view = nvml.read()
-    nvml.stop()
+    view = view_of(short_tmp, eight_gpus(), monkeypatch)
     assert view.nvlinks == {(0, 3): 4, (1, 2): 4, (4, 7): 4, (5, 6): 4}
     assert (view.ancestors[(0, 1)], view.ancestors[(0, 2)], view.ancestors[(0, 4)]) == (10, 40, 50)
     assert view.gpus[7].uuid == gpu_uuid(7)
@@ -143,13 +152,7 @@ def test_nvlinks_through_nvswitches(short_tmp: Path, monkeypatch: pytest.MonkeyP
         entry["nvlinks"] = ["00000000:F0:00.0"] * (2 + index)  # NVSwitch ports
     for entry in description["gpus"][3:]:
         entry["nvlinks"] = []
-    host = FakeGpuHost(short_tmp, description)
-    for key, value in host.env.items():
-        monkeypatch.setenv(key, value)
-    nvml = Nvml()
-    nvml.start()
-    view = nvml.read()
-    nvml.stop()
+    view = view_of(short_tmp, description, monkeypatch)
     assert view.nvlinks == {(0, 1): 2, (0, 2): 2, (1, 2): 3}
 
 
