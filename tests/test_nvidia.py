@@ -89,14 +89,15 @@ def test_discovery_allocation_topology_and_labels(
 def test_xid_turns_gpu_unhealthy_then_it_recovers(
     kubelet: KubeletHarness, eight: FakeGpuHost
 ) -> None:
-    serve(kubelet, eight, config(eight, recoverySeconds=2), 8)
-    eight.inject_xid(2, 13)  # application error: ignored by default
+    serve(kubelet, eight, config(eight, recoverySeconds=2, ignoredXids=[13, 48]), 8)
+    eight.inject_xid(2, 13)  # application error: ignored
+    eight.inject_xid(4, 48)  # double-bit ECC error: critical, but ignored as configured
     eight.inject_xid(3, 79)  # fallen off the bus
     kubelet.wait_until(
         lambda: kubelet.device_ids(GPU, healthy=False) == [gpu_uuid(3)], what="GPU 3 unhealthy"
     )
-    # Events are handled in order: the ignored Xid on GPU 2 came first and changed nothing.
-    assert gpu_uuid(2) in kubelet.device_ids(GPU, healthy=True)
+    # Events are handled in order: the ignored Xids came first and changed nothing.
+    assert {gpu_uuid(2), gpu_uuid(4)} <= set(kubelet.device_ids(GPU, healthy=True))
     kubelet.wait_for_resource(GPU, count=8)  # recovery after 2 quiet seconds
     assert kubelet.admit({GPU: 8}).admitted
 
