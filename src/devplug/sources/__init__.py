@@ -7,6 +7,8 @@ await devplug.framework.daemon.serve(plugins, plugin_dir)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from devplug.outputs.cdi import default_kind
@@ -23,9 +25,14 @@ from devplug.sources.sysfs.select import Pool
 from devplug.sources.sysfs.tree import Sysfs
 from devplug.sources.virtual import VirtualPlugin
 
-# Both kinds offer `discover()` (the devices to serve now, without publishing) and
+# Every kind offers `discover()` (the devices to serve now, without publishing) and
 # `warnings` (one-line messages, e.g. a glob that matches nothing).
-SourcePlugin = HostDevicePlugin | VirtualPlugin
+if TYPE_CHECKING:
+    from devplug.sources.nvidia.plugin import NvidiaPlugin
+
+    SourcePlugin = HostDevicePlugin | VirtualPlugin | NvidiaPlugin
+else:
+    SourcePlugin = HostDevicePlugin | VirtualPlugin  # NVIDIA's loads only when configured
 
 __all__ = [
     "Config",
@@ -63,10 +70,17 @@ def build_plugins(
     config: Config, *, sysfs_root: str | None = None, dev_root: str | None = None
 ) -> list[SourcePlugin]:
     """One plugin per resource of a config returned by `load_config`, one per model for
-    a resource with `split`; the roots override the config's `sysfsRoot`/`devRoot`."""
+    a resource with `split`, several for an
+    `nvidia:` entry (MIG profiles, models); the roots override the config's
+    `sysfsRoot`/`devRoot`."""
     sysfs = Sysfs(sysfs_root or config.sysfs_root, dev_root or config.dev_root)
     plugins: list[SourcePlugin] = []
     for spec in config.resources:
+        if spec.nvidia is not None:  # NVML loads only here
+            from devplug.sources.nvidia.plugin import build_plugins as build_gpu_plugins
+
+            plugins.extend(build_gpu_plugins(spec))
+            continue
         if spec.split is None:
             plugins.append(build_plugin(spec, sysfs))
             continue
