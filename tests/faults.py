@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import random
@@ -129,14 +128,19 @@ async def wait_for_path(
 # -- the daemon ------------------------------------------------------------------------
 
 
-def drop_dac_override() -> None:
-    """In a child before exec: give up root's power to ignore file permissions, so
-    that a folder's mode bits apply to it (it stays uid 0, owner of its own files)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_capbset_drop = 24
-    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-        if libc.prctl(pr_capbset_drop, cap, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+# Run before the daemon, in the child: give up root's power to ignore file permissions
+# (so that a folder's mode bits apply, as in the DaemonSet, which drops every
+# capability), then exec the daemon; it stays uid 0, owner of its own files. A
+# trampoline, not a preexec_fn: forking a threaded test process and calling into libc
+# before exec can deadlock.
+WITHOUT_DAC_OVERRIDE = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+    if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+"""
 
 
 class Serve:
@@ -169,18 +173,14 @@ class Serve:
         self.starts += 1
         env = {**os.environ, DEBUG_STATE_ENV: str(self.state)}
         args = [sys.executable, "-m", "devplug.cli.main", "serve"]
+        if without_dac_override:
+            args[1:1] = ["-c", WITHOUT_DAC_OVERRIDE]
         if self.config is not None:
             args += ["--config", str(self.config)]
         args += ["--plugin-dir", str(self.plugin_dir)]
         with open(self.log_path, "ab") as log:
             self.started_at = time.time()
-            self.proc = ChildProcess(
-                args,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-                preexec=drop_dac_override if without_dac_override else None,
-            )
+            self.proc = ChildProcess(args, env=env, stdout=subprocess.DEVNULL, stderr=log)
 
     @property
     def pid(self) -> int:

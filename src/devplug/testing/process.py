@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,9 +33,7 @@ class ChildProcess:
         cwd: Path | str | None = None,
         stdout: IO[Any] | int | None = None,
         stderr: IO[Any] | int | None = None,
-        preexec: Callable[[], None] | None = None,
     ) -> None:
-        """`preexec` runs in the child before exec (e.g. to drop capabilities)."""
         self.args = list(args)
         self._loop = asyncio.get_running_loop()
         self.popen = subprocess.Popen(
@@ -45,7 +43,6 @@ class ChildProcess:
             stderr=stderr,
             env=dict(env) if env is not None else None,
             cwd=cwd,
-            preexec_fn=preexec,
         )
         self.exited: asyncio.Future[int] = self._loop.create_future()
         self._watch()
