@@ -388,8 +388,8 @@ async def restart_storm(root: Path, rounds: int, seed: int = 1) -> Outcome:
         new_kubelet(root, plugin_dir) as kubelet,
         serving(Serve(root, node_config(dev, 2, with_virt=8), plugin_dir)) as serve,
     ):
-        await kubelet.wait_for_resource(VIRT, count=8)
-        await kubelet.wait_for_resource(NODE, count=8)
+        await kubelet.wait_for_resource(VIRT, count=8, timeout=WAIT_S)
+        await kubelet.wait_for_resource(NODE, count=8, timeout=WAIT_S)
         virt_socket = plugin_dir / default_socket_name(VIRT)
         warmup = min(5, max(1, rounds // 4))
         baseline: Snapshot | None = None
@@ -417,10 +417,12 @@ async def restart_storm(root: Path, rounds: int, seed: int = 1) -> Outcome:
                         toggle(flapper)
                 await kubelet.restart()
                 for resource in (VIRT, NODE):
-                    await kubelet.wait_for_registration(resource, after=round_)
-                await kubelet.wait_for_resource(VIRT, count=8, capacity=8)
+                    await kubelet.wait_for_registration(resource, after=round_, timeout=WAIT_S)
+                await kubelet.wait_for_resource(VIRT, count=8, capacity=8, timeout=WAIT_S)
                 healthy_nodes = 8 if flapper.exists() else 6
-                await kubelet.wait_for_resource(NODE, count=healthy_nodes, capacity=8)
+                await kubelet.wait_for_resource(
+                    NODE, count=healthy_nodes, capacity=8, timeout=WAIT_S
+                )
                 for call in calls:
                     try:
                         response = await call
@@ -439,11 +441,11 @@ async def restart_storm(root: Path, rounds: int, seed: int = 1) -> Outcome:
             out.iterations = round_
             if round_ == warmup:
                 restore(flapper)
-                await kubelet.wait_for_resource(NODE, count=8)
+                await kubelet.wait_for_resource(NODE, count=8, timeout=WAIT_S)
                 baseline = await serve.settled()
                 serve.baseline_names = serve.task_names()
         restore(flapper)
-        await kubelet.wait_for_resource(NODE, count=8)
+        await kubelet.wait_for_resource(NODE, count=8, timeout=WAIT_S)
         out.check(serve.running, "the daemon exited")
         out.check(
             {p.name for p in plugin_dir.iterdir()}
@@ -471,7 +473,7 @@ async def sigkill_with_pods(root: Path, rounds: int) -> Outcome:
     started = time.monotonic()
     serve = Serve(root, virt_config(6), plugin_dir)
     async with new_kubelet(root, plugin_dir) as kubelet, serving(serve):
-        await kubelet.wait_for_resource(VIRT, count=6)
+        await kubelet.wait_for_resource(VIRT, count=6, timeout=WAIT_S)
         for round_ in range(1, rounds + 1):
             names = [f"hold-{round_}-{i}" for i in range(2)]
             results = await kubelet.apply([pod(n, VIRT, 2) for n in names])
@@ -482,8 +484,8 @@ async def sigkill_with_pods(root: Path, rounds: int) -> Outcome:
             if round_ % 2 == 0:
                 await kubelet.restart()  # allocations come back from the checkpoint
             serve.start()
-            await kubelet.wait_for_registration(VIRT, after=registrations)
-            status = await kubelet.wait_for_resource(VIRT, count=6)
+            await kubelet.wait_for_registration(VIRT, after=registrations, timeout=WAIT_S)
+            status = await kubelet.wait_for_resource(VIRT, count=6, timeout=WAIT_S)
             after = {n: held(kubelet, n, VIRT) for n in names}
             out.check(after == before, f"round {round_}: held {before}, then {after}")
             out.check(status.allocated == 4, f"round {round_}: {status.allocated} allocated")
@@ -521,7 +523,7 @@ async def flapping(root: Path, flips: int) -> Outcome:
         new_kubelet(root, plugin_dir) as kubelet,
         serving(Serve(root, node_config(dev, 2), plugin_dir)) as serve,
     ):
-        status = await kubelet.wait_for_resource(NODE, count=8)
+        status = await kubelet.wait_for_resource(NODE, count=8, timeout=WAIT_S)
         ids = {d.id for d in status.devices}
         flapping_ids = {i for i in ids if "fault0" in i}
         counts: set[str] = set()
@@ -543,7 +545,7 @@ async def flapping(root: Path, flips: int) -> Outcome:
             # from a look at the folder after every flip, so from there on all is healthy.
             os.mknod(dev / "fault4", stat.S_IFCHR | 0o666, NULL_DEV)
             await watcher.wait(lambda lists: len(lists[-1]) == 10, "the list after the flips")
-            await kubelet.wait_for_resource(NODE, count=10)
+            await kubelet.wait_for_resource(NODE, count=10, timeout=WAIT_S)
             marked = next(n for n, listed in enumerate(watcher.lists) if len(listed) == 10)
             for n, listed in enumerate(watcher.lists):
                 new = set(listed) - ids
@@ -579,7 +581,7 @@ async def folder_missing_at_start(root: Path) -> list[str]:
             await wait_for_path(path, path.is_dir, f"{path}")
         await wait_for_path(socket_path, socket_path.is_socket, "the plugin socket")
         async with new_kubelet(root, plugin_dir) as kubelet:
-            await kubelet.wait_for_resource(VIRT, count=3)
+            await kubelet.wait_for_resource(VIRT, count=3, timeout=WAIT_S)
             if kubelet.registrations(VIRT) != 1:
                 problems.append(f"{kubelet.registrations(VIRT)} registrations")
         if not serve.running:
@@ -596,7 +598,7 @@ async def folder_deleted_while_serving(root: Path) -> list[str]:
     plugin_dir = root / "plugins"
     async with serving(Serve(root, virt_config(3), plugin_dir)) as serve:
         async with new_kubelet(root, plugin_dir) as kubelet:
-            await kubelet.wait_for_resource(VIRT, count=3)
+            await kubelet.wait_for_resource(VIRT, count=3, timeout=WAIT_S)
             await kubelet.stop()
             # Moved out of the way, then deleted: a daemon quick to serve again cannot
             # slip a new socket into the folder while it is being emptied.
@@ -604,8 +606,8 @@ async def folder_deleted_while_serving(root: Path) -> list[str]:
             plugin_dir.rename(gone)
             shutil.rmtree(gone)
             await kubelet.start()
-            await kubelet.wait_for_registration(VIRT, after=1)
-            await kubelet.wait_for_resource(VIRT, count=3)
+            await kubelet.wait_for_registration(VIRT, after=1, timeout=WAIT_S)
+            await kubelet.wait_for_resource(VIRT, count=3, timeout=WAIT_S)
         if not serve.running:
             problems.append("the daemon exited")
     return problems
@@ -645,7 +647,7 @@ async def stale_socket_of_the_same_name(root: Path) -> list[str]:
                 ):
                     problems.append("the link or its target was changed")
                 socket_path.unlink()  # the owner clears it: the daemon serves at once
-            await kubelet.wait_for_resource(VIRT, count=3)
+            await kubelet.wait_for_resource(VIRT, count=3, timeout=WAIT_S)
             if not serve.running:
                 problems.append(f"{kind}: the daemon exited")
     return problems
@@ -673,7 +675,7 @@ async def permission_denied(root: Path) -> list[str]:
         if stat.S_IMODE(socket_path.stat().st_mode) != 0o600:
             problems.append(f"socket mode {oct(socket_path.stat().st_mode)}")
         async with new_kubelet(root, plugin_dir) as kubelet:
-            await kubelet.wait_for_resource(VIRT, count=3)
+            await kubelet.wait_for_resource(VIRT, count=3, timeout=WAIT_S)
     return problems
 
 
@@ -699,7 +701,7 @@ async def folder_cannot_be_made(root: Path) -> list[str]:
         for path in (plugin_dir, socket_path):
             await wait_for_path(path, path.exists, f"{path} after the fix")
         async with new_kubelet(root, plugin_dir) as kubelet:
-            await kubelet.wait_for_resource(VIRT, count=3)
+            await kubelet.wait_for_resource(VIRT, count=3, timeout=WAIT_S)
     return problems
 
 
@@ -773,12 +775,12 @@ async def hanging_register(root: Path, rounds: int) -> Outcome:
             await hanging.wait_calls(3)
             async with unix_channel(plugin_dir / default_socket_name(VIRT)) as channel:
                 answer = await pb_grpc.DevicePluginStub(channel).Allocate(
-                    allocate_request("virt-0"), timeout=WAIT_S
+                    allocate_request("virt-0"), timeout=WAIT_S, wait_for_ready=True
                 )
                 out.check(len(answer.container_responses) == 1, "Allocate while Register hangs")
             await server.stop(0)
             async with new_kubelet(root, plugin_dir) as kubelet:
-                await kubelet.wait_for_resource(VIRT, count=3)
+                await kubelet.wait_for_resource(VIRT, count=3, timeout=WAIT_S)
                 if before is None:
                     before = await serve.settled()
                 else:
@@ -823,9 +825,11 @@ def grpc_headers(path: str) -> list[tuple[str, str]]:
 
 
 async def stalled_reader(root: Path, flips: int) -> Outcome:
-    """A ListAndWatch client that never reads while the device list (2,000 devices)
-    changes `flips` times: the daemon's memory stays bounded, the kubelet's stream
-    and a second reader get every change, Allocate is answered throughout."""
+    """ListAndWatch clients that never read while the device list (2,000 devices)
+    changes `flips` times: the daemon's memory stays bounded, another reader gets every
+    change, Allocate is answered throughout, and what the stalled streams held is
+    released with their connections (counted after a warm-up round: gRPC opens one
+    fd the first time a stream stalls, and keeps it)."""
     out = Outcome("ListAndWatch client never reads")
     plugin_dir, dev = root / "plugins", root / "dev"
     nodes = make_nodes(dev, 4)
@@ -834,31 +838,36 @@ async def stalled_reader(root: Path, flips: int) -> Outcome:
         new_kubelet(root, plugin_dir) as kubelet,
         serving(Serve(root, node_config(dev, 500), plugin_dir)) as serve,
     ):
-        await kubelet.wait_for_resource(NODE, count=2000)
+        devices = (await kubelet.wait_for_resource(NODE, count=2000, timeout=WAIT_S)).devices
+        steady_id = next(d.id for d in devices if "fault1" in d.id)
         socket_path = plugin_dir / default_socket_name(NODE)
-        stalled = [stalled_list_and_watch(socket_path) for _ in range(3)]
-        try:
-            async with ListWatcher(socket_path) as watcher, unix_channel(socket_path) as ch:
-                before = await serve.settled()
-                stub = pb_grpc.DevicePluginStub(ch)
-                devices = (await kubelet.wait_for_resource(NODE)).devices
-                steady_id = next(d.id for d in devices if "fault1" in d.id)
-                for i in range(flips):
-                    toggle(nodes[0])
-                    seen = len(watcher.lists)
-                    await watcher.wait(lambda lists, n=seen: len(lists) > n, f"list after {i}")
-                    if i % 10 == 0:
-                        answer = await stub.Allocate(allocate_request(steady_id), timeout=WAIT_S)
-                        out.check(len(answer.container_responses) == 1, f"Allocate at {i}")
-                    out.iterations = i + 1
-                restore(nodes[0])
-                await watcher.wait(lambda lists: all(lists[-1].values()), "the final list")
-                await kubelet.wait_for_resource(NODE, count=2000)
-                # The same connections are open as at `before`: counts must match.
-                out.growth = before.growth(await serve.settled(before))
-        finally:
-            for sock in stalled:
-                sock.close()
+
+        async def stall(count: int) -> None:
+            stalled = [stalled_list_and_watch(socket_path) for _ in range(3)]
+            try:
+                async with ListWatcher(socket_path) as watcher, unix_channel(socket_path) as ch:
+                    stub = pb_grpc.DevicePluginStub(ch)
+                    for i in range(count):
+                        toggle(nodes[0])
+                        seen = len(watcher.lists)
+                        await watcher.wait(lambda lists, n=seen: len(lists) > n, f"list {i}")
+                        if i % 10 == 0:
+                            answer = await stub.Allocate(
+                                allocate_request(steady_id), timeout=WAIT_S, wait_for_ready=True
+                            )
+                            out.check(len(answer.container_responses) == 1, f"Allocate {i}")
+                    restore(nodes[0])
+                    await watcher.wait(lambda lists: all(lists[-1].values()), "the final list")
+                    await kubelet.wait_for_resource(NODE, count=2000, timeout=WAIT_S)
+            finally:
+                for sock in stalled:
+                    sock.close()
+
+        await stall(5)
+        before = await serve.settled()
+        await stall(flips)
+        out.iterations = flips
+        out.growth = before.growth(await serve.settled(before, probes=20))
         out.check(serve.running, "the daemon exited")
     out.wall_s = time.monotonic() - started
     return out
@@ -879,7 +888,7 @@ async def reboot_order(root: Path, rounds: int) -> Outcome:
     serve = Serve(root, virt_config(4), plugin_dir)
     async with new_kubelet(root, plugin_dir) as kubelet:
         serve.start()
-        await kubelet.wait_for_resource(VIRT, count=4)
+        await kubelet.wait_for_resource(VIRT, count=4, timeout=WAIT_S)
         (bound,) = await kubelet.apply([pod("bound", VIRT, 1)])
         out.check(bound.admitted, f"{bound}")
         held_before = held(kubelet, "bound", VIRT)
@@ -901,7 +910,7 @@ async def reboot_order(root: Path, rounds: int) -> Outcome:
                 if kubelet.registrations(VIRT) == registrations
                 else None
             )
-            await kubelet.wait_for_resource(VIRT, count=4)
+            await kubelet.wait_for_resource(VIRT, count=4, timeout=WAIT_S)
             if event is not None:
                 windows.append((event.time - serve.started_at) * 1000)
             out.check(held(kubelet, "bound", VIRT) == held_before, f"round {round_}: bound pod")
@@ -935,7 +944,7 @@ async def concurrent_clients(root: Path, calls_per_client: int, clients: int = 1
         new_kubelet(root, plugin_dir) as kubelet,
         serving(Serve(root, node_config(dev, 2), plugin_dir)) as serve,
     ):
-        status = await kubelet.wait_for_resource(NODE, count=8)
+        status = await kubelet.wait_for_resource(NODE, count=8, timeout=WAIT_S)
         before = await serve.settled()
         ids = sorted(d.id for d in status.devices)
         node_of = {i: str(dev / i.split("-")[-1].split(":")[0]) for i in ids}
@@ -960,7 +969,9 @@ async def concurrent_clients(root: Path, calls_per_client: int, clients: int = 1
 
         async def check_allocate(stub: pb_grpc.DevicePluginStub, asked: list[str]) -> None:
             try:
-                answer = await stub.Allocate(allocate_request(*asked), timeout=WAIT_S)
+                answer = await stub.Allocate(
+                    allocate_request(*asked), timeout=WAIT_S, wait_for_ready=True
+                )
             except grpc.aio.AioRpcError as error:
                 out.check(
                     error.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -987,7 +998,7 @@ async def concurrent_clients(root: Path, calls_per_client: int, clients: int = 1
                     )
                 ]
             )
-            answer = await stub.GetPreferredAllocation(request, timeout=WAIT_S)
+            answer = await stub.GetPreferredAllocation(request, timeout=WAIT_S, wait_for_ready=True)
             (picked,) = answer.container_responses
             chosen = list(picked.deviceIDs)
             out.check(
@@ -1003,7 +1014,7 @@ async def concurrent_clients(root: Path, calls_per_client: int, clients: int = 1
             await flapper
         out.iterations = clients * calls_per_client
         restore(nodes[0])
-        await kubelet.wait_for_resource(NODE, count=8)
+        await kubelet.wait_for_resource(NODE, count=8, timeout=WAIT_S)
         out.growth = before.growth(await serve.settled(before))
     out.wall_s = time.monotonic() - started
     return out

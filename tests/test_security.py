@@ -13,6 +13,7 @@ import pytest
 from faults import (
     NODE,
     VIRT,
+    WAIT_S,
     Serve,
     make_nodes,
     new_kubelet,
@@ -36,7 +37,7 @@ def test_sockets_are_0600(short_tmp: Path) -> None:
             new_kubelet(short_tmp, plugin_dir) as kubelet,
             serving(Serve(short_tmp, virt_config(2), plugin_dir)),
         ):
-            await kubelet.wait_for_resource(VIRT, count=2)
+            await kubelet.wait_for_resource(VIRT, count=2, timeout=WAIT_S)
             mode = (plugin_dir / default_socket_name(VIRT)).lstat().st_mode
             assert stat.S_ISSOCK(mode)
             assert stat.S_IMODE(mode) == 0o600
@@ -71,7 +72,7 @@ def test_a_file_that_took_the_socket_path_is_never_removed(short_tmp: Path) -> N
         async with new_kubelet(short_tmp, plugin_dir) as kubelet:
             serve = Serve(short_tmp, virt_config(2), plugin_dir)
             async with serving(serve):
-                await kubelet.wait_for_resource(VIRT, count=2)
+                await kubelet.wait_for_resource(VIRT, count=2, timeout=WAIT_S)
                 theirs = short_tmp / "theirs"
                 theirs.write_text("theirs")
                 os.replace(theirs, socket_path)
@@ -90,7 +91,7 @@ def test_devices_beyond_the_limit_are_left_out_with_an_error(short_tmp: Path) ->
         async with new_kubelet(short_tmp, plugin_dir) as kubelet:
             serve = Serve(short_tmp, node_config(dev, 2, limits=limits), plugin_dir)
             async with serving(serve):
-                status = await kubelet.wait_for_resource(NODE, count=5)
+                status = await kubelet.wait_for_resource(NODE, count=5, timeout=WAIT_S)
                 assert status.capacity == 5
                 (line,) = await serve.wait_for_log("more than the limit")
                 assert "8 devices, more than the limit of 5" in line

@@ -7,7 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from faults import Serve, new_kubelet, serving
+from faults import WAIT_S, Serve, new_kubelet, serving
 
 from devplug.sources import load_default_config
 
@@ -33,7 +33,7 @@ def test_serve_loads_only_what_serving_needs(short_tmp: Path) -> None:
             serving(Serve(short_tmp, None, plugin_dir)) as serve,
         ):
             for name in names:
-                await kubelet.wait_for_resource(name)
+                await kubelet.wait_for_resource(name, timeout=WAIT_S)
             await serve.tasks()
             modules: list[str] = json.loads(serve.state.read_text())["modules"]
         return modules
