@@ -78,6 +78,7 @@ def test_devices_nodes_and_attributes_from_sysfs(tmp_path: Path) -> None:
         '        paths: [{path: "/dev/xclmgmt{iommuGroup}", permissions: r}]\n'
         "  - {name: example.com/key, groups: [{usb: {vendor: '1050'}}]}\n"
         "  - {name: example.com/camera, groups: [{usb: {vendor: '046d'}}]}\n"
+        "  - {name: example.com/xhci, groups: [{pci: {class: '0x0c03'}}]}\n"
     )
     config.write_text(hardware_config(tree, named))
     report = check_json(config)
@@ -86,6 +87,9 @@ def test_devices_nodes_and_attributes_from_sysfs(tmp_path: Path) -> None:
     assert key_device["hostPaths"] == [f"{dev}/bus/usb/001/009", f"{dev}/hidraw0"]
     [camera] = report["example.com/camera"]["devices"]  # type: ignore[misc]
     assert camera["hostPaths"][-1] == f"{dev}/snd/controlC1"
+    # The USB controller: none of its root hub's or USB devices' nodes.
+    [xhci] = report["example.com/xhci"]["devices"]  # type: ignore[misc]
+    assert (xhci["id"], xhci["hostPaths"]) == ("0000:00:14.0", [])
     [mgmt] = report["example.com/mgmt"]["devices"]  # type: ignore[misc]
     assert mgmt["hostPaths"] == [f"{dev}/dri/card1", f"{dev}/dri/renderD128", f"{dev}/xclmgmt12"]
     assert mgmt["health"] == "Healthy"
@@ -127,6 +131,53 @@ def test_devices_nodes_and_attributes_from_sysfs(tmp_path: Path) -> None:
     # Bound to vfio-pci: the vfio container and its IOMMU group.
     assert (u280["id"], u280["numaNodes"]) == ("0000:d8:00.0", [1])
     assert u280["hostPaths"] == [f"{dev}/vfio/vfio", f"{dev}/vfio/40"]
+
+
+def test_fake_trees_are_laid_out_like_the_kernels(tmp_path: Path) -> None:
+    """The paths the kernel makes, which discovery must read (not ones it invented)."""
+    tree = standard_tree(tmp_path)
+    tree.add_usb(
+        "1-5",
+        "1050",
+        "0407",
+        devnum=8,
+        interfaces=[UsbInterface("03", [Node("hidraw", "hidraw0", 240, 0)])],
+    )
+    tree.add_usb(
+        "1-6",
+        "2341",
+        "0043",
+        devnum=7,
+        interfaces=[UsbInterface("02", [Node("tty", "ttyACM0", 166, 0)])],
+    )
+    sys_ = tree.sys
+    resolved = {
+        # usb-serial: the port device between the interface and its tty; cdc-acm: none.
+        "bus/usb/devices/1-1:1.0/ttyUSB0/tty/ttyUSB0": "dev/char/188:0",
+        "bus/usb/devices/1-6:1.0/tty/ttyACM0": "dev/char/166:0",
+        "bus/usb/devices/1-2:1.0/video4linux/video0": "class/video4linux/video0",
+        "bus/usb/devices/1-2:1.2/sound/card1/controlC1": "dev/char/116:10",
+        "bus/usb/devices/1-5:1.0/0003:1050:0407.0001/hidraw/hidraw0": "class/hidraw/hidraw0",
+        "bus/usb/devices/1-1": "dev/char/189:1",
+        "bus/pci/devices/0000:3b:00.0/drm/card1": "dev/char/226:1",
+        "kernel/iommu_groups/40/devices/0000:d8:00.0": "bus/pci/devices/0000:d8:00.0",
+        "devices/virtual/vfio/40": "dev/char/243:40",
+    }
+    for path, link in resolved.items():
+        assert os.path.realpath(sys_ / path) == os.path.realpath(sys_ / link), path
+    assert os.readlink(sys_ / "bus/pci/devices/0000:3b:00.0") == (
+        "../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0"
+    )
+    pci = sys_ / "bus/pci/devices/0000:d8:00.0"
+    assert os.readlink(pci / "iommu_group") == "../../../../kernel/iommu_groups/40"
+    assert os.readlink(pci / "driver") == "../../../../bus/pci/drivers/vfio-pci"
+    assert (pci / "numa_node").read_text() == "1\n"
+    # Devices without a node have a uevent without DEVNAME; those with one name it.
+    assert "DEVNAME" not in (pci / "uevent").read_text()
+    assert "DEVNAME" not in (sys_ / "bus/usb/devices/1-1:1.0/uevent").read_text()
+    own = (sys_ / "bus/usb/devices/1-1/uevent").read_text()
+    assert "DEVTYPE=usb_device\n" in own and "DEVNAME=bus/usb/001/002\n" in own
+    assert (tree.dev / "ttyUSB0").is_char_device()
 
 
 def test_pools_hot_plug_and_vfio_through_the_kubelet(kubelet: KubeletHarness) -> None:

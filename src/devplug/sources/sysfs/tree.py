@@ -19,6 +19,8 @@ from devplug.framework.device import Attribute
 _USB_DEVICE = re.compile(r"^\d+-[\d.]+$")
 _USB_INTERFACE = re.compile(r"^\d+-[\d.]+:\d+\.\d+$")
 _PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_PCI_ROOT_BUS = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+_USB_ROOT_HUB = re.compile(r"^usb\d+$")
 VFIO_DRIVER = "vfio-pci"
 
 
@@ -35,7 +37,8 @@ class SysDevice:
     nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     interfaces: dict[str, str] = field(default_factory=dict)  # USB interface -> class
     numa_node: int | None = None
-    pci_path: tuple[str, ...] = ()  # PCI addresses from the root bus down to the device
+    # The root bus ('pci0000:3a') and the PCI addresses from it down to the device.
+    pci_path: tuple[str, ...] = ()
 
 
 class Sysfs:
@@ -121,7 +124,7 @@ class Sysfs:
         if numa is not None:
             attributes["numaNode"] = numa
         nodes = {"": tuple(_devnames(path))}
-        pci_path = tuple(part for part in path.parts if _PCI_ADDRESS.match(part))
+        pci_path = tuple(p for p in path.parts if _PCI_ADDRESS.match(p) or _PCI_ROOT_BUS.match(p))
         return SysDevice("pci", name, path, attributes, nodes, {}, numa, pci_path)
 
 
@@ -197,7 +200,8 @@ def _numa_of(path: Path, root: Path) -> int | None:
 
 def _devnames(folder: Path, own_only: bool = False) -> list[str]:
     """The DEVNAMEs of the `uevent` files in `folder` and the class devices below it,
-    not descending into other USB devices, USB interfaces (`own_only`) or PCI devices."""
+    not descending into other USB devices, root hubs (below a USB controller), USB
+    interfaces (`own_only`) or PCI devices."""
     names: list[str] = []
     for current, dirs, files in os.walk(folder, followlinks=False):
         here = Path(current)
@@ -207,6 +211,7 @@ def _devnames(folder: Path, own_only: bool = False) -> list[str]:
             d
             for d in dirs
             if not _USB_DEVICE.match(d)
+            and not _USB_ROOT_HUB.match(d)
             and not _PCI_ADDRESS.match(d)
             and not (own_only and _USB_INTERFACE.match(d))
             and d not in ("power", "subsystem", "driver", "firmware_node")
