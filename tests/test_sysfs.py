@@ -263,8 +263,31 @@ def test_health_checks(kubelet: KubeletHarness) -> None:
         f'        - {{file: "{flag}"}}\n'
         f'        - {{command: [test, -e, "{tree.sys}/bus/pci/devices/{{pciAddress}}"]}}\n'
     )
+    extra += (
+        "  - name: example.com/checked-new\n"
+        "    groups: [{usb: {serial: [NEW1, NEW2]}}]\n"
+        "    health:\n"
+        "      interval: 3600\n"
+        f'      checks: [{{file: "{flag}-never"}}]\n'
+    )
     kubelet.start_serve(hardware_config(tree, extra))
     checked = "example.com/checked"
+
+    # Devices that come while serving are checked before they are listed.
+    seq = kubelet.last_event_seq
+    for n in (1, 2):
+        tty = UsbInterface("ff", [Node("tty", f"ttyUSB{5 + n}", 188, 5 + n)])
+        tree.add_usb(f"1-{5 + n}", "0403", "6001", serial=f"NEW{n}", devnum=9 + n, interfaces=[tty])
+        kubelet.wait_until(
+            lambda: len(kubelet.device_ids("example.com/checked-new")) == n, what=f"NEW{n}"
+        )
+    assert kubelet.device_ids("example.com/checked-new", healthy=True) == []
+    lists = [
+        e.detail
+        for e in kubelet.events()
+        if e.seq > seq and e.kind == "devices" and e.resource == "example.com/checked-new"
+    ]
+    assert lists and all(d.startswith("0/") for d in lists), lists
     # Checked before the first list: never offered Healthy while failing.
     assert kubelet.device_ids(checked, healthy=False) == ["0000:3b:00.0"]
     status.write_text("ready\n")

@@ -153,7 +153,7 @@ class HostDevicePlugin(Plugin):
         self._health = {}
         for base in sorted(self._known.values(), key=lambda b: b.order):
             healthy = (
-                all(os.path.exists(n.host_path) for n in base.nodes)
+                _nodes_exist(base)
                 and (base.order[1] != -2 or base.id in self._present)
                 and self._checks_ok.get(base.id, True)
             )
@@ -280,19 +280,32 @@ class HostDevicePlugin(Plugin):
             from devplug.sources.sysfs.udev import UdevEvents  # pyudev: only for real /sys
 
             udev = UdevEvents.start(dirty.set)
+        health = self.spec.health
+        there: set[str] = set()  # devices there at the last look, for health checks
+
+        async def look() -> None:
+            nonlocal there
+            if health is not None:
+                # A device that has just come (or come back) is checked before it is
+                # listed: no pod gets a device that fails its checks.
+                self.discover()
+                present = [b for b in self.present_bases() if _nodes_exist(b)]
+                new = [b for b in present if b.id not in there]
+                there = {b.id for b in present}
+                if new:
+                    await check_round(self, health, new)
+            self._publish_now()
+
         try:
             # Watch first, then look: a change after the look is an event.
             if not self._rewatch(watcher):
                 dirty.set()
-            if self.spec.health is not None:
+            if health is not None:
                 from devplug.sources.health import check_round, run_checks
 
-                # Checked before the first list: no pod gets a device that fails them.
-                self.discover()
-                await check_round(self, self.spec.health)
-                helpers.append(asyncio.create_task(run_checks(self, self.spec.health, dirty.set)))
+                helpers.append(asyncio.create_task(run_checks(self, health, dirty.set)))
                 helpers[-1].add_done_callback(lambda _: dirty.set())
-            self._publish_now()
+            await look()
             while True:
                 await dirty.wait()
                 if events.done():
@@ -306,7 +319,7 @@ class HostDevicePlugin(Plugin):
                 before = watcher.folders
                 if not self._rewatch(watcher):
                     dirty.set()
-                self._publish_now()
+                await look()
                 if self._rewatch(watcher) and watcher.folders != before:
                     dirty.set()  # folders of new nodes: look once more, now watched
         finally:
@@ -338,6 +351,10 @@ class HostDevicePlugin(Plugin):
 
     def node_labels(self) -> Mapping[str, str]:
         return device_labels(self.resource_name, self.devices.values())
+
+
+def _nodes_exist(base: _Base) -> bool:
+    return all(os.path.exists(n.host_path) for n in base.nodes)
 
 
 def _existing(folder: Path) -> Path:
