@@ -176,7 +176,8 @@ def test_fake_trees_are_laid_out_like_the_kernels(tmp_path: Path) -> None:
     assert "DEVNAME" not in (pci / "uevent").read_text()
     assert "DEVNAME" not in (sys_ / "bus/usb/devices/1-1:1.0/uevent").read_text()
     own = (sys_ / "bus/usb/devices/1-1/uevent").read_text()
-    assert "DEVTYPE=usb_device\n" in own and "DEVNAME=bus/usb/001/002\n" in own
+    assert "DEVTYPE=usb_device\n" in own
+    assert "DEVNAME=bus/usb/001/002\n" in own
     assert (tree.dev / "ttyUSB0").is_char_device()
 
 
@@ -246,6 +247,25 @@ def test_pools_hot_plug_and_vfio_through_the_kubelet(kubelet: KubeletHarness) ->
     assert process.stop() == 0
 
 
+def test_pools_by_the_values_found_at_start(kubelet: KubeletHarness) -> None:
+    """`split` without `models`: one resource per value among the devices there."""
+    tree = standard_tree(kubelet.root / "hw")
+    config = roots(tree) + textwrap.dedent(
+        """\
+        resources:
+          - {name: example.com/fpga, groups: [{pci: {vendor: "10ee"}}], split: {by: productID}}
+          - {name: example.com/acc, groups: [{pci: {vendor: "10ee"}}], split: {by: driver}}
+        """
+    )
+    kubelet.start_serve(config)
+    assert kubelet.device_ids("example.com/fpga-0x500c") == ["0000:3b:00.0"]
+    assert kubelet.device_ids("example.com/acc-xclmgmt") == ["0000:3b:00.0"]
+    assert kubelet.device_ids("example.com/acc-vfio-pci") == ["0000:d8:00.0"]
+    pod = kubelet.admit({"example.com/fpga-0x500d": 1})
+    assert pod.admitted, pod
+    assert pod.env()["PCI_RESOURCE_EXAMPLE_COM_FPGA-0X500D"] == "0000:d8:00.0"
+
+
 def test_health_checks(kubelet: KubeletHarness) -> None:
     tree = standard_tree(kubelet.root / "hw")
     flag = kubelet.root / "hw" / "ok"
@@ -279,7 +299,7 @@ def test_health_checks(kubelet: KubeletHarness) -> None:
         tty = UsbInterface("ff", [Node("tty", f"ttyUSB{5 + n}", 188, 5 + n)])
         tree.add_usb(f"1-{5 + n}", "0403", "6001", serial=f"NEW{n}", devnum=9 + n, interfaces=[tty])
         kubelet.wait_until(
-            lambda: len(kubelet.device_ids("example.com/checked-new")) == n, what=f"NEW{n}"
+            lambda n=n: len(kubelet.device_ids("example.com/checked-new")) == n, what=f"NEW{n}"
         )
     assert kubelet.device_ids("example.com/checked-new", healthy=True) == []
     lists = [
@@ -287,7 +307,8 @@ def test_health_checks(kubelet: KubeletHarness) -> None:
         for e in kubelet.events()
         if e.seq > seq and e.kind == "devices" and e.resource == "example.com/checked-new"
     ]
-    assert lists and all(d.startswith("0/") for d in lists), lists
+    assert lists
+    assert all(d.startswith("0/") for d in lists), lists
     # Checked before the first list: never offered Healthy while failing.
     assert kubelet.device_ids(checked, healthy=False) == ["0000:3b:00.0"]
     status.write_text("ready\n")
@@ -327,6 +348,36 @@ BAD_RESOURCE = {
         "split: {by: productID, models: {'0x500d': u280}}",
         "resources[0].split.models.0x500d",
         "can never match",
+    ),
+    "split-class-never": (
+        'pci: {class: "0x1200/0xff00"}',
+        "split: {by: pciClass, models: {'0x030000': gpu}}",
+        "resources[0].split.models.0x030000",
+        "can never match: pci.class selects only 0x1200/0xff00",
+    ),
+    "split-vendor-never": (
+        'usb: {vendor: "0403"}',
+        "split: {by: vendorID, models: {'0x046d': logitech}}",
+        "resources[0].split.models.0x046d",
+        "can never match: usb.vendor selects only 0403",
+    ),
+    "split-usb-by-pci-class": (
+        'usb: {vendor: "0403"}',
+        "split: {by: pciClass}",
+        "resources[0].split.by",
+        "a USB device has no pciClass",
+    ),
+    "split-bad-hex": (
+        'pci: {vendor: "10ee"}',
+        "split: {by: productID, models: {'0xzz': a}}",
+        "resources[0].split.models.0xzz",
+        "hex ID",
+    ),
+    "split-no-models": (
+        'pci: {vendor: "10ee"}',
+        "split: {by: productID, models: {}}",
+        "resources[0].split.models",
+        "at least one",
     ),
     "split-key": (
         'pci: {vendor: "10ee"}',

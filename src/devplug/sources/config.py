@@ -215,7 +215,7 @@ def _check(config: Config, source: str) -> None:
                 f"duplicate resource {resource.name!r}, see resources[{seen[resource.name]}]",
             )
         seen[resource.name] = i
-        for model in resource.split.models.values() if resource.split else ():
+        for model in (resource.split.models or {}).values() if resource.split else ():
             pool = f"{resource.name}-{model}"
             if pool in seen:
                 fail(f"{at}.split.models", f"resource {pool!r} is already served")
@@ -263,7 +263,8 @@ def _cdi_kinds(resource: ResourceSpec) -> list[str]:
     kind = resource.cdi.kind or resource.name
     if resource.split is None:
         return [default_kind(kind)]
-    return [default_kind(f"{kind}-{model}") for model in resource.split.models.values()]
+    # Without `models`, the kinds depend on the devices found at start.
+    return [default_kind(f"{kind}-{model}") for model in (resource.split.models or {}).values()]
 
 
 def _check_hardware(resource: ResourceSpec, at: str, fail: _Fail) -> None:
@@ -283,17 +284,9 @@ def _check_hardware(resource: ResourceSpec, at: str, fail: _Fail) -> None:
     if resource.split is not None:
         if not all(is_selector(g) for g in groups):
             fail(f"{at}.split", "needs every group to have a 'usb' or 'pci' selector")
-        ids: list[tuple[str, list[str]]] = []
-        for j, group in enumerate(groups):
-            if resource.split.by == "productID":
-                field, value = ("pci.device", group.pci.device) if group.pci else ("", None)
-                if group.usb is not None:
-                    field, value = "usb.product", group.usb.product
-                ids.append((f"groups[{j}].{field}", hardware.values(value)))
-        if any(not found for _, found in ids):
-            ids = []  # a group that selects any ID can supply every model
-        hardware.check_split(resource.split, f"{at}.split", ids, fail)
-        for model in resource.split.models.values():
+        selectors = [(g.usb, g.pci) for g in groups]
+        hardware.check_split(resource.split, f"{at}.split", selectors, fail)
+        for model in (resource.split.models or {}).values():
             if problem := resource_name_problem(f"{resource.name}-{model}"):
                 fail(f"{at}.split.models", problem)
 

@@ -12,7 +12,7 @@ import posixpath
 import re
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from devplug.framework.device import Attribute, DeviceNode
@@ -25,10 +25,11 @@ _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 
 @dataclass(frozen=True, slots=True)
 class Pool:
-    """One model of a resource split by `split`: devices whose `key` is `value`."""
+    """One model of a resource split by `split`: devices whose `key` is one of
+    `values`."""
 
     key: str
-    value: str
+    values: tuple[str, ...]
     model: str
 
 
@@ -103,13 +104,8 @@ def pci_matches(pci: hardware.PciSelector, device: SysDevice) -> bool:
     ):
         return False
     classes = hardware.values(pci.class_)
-    if classes:
-        have = int(str(a.get("pciClass", "0x0")), 16)
-        return any(
-            (have >> shift) & mask == wanted & mask
-            for wanted, mask, shift in map(hardware.class_filter, classes)
-        )
-    return True
+    have = str(a.get("pciClass", "0x0"))
+    return not classes or any(hardware.class_matches(have, c) for c in classes)
 
 
 def selected_devices(
@@ -140,29 +136,20 @@ def selected_devices(
                 env[pci_resource_env(spec.name)] = device.name
             found.append(_selected(sysfs, spec, group, device, names, device.attributes, env))
     if pool is not None:
-        found = [s for s in found if _pool_value(s.attributes.get(pool.key), pool.value, pool.key)]
         found = [
-            Selected(
-                s.id,
-                s.sort_key,
-                s.nodes,
-                {**s.attributes, "model": pool.model},
-                s.numa_nodes,
-                s.env,
-                s.sysfs,
-                s.pci_path,
-            )
+            replace(s, attributes={**s.attributes, "model": pool.model})
             for s in found
+            if _in_pool(s.attributes.get(pool.key), pool)
         ]
     return found
 
 
-def _pool_value(have: Attribute | None, value: str, key: str) -> bool:
+def _in_pool(have: Attribute | None, pool: Pool) -> bool:
     if have is None:
         return False
-    if key in ("productID", "vendorID", "pciClass", "usbInterfaceClass"):
-        return _same_hex(str(have), value)
-    return str(have) == value
+    if pool.key in hardware.HEX_KEYS:
+        return any(_same_hex(str(have), value) for value in pool.values)
+    return str(have) in pool.values
 
 
 def _selected(
