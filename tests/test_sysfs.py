@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from hw_helpers import add_u250, roots, standard_tree
+from sim_helpers import devplug
 
 from devplug.testing import KubeletHarness
 from devplug.testing.sysfs import FakeSysfs, Node, UsbInterface, make_node
@@ -44,22 +45,8 @@ def hardware_config(tree: FakeSysfs, extra: str = "") -> str:
 
 
 def check_json(config: Path) -> dict[str, dict[str, object]]:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "devplug.cli.main",
-            "check",
-            "--config",
-            str(config),
-            "--output",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
+    result = devplug("check", "--config", str(config), "--output", "json")
+    assert result.returncode == 0, result.stderr
     return {r["name"]: r for r in json.loads(result.stdout)["resources"]}
 
 
@@ -427,21 +414,7 @@ BAD_RESOURCE = {
 def _refused(tmp_path: Path, text: str) -> str:
     config = tmp_path / "bad.yaml"
     config.write_text(text)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "devplug.cli.main",
-            "serve",
-            "--config",
-            str(config),
-            "--plugin-dir",
-            str(tmp_path / "plugins"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = devplug("serve", "--config", str(config), "--plugin-dir", str(tmp_path / "plugins"))
     assert result.returncode == 2, result.stderr
     assert not (tmp_path / "plugins").exists()  # nothing started
     lines = result.stderr.strip().splitlines()
@@ -603,14 +576,7 @@ def test_roots_from_flags(tmp_path: Path) -> None:
     tree = standard_tree(tmp_path)
     config = tmp_path / "c.yaml"
     config.write_text("resources: [{name: example.com/serial, groups: [{usb: {vendor: '0403'}}]}]")
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "devplug.cli.main", "check", "--config", str(config)),
-            *("--sysfs-root", str(tree.sys), "--dev-root", str(tree.dev)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
+    flags = ("--sysfs-root", str(tree.sys), "--dev-root", str(tree.dev))
+    result = devplug("check", "--config", str(config), *flags)
+    assert result.returncode == 0, result.stderr
     assert f"usb-FT4ABC  Healthy  numa 0  {tree.dev}/bus/usb/001/002" in result.stdout

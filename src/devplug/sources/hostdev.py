@@ -346,7 +346,9 @@ class HostDevicePlugin(Plugin):
     async def preferred(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
     ) -> Sequence[str]:
-        paths = {b.id: b.pci_path for b in self._known.values()}
+        paths = (
+            {b.id: b.pci_path for b in self._known.values()} if self.spec.preferred == "pci" else {}
+        )
         return pick(self.spec.preferred, available, must_include, size, paths)
 
     def node_labels(self) -> Mapping[str, str]:
