@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hw_helpers import add_u250, roots, standard_tree
+from hw_helpers import add_u250, roots, standard_tree, validate_cdi, wait_file
 from sim_helpers import devplug
 
 from devplug.testing import KubeletHarness
@@ -232,6 +232,57 @@ def test_pools_hot_plug_and_vfio_through_the_kubelet(kubelet: KubeletHarness) ->
         what="the FPGA back",
     )
     assert process.stop() == 0
+
+
+def test_vfio_devices_for_one_vm_with_cdi(kubelet: KubeletHarness) -> None:
+    """Two vfio-pci devices for one VM: every address in PCI_RESOURCE_<RESOURCE>, also
+    with CDI, whose per-device env would keep only the last one."""
+    tree = standard_tree(kubelet.root / "hw")
+    tree.add_pci(
+        "0000:d9:00.0",
+        "10ee",
+        "500d",
+        numa_node=1,
+        driver="vfio-pci",
+        iommu_group=41,
+        bridge="0000:d7:00.0",
+    )
+    cdi = kubelet.root / "cdi"
+    config = roots(tree) + (
+        "resources:\n"
+        "  - name: example.com/vm\n"
+        "    groups: [{pci: {driver: vfio-pci}}]\n"
+        f"    cdi: {{mode: both, dir: {cdi}}}\n"
+    )
+    kubelet.start_serve(config)
+    pod = kubelet.admit({"example.com/vm": 2})
+    assert pod.admitted, pod
+    assert pod.env()["PCI_RESOURCE_EXAMPLE_COM_VM"] == "0000:d8:00.0,0000:d9:00.0"
+    assert sorted(pod.device_nodes()) == ["/dev/vfio/40", "/dev/vfio/41", "/dev/vfio/vfio"]
+    assert sorted(pod.cdi_devices()) == [
+        "example.com/vm=0000:d8:00.0",
+        "example.com/vm=0000:d9:00.0",
+    ]
+    text = wait_file(cdi / "devplug-example.com_vm.json", lambda t: t is not None)
+    spec = json.loads(text or "")
+    validate_cdi(spec)
+    assert [d["containerEdits"] for d in spec["devices"]] == [
+        {
+            "deviceNodes": [
+                {
+                    "path": "/dev/vfio/vfio",
+                    "hostPath": f"{tree.dev}/vfio/vfio",
+                    "permissions": "rw",
+                },
+                {
+                    "path": f"/dev/vfio/{group}",
+                    "hostPath": f"{tree.dev}/vfio/{group}",
+                    "permissions": "rw",
+                },
+            ]
+        }
+        for group in (40, 41)
+    ]
 
 
 def test_pools_by_the_values_found_at_start(kubelet: KubeletHarness) -> None:

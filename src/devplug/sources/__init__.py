@@ -93,8 +93,8 @@ def pools(spec: ResourceSpec, sysfs: Sysfs) -> list[Pool]:
     if spec.split.models is not None:
         return [Pool(by, (value,), model) for value, model in spec.split.models.items()]
     found: dict[str, dict[str, None]] = {}
-    for g, group in enumerate(spec.groups):
-        for selected in selected_devices(sysfs, spec, g, group, None):
+    for group in spec.groups:
+        for selected in selected_devices(sysfs, group, None):
             if (value := selected.attributes.get(by)) is not None:
                 model = label_value(str(value))
                 if resource_name_problem(f"{spec.name}-{model}"):

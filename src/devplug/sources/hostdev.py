@@ -40,7 +40,7 @@ from devplug.sources.config import (
     path_device_id,
     replica_ids,
 )
-from devplug.sources.sysfs.select import Pool, selected_devices
+from devplug.sources.sysfs.select import Pool, selected_devices, vfio_env
 from devplug.sources.sysfs.tree import Sysfs
 
 log = logging.getLogger("devplug.sources.hostdev")
@@ -54,11 +54,10 @@ class _Base:
     order: tuple[int, int, str]  # group, glob path (-1: none; -2: selector), matched path
     nodes: tuple[DeviceNode, ...]
     group: GroupSpec
-    # From sysfs, for selected devices: what it is, its NUMA node, env, sysfs folder and
-    # PCI path (the bridges above it, for the 'pci' policy).
+    # From sysfs, for selected devices: what it is, its NUMA node, sysfs folder and PCI
+    # path (the bridges above it, for the 'pci' policy).
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
     numa_nodes: tuple[int, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
     sysfs: Path | None = None
     pci_path: tuple[str, ...] = ()
 
@@ -103,7 +102,7 @@ class HostDevicePlugin(Plugin):
         self._present = set()
         for g, group in enumerate(self.groups):
             if is_selector(group):
-                for selected in selected_devices(self.sysfs, self.spec, g, group, self.pool):
+                for selected in selected_devices(self.sysfs, group, self.pool):
                     device_id = selected.id
                     if device_id in self._present:
                         # Two devices with one serial: the second is known by its port.
@@ -119,7 +118,6 @@ class HostDevicePlugin(Plugin):
                         group,
                         selected.attributes,
                         selected.numa_nodes,
-                        selected.env,
                         selected.sysfs,
                         selected.pci_path,
                     )
@@ -169,7 +167,7 @@ class HostDevicePlugin(Plugin):
                         numa_nodes=numa,
                         nodes=base.nodes,
                         mounts=mounts,
-                        env={**base.env, **group.env},
+                        env=group.env,
                         annotations=group.annotations,
                         cdi_devices=tuple(group.cdi_devices),
                         attributes={**base.attributes, **group.attributes},
@@ -341,6 +339,8 @@ class HostDevicePlugin(Plugin):
 
     async def allocate(self, devices: Sequence[Device]) -> ContainerEdits:
         edits = await super().allocate(devices)
+        if self.uses_sysfs:
+            edits.env.update(vfio_env(self.resource_name, devices))
         return apply_mode(edits, devices, self.cdi_kind, self.cdi_mode)
 
     async def preferred(

@@ -1,5 +1,5 @@
 """Selecting sysfs devices by what they are (the `usb` and `pci` keys of a group), and
-what each selected device becomes: ID, nodes, NUMA node, attributes, env.
+what each selected device becomes: ID, nodes, NUMA node, attributes.
 
 The fields follow what operators know from the SR-IOV network device plugin's
 selectors (vendors, devices, drivers, pciAddresses; any listed value matches, all
@@ -11,13 +11,13 @@ from __future__ import annotations
 import posixpath
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from devplug.framework.device import Attribute, DeviceNode
+from devplug.framework.device import Attribute, Device, DeviceNode
 from devplug.sources import hardware
-from devplug.sources.config import GroupSpec, ResourceSpec
+from devplug.sources.config import GroupSpec
 from devplug.sources.sysfs.tree import VFIO_DRIVER, SysDevice, Sysfs
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
@@ -40,7 +40,6 @@ class Selected:
     nodes: tuple[DeviceNode, ...]
     attributes: Mapping[str, Attribute]
     numa_nodes: tuple[int, ...]
-    env: Mapping[str, str]
     sysfs: Path
     pci_path: tuple[str, ...]
 
@@ -49,6 +48,20 @@ def pci_resource_env(resource_name: str) -> str:
     """KubeVirt's variable for the PCI addresses of a resource:
     'example.com/fpga-u280' -> 'PCI_RESOURCE_EXAMPLE_COM_FPGA-U280'."""
     return "PCI_RESOURCE_" + resource_name.upper().replace("/", "_").replace(".", "_")
+
+
+def vfio_env(resource_name: str, devices: Iterable[Device]) -> dict[str, str]:
+    """The PCI addresses of the allocated vfio-pci devices, comma-separated, for KubeVirt.
+    Set per allocation rather than per device, so that a CDI spec (which sets a device's
+    env, the last device's winning) never cuts the list to one address."""
+    addresses = [
+        str(d.attributes["pciAddress"])
+        for d in devices
+        if d.attributes.get("driver") == VFIO_DRIVER and "pciAddress" in d.attributes
+    ]
+    if not addresses:
+        return {}
+    return {pci_resource_env(resource_name): ",".join(dict.fromkeys(addresses))}
 
 
 def device_id(device: SysDevice) -> str:
@@ -108,10 +121,8 @@ def pci_matches(pci: hardware.PciSelector, device: SysDevice) -> bool:
     return not classes or any(hardware.class_matches(have, c) for c in classes)
 
 
-def selected_devices(
-    sysfs: Sysfs, spec: ResourceSpec, index: int, group: GroupSpec, pool: Pool | None
-) -> list[Selected]:
-    """The devices group `index` of `spec` selects in sysfs now."""
+def selected_devices(sysfs: Sysfs, group: GroupSpec, pool: Pool | None) -> list[Selected]:
+    """The devices `group` selects in sysfs now (of one model, with `pool`)."""
     found: list[Selected] = []
     if group.usb is not None:
         for device in sysfs.usb_devices():
@@ -122,19 +133,18 @@ def selected_devices(
             attributes = dict(device.attributes)
             if interfaces and group.usb.interface_class is not None:
                 attributes["usbInterfaceClass"] = device.interfaces[interfaces[0]]
-            found.append(_selected(sysfs, spec, group, device, names, attributes, {}))
+            found.append(_selected(sysfs, group, device, names, attributes))
     if group.pci is not None:
         for device in sysfs.pci_devices():
             if not pci_matches(group.pci, device):
                 continue
-            env: dict[str, str] = {}
             names = list(device.nodes.get("", ()))
             group_id = device.attributes.get("iommuGroup")
             if device.attributes.get("driver") == VFIO_DRIVER and group_id is not None:
-                # KubeVirt's way: the vfio container and the device's IOMMU group.
+                # KubeVirt's way: the vfio container and the device's IOMMU group (the
+                # addresses go in PCI_RESOURCE_<RESOURCE> at Allocate: `vfio_env`).
                 names = ["vfio/vfio", f"vfio/{group_id}"]
-                env[pci_resource_env(spec.name)] = device.name
-            found.append(_selected(sysfs, spec, group, device, names, device.attributes, env))
+            found.append(_selected(sysfs, group, device, names, device.attributes))
     if pool is not None:
         found = [
             replace(s, attributes={**s.attributes, "model": pool.model})
@@ -154,12 +164,10 @@ def _in_pool(have: Attribute | None, pool: Pool) -> bool:
 
 def _selected(
     sysfs: Sysfs,
-    spec: ResourceSpec,
     group: GroupSpec,
     device: SysDevice,
     devnames: list[str],
     attributes: Mapping[str, Attribute],
-    env: Mapping[str, str],
 ) -> Selected:
     the_id = device_id(device)
     nodes: dict[str, DeviceNode] = {}
@@ -180,7 +188,6 @@ def _selected(
         tuple(nodes.values()),
         attributes,
         () if device.numa_node is None else (device.numa_node,),
-        env,
         device.path,
         device.pci_path,
     )
