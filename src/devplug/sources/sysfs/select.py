@@ -129,7 +129,7 @@ def selected_devices(sysfs: Sysfs, group: GroupSpec, pool: Pool | None) -> list[
             interfaces = usb_matches(group.usb, device)
             if interfaces is None:
                 continue
-            names = [*device.nodes.get("", ()), *(n for i in interfaces for n in device.nodes[i])]
+            names = sysfs.devnames(device, interfaces)
             attributes = dict(device.attributes)
             if interfaces and group.usb.interface_class is not None:
                 attributes["usbInterfaceClass"] = device.interfaces[interfaces[0]]
@@ -138,12 +138,13 @@ def selected_devices(sysfs: Sysfs, group: GroupSpec, pool: Pool | None) -> list[
         for device in sysfs.pci_devices():
             if not pci_matches(group.pci, device):
                 continue
-            names = list(device.nodes.get("", ()))
             group_id = device.attributes.get("iommuGroup")
             if device.attributes.get("driver") == VFIO_DRIVER and group_id is not None:
                 # KubeVirt's way: the vfio container and the device's IOMMU group (the
                 # addresses go in PCI_RESOURCE_<RESOURCE> at Allocate: `vfio_env`).
                 names = ["vfio/vfio", f"vfio/{group_id}"]
+            else:
+                names = sysfs.devnames(device)
             found.append(_selected(sysfs, group, device, names, device.attributes))
     if pool is not None:
         found = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,9 +33,6 @@ class SysDevice:
     name: str  # its name in sysfs: '1-1.2', '0000:3b:00.0'
     path: Path  # its sysfs folder, resolved
     attributes: dict[str, Attribute]
-    # /dev node names relative to /dev ('ttyUSB0', 'bus/usb/001/004'), per interface for
-    # USB ('' for the device itself).
-    nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     interfaces: dict[str, str] = field(default_factory=dict)  # USB interface -> class
     numa_node: int | None = None
     # The root bus ('pci0000:3a') and the PCI addresses from it down to the device.
@@ -85,15 +83,13 @@ class Sysfs:
             if value := _read(path / file):
                 attributes[key] = value
         interfaces: dict[str, str] = {}
-        nodes: dict[str, tuple[str, ...]] = {"": tuple(_devnames(path, own_only=True))}
         for entry in sorted(_names(path)):
             if _USB_INTERFACE.match(entry) and (path / entry).is_dir():
                 interfaces[entry] = _hex(_read(path / entry / "bInterfaceClass"), 2)
-                nodes[entry] = tuple(_devnames(path / entry))
         numa = _numa_of(path, self.root)
         if numa is not None:
             attributes["numaNode"] = numa
-        return SysDevice("usb", name, path, attributes, nodes, interfaces, numa)
+        return SysDevice("usb", name, path, attributes, interfaces, numa)
 
     # -- PCI ---------------------------------------------------------------------------
 
@@ -123,9 +119,20 @@ class Sysfs:
         numa = _numa_of(path, self.root)
         if numa is not None:
             attributes["numaNode"] = numa
-        nodes = {"": tuple(_devnames(path))}
         pci_path = tuple(p for p in path.parts if _PCI_ADDRESS.match(p) or _PCI_ROOT_BUS.match(p))
-        return SysDevice("pci", name, path, attributes, nodes, {}, numa, pci_path)
+        return SysDevice("pci", name, path, attributes, {}, numa, pci_path)
+
+    # -- nodes -------------------------------------------------------------------------
+
+    def devnames(self, device: SysDevice, interfaces: Iterable[str] = ()) -> list[str]:
+        """The /dev names of a device's nodes, relative to /dev ('ttyUSB0',
+        'bus/usb/001/004'): a USB device's own and those of its `interfaces`, a PCI
+        device's all. Walked only for the devices a selector keeps (the walk is the
+        costly part of a look at sysfs)."""
+        if device.kind == "usb":
+            own = _devnames(device.path, own_only=True)
+            return [*own, *(n for i in interfaces for n in _devnames(device.path / i))]
+        return _devnames(device.path)
 
 
 # -- helpers -------------------------------------------------------------------------------
