@@ -248,16 +248,26 @@ def test_vfio_devices_for_one_vm_with_cdi(kubelet: KubeletHarness) -> None:
         bridge="0000:d7:00.0",
     )
     cdi = kubelet.root / "cdi"
+    firmware = kubelet.root / "firmware"
+    firmware.mkdir()
+    # A selector with the options of any group: env, mounts, annotations.
     config = roots(tree) + (
         "resources:\n"
         "  - name: example.com/vm\n"
-        "    groups: [{pci: {driver: vfio-pci}}]\n"
+        "    groups:\n"
+        "      - pci: {driver: vfio-pci}\n"
+        "        env: {FIRMWARE: v2}\n"
+        "        annotations: {example.com/passthrough: 'true'}\n"
+        f"        mounts: [{{hostPath: {firmware}, containerPath: /fw, readOnly: true}}]\n"
         f"    cdi: {{mode: both, dir: {cdi}}}\n"
     )
     kubelet.start_serve(config)
     pod = kubelet.admit({"example.com/vm": 2})
     assert pod.admitted, pod
     assert pod.env()["PCI_RESOURCE_EXAMPLE_COM_VM"] == "0000:d8:00.0,0000:d9:00.0"
+    assert pod.env()["FIRMWARE"] == "v2"
+    assert pod.annotations() == {"example.com/passthrough": "true"}
+    assert pod.mounts() == {"/fw": str(firmware)}
     assert sorted(pod.device_nodes()) == ["/dev/vfio/40", "/dev/vfio/41", "/dev/vfio/vfio"]
     assert sorted(pod.cdi_devices()) == [
         "example.com/vm=0000:d8:00.0",
@@ -266,8 +276,11 @@ def test_vfio_devices_for_one_vm_with_cdi(kubelet: KubeletHarness) -> None:
     text = wait_file(cdi / "devplug-example.com_vm.json", lambda t: t is not None)
     spec = json.loads(text or "")
     validate_cdi(spec)
+    mount = {"hostPath": str(firmware), "containerPath": "/fw"}
     assert [d["containerEdits"] for d in spec["devices"]] == [
         {
+            "env": ["FIRMWARE=v2"],
+            "mounts": [{**mount, "options": ["ro", "nosuid", "nodev", "bind"]}],
             "deviceNodes": [
                 {
                     "path": "/dev/vfio/vfio",
@@ -279,7 +292,7 @@ def test_vfio_devices_for_one_vm_with_cdi(kubelet: KubeletHarness) -> None:
                     "hostPath": f"{tree.dev}/vfio/{group}",
                     "permissions": "rw",
                 },
-            ]
+            ],
         }
         for group in (40, 41)
     ]
