@@ -376,6 +376,7 @@ def test_health_checks(kubelet: KubeletHarness) -> None:
 
 BAD = {
     "bad-hex": ('usb: {vendor: "04g3"}', "resources[0].groups[0].usb.vendor", "hex ID"),
+    "unquoted-hex": ("pci: {vendor: 0x10de}", "resources[0].groups[0].pci.vendor", "quote hex"),
     "long-hex": ('pci: {device: "0x12345"}', "resources[0].groups[0].pci.device", "4 digits"),
     "unknown": ('usb: {vendr: "0403"}', "resources[0].groups[0].usb.vendr", "unknown key"),
     "empty": ("usb: {}", "resources[0].groups[0].usb", "no field"),

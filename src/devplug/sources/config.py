@@ -146,6 +146,7 @@ _TYPES = {
     "bool": "true or false",
     "float": "a number",
     "null": "nothing (null)",
+    "str | array | null": 'a string or a list (quote hex IDs: "0403")',
 }
 _AT = re.compile(r"^(?P<problem>.*) - at `(?P<path>[^`]*)`$")
 _AT_KEY = re.compile(r"^(?P<problem>.*) - at `key` in `(?P<path>[^`]*)`$")
