@@ -1,6 +1,6 @@
 """USB and PCI devices selected in fake sysfs trees laid out like the kernel's, served by
 a real `devplug serve`: nodes found through sysfs, NUMA, vfio-pci the KubeVirt way,
-per-model pools, hot-plug while serving, health checks, config errors."""
+per-model pools, hot-plug while serving."""
 
 from __future__ import annotations
 
@@ -12,36 +12,20 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hw_helpers import add_u250, roots, standard_tree, validate_cdi, wait_file
+from hw_helpers import (
+    SERIAL,
+    WEBCAM,
+    add_u250,
+    hardware_config,
+    roots,
+    standard_tree,
+    validate_cdi,
+    wait_file,
+)
 from sim_helpers import devplug
 
 from devplug.testing import KubeletHarness
 from devplug.testing.sysfs import FakeSysfs, Node, UsbInterface, make_node
-
-SERIAL = "example.com/serial"
-WEBCAM = "example.com/webcam"
-
-
-def hardware_config(tree: FakeSysfs, extra: str = "") -> str:
-    return (
-        roots(tree)
-        + textwrap.dedent(
-            f"""\
-        resources:
-          - name: {SERIAL}
-            groups:
-              - usb: {{vendor: "0403", product: ["6010", "6011"]}}
-          - name: {WEBCAM}
-            groups:
-              - usb: {{interfaceClass: "0x0e"}}
-          - name: example.com/fpga
-            groups:
-              - pci: {{vendor: "10ee", class: "0x1200/0xff00"}}
-            split: {{by: productID, models: {{"0x500c": u250, "0x500d": u280}}}}
-        """
-        )
-        + extra
-    )
 
 
 def check_json(config: Path) -> dict[str, dict[str, object]]:
@@ -317,195 +301,6 @@ def test_pools_by_the_values_found_at_start(kubelet: KubeletHarness) -> None:
     assert pod.env()["PCI_RESOURCE_EXAMPLE_COM_FPGA-0X500D"] == "0000:d8:00.0"
 
 
-def test_health_checks(kubelet: KubeletHarness) -> None:
-    tree = standard_tree(kubelet.root / "hw")
-    flag = kubelet.root / "hw" / "ok"
-    flag.touch()
-    status = Path(os.path.realpath(tree.sys / "bus/pci/devices/0000:3b:00.0")) / "state"
-    status.write_text("resetting\n")  # failing from the start
-    extra = (
-        "  - name: example.com/checked\n"
-        "    groups:\n"
-        '      - pci: {address: "3b:00.0"}\n'
-        "    health:\n"
-        "      interval: 0.1\n"
-        "      checks:\n"
-        "        - {attribute: state, value: ready}\n"
-        f'        - {{file: "{flag}"}}\n'
-        f'        - {{command: [test, -e, "{tree.sys}/bus/pci/devices/{{pciAddress}}"]}}\n'
-    )
-    extra += (
-        "  - name: example.com/checked-new\n"
-        "    groups: [{usb: {serial: [NEW1, NEW2]}}]\n"
-        "    health:\n"
-        "      interval: 3600\n"
-        f'      checks: [{{file: "{flag}-never"}}]\n'
-    )
-    kubelet.start_serve(hardware_config(tree, extra))
-    checked = "example.com/checked"
-
-    # Devices that come while serving are checked before they are listed.
-    seq = kubelet.last_event_seq
-    for n in (1, 2):
-        tty = UsbInterface("ff", [Node("tty", f"ttyUSB{5 + n}", 188, 5 + n)])
-        tree.add_usb(f"1-{5 + n}", "0403", "6001", serial=f"NEW{n}", devnum=9 + n, interfaces=[tty])
-        kubelet.wait_until(
-            lambda n=n: len(kubelet.device_ids("example.com/checked-new")) == n, what=f"NEW{n}"
-        )
-    assert kubelet.device_ids("example.com/checked-new", healthy=True) == []
-    lists = [
-        e.detail
-        for e in kubelet.events()
-        if e.seq > seq and e.kind == "devices" and e.resource == "example.com/checked-new"
-    ]
-    assert lists
-    assert all(d.startswith("0/") for d in lists), lists
-    # Checked before the first list: never offered Healthy while failing.
-    assert kubelet.device_ids(checked, healthy=False) == ["0000:3b:00.0"]
-    status.write_text("ready\n")
-    kubelet.wait_until(lambda: kubelet.device_ids(checked, healthy=True) == ["0000:3b:00.0"])
-    status.write_text("resetting\n")
-    kubelet.wait_until(lambda: kubelet.device_ids(checked, healthy=False) == ["0000:3b:00.0"])
-    status.write_text("ready\n")
-    kubelet.wait_until(lambda: kubelet.device_ids(checked, healthy=True) == ["0000:3b:00.0"])
-    flag.unlink()
-    kubelet.wait_until(lambda: kubelet.device_ids(checked, healthy=False) == ["0000:3b:00.0"])
-    flag.touch()
-    kubelet.wait_until(lambda: kubelet.device_ids(checked, healthy=True) == ["0000:3b:00.0"])
-
-
-BAD = {
-    "bad-hex": ('usb: {vendor: "04g3"}', "resources[0].groups[0].usb.vendor", "hex ID"),
-    "unquoted-hex": ("pci: {vendor: 0x10de}", "resources[0].groups[0].pci.vendor", "quote hex"),
-    "long-hex": ('pci: {device: "0x12345"}', "resources[0].groups[0].pci.device", "4 digits"),
-    "unknown": ('usb: {vendr: "0403"}', "resources[0].groups[0].usb.vendr", "unknown key"),
-    "empty": ("usb: {}", "resources[0].groups[0].usb", "no field"),
-    "both": ('usb: {vendor: "1"}, pci: {vendor: "1"}', "resources[0].groups[0]", "both"),
-    "never": ('pci: {class: "0x0301/0xff00"}', "resources[0].groups[0].pci.class", "never match"),
-    "address": ('pci: {address: "3b:00"}', "resources[0].groups[0].pci.address", "PCI address"),
-    "glob": (
-        'pci: {vendor: "10ee"}, paths: [{path: "/dev/x*"}]',
-        "resources[0].groups[0].paths[0].path",
-        "no glob",
-    ),
-    "placeholder": (
-        'pci: {vendor: "10ee"}, paths: [{path: "/dev/x{bus}"}]',
-        "resources[0].groups[0].paths[0].path",
-        "unknown placeholder",
-    ),
-}
-BAD_RESOURCE = {
-    "split-never": (
-        'pci: {vendor: "10ee", device: ["500c"]}',
-        "split: {by: productID, models: {'0x500d': u280}}",
-        "resources[0].split.models.0x500d",
-        "can never match",
-    ),
-    "split-class-never": (
-        'pci: {class: "0x1200/0xff00"}',
-        "split: {by: pciClass, models: {'0x030000': gpu}}",
-        "resources[0].split.models.0x030000",
-        "can never match: pci.class selects only 0x1200/0xff00",
-    ),
-    "split-vendor-never": (
-        'usb: {vendor: "0403"}',
-        "split: {by: vendorID, models: {'0x046d': logitech}}",
-        "resources[0].split.models.0x046d",
-        "can never match: usb.vendor selects only 0403",
-    ),
-    "split-usb-by-pci-class": (
-        'usb: {vendor: "0403"}',
-        "split: {by: pciClass}",
-        "resources[0].split.by",
-        "a USB device has no pciClass",
-    ),
-    "split-bad-hex": (
-        'pci: {vendor: "10ee"}',
-        "split: {by: productID, models: {'0xzz': a}}",
-        "resources[0].split.models.0xzz",
-        "hex ID",
-    ),
-    "split-no-models": (
-        'pci: {vendor: "10ee"}',
-        "split: {by: productID, models: {}}",
-        "resources[0].split.models",
-        "at least one",
-    ),
-    "split-key": (
-        'pci: {vendor: "10ee"}',
-        "split: {by: colour, models: {a: b}}",
-        "resources[0].split.by",
-        "expected one of",
-    ),
-    "policy": (
-        'pci: {vendor: "10ee"}',
-        "preferred: closest",
-        "resources[0].preferred",
-        "expected one of",
-    ),
-    "cdi-mode": (
-        'pci: {vendor: "10ee"}',
-        "cdi: {mode: names}",
-        "resources[0].cdi.mode",
-        "expected one of",
-    ),
-    "cdi-kind": (
-        'pci: {vendor: "10ee"}',
-        "cdi: {kind: nokind}",
-        "resources[0].cdi.kind",
-        "vendor/class",
-    ),
-    "attribute-no-selector": (
-        "paths: [{path: /dev/kvm}]",
-        "health: {checks: [{attribute: state}]}",
-        "resources[0].health.checks[0].attribute",
-        "selector",
-    ),
-    "check-kinds": (
-        'pci: {vendor: "10ee"}',
-        "health: {checks: [{file: /x, command: [a]}]}",
-        "resources[0].health.checks[0]",
-        "exactly one",
-    ),
-    "timeout": (
-        'pci: {vendor: "10ee"}',
-        "health: {checks: [{command: [a], timeout: 0}]}",
-        "resources[0].health.checks[0].timeout",
-        "> 0",
-    ),
-}
-
-
-def _refused(tmp_path: Path, text: str) -> str:
-    config = tmp_path / "bad.yaml"
-    config.write_text(text)
-    result = devplug("serve", "--config", str(config), "--plugin-dir", str(tmp_path / "plugins"))
-    assert result.returncode == 2, result.stderr
-    assert not (tmp_path / "plugins").exists()  # nothing started
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert lines[0].startswith(f"{config}: ")
-    return lines[0]
-
-
-@pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_selectors_exit_2_naming_the_field(tmp_path: Path, case: str) -> None:
-    group, field, problem = BAD[case]
-    line = _refused(tmp_path, f"resources: [{{name: example.com/x, groups: [{{{group}}}]}}]")
-    assert f": {field}: " in line, line
-    assert problem in line, line
-
-
-@pytest.mark.parametrize("case", sorted(BAD_RESOURCE))
-def test_bad_hardware_keys_exit_2_naming_the_field(tmp_path: Path, case: str) -> None:
-    group, extra, field, problem = BAD_RESOURCE[case]
-    line = _refused(
-        tmp_path, f"resources: [{{name: example.com/x, groups: [{{{group}}}], {extra}}}]"
-    )
-    assert f": {field}: " in line, line
-    assert problem in line, line
-
-
 def test_udev_is_imported_only_for_the_real_sysfs(tmp_path: Path) -> None:
     """Real /sys makes no inotify events on hot-plug: udev netlink (pyudev) is used
     there, and only there."""
@@ -541,28 +336,6 @@ def test_udev_is_imported_only_for_the_real_sysfs(tmp_path: Path) -> None:
             [sys.executable, "-c", script, root], capture_output=True, text=True, timeout=30
         )
         assert result.stdout.strip() == expected, result.stderr
-
-
-def test_command_checks_time_out_and_never_use_a_shell() -> None:
-    import asyncio
-
-    from devplug.sources.hardware import CheckSpec
-    from devplug.sources.health import check_problem
-    from devplug.sources.hostdev import _Base
-
-    base = _Base("dev0", (0, -2, "dev0"), (), None, {"serial": "a;touch x"})  # type: ignore[arg-type]
-    values = {"id": "dev0", "serial": "a;touch x"}
-
-    def problem(command: list[str], timeout: float = 5) -> str | None:
-        check = CheckSpec(command=command, timeout=timeout)
-        return asyncio.run(check_problem(check, base, values))
-
-    assert problem(["true"]) is None
-    assert problem(["false"]) == "false exited 1"
-    assert problem(["sleep", "30"], timeout=0.2) == "sleep took longer than 0.2 s"
-    assert problem(["/no/such/program"]) is not None
-    # A placeholder is one argument, never shell syntax.
-    assert problem(["test", "{serial}", "=", "a;touch x"]) is None
 
 
 def test_kernel_uevents_reach_the_watcher() -> None:
@@ -609,32 +382,6 @@ def test_two_devices_with_one_serial(tmp_path: Path) -> None:
     assert resource["warnings"] == [  # type: ignore[comparison-overlap]
         "example.com/ch340: 1-2 has the serial of device 'usb-0001': it is served as 'usb-1-2'"
     ]
-
-
-def test_one_cdi_kind_per_resource(tmp_path: Path) -> None:
-    line = _refused(
-        tmp_path,
-        "resources:\n"
-        "  - {name: example.com/a, groups: [{paths: [{path: /dev/a}]}], cdi: {kind: acme.io/x}}\n"
-        "  - {name: example.com/b, groups: [{paths: [{path: /dev/b}]}], cdi: {kind: acme.io/x}}\n",
-    )
-    assert line.endswith(
-        "resources[1].cdi.kind: CDI kind 'acme.io/x' is already the kind of resources[0]"
-    )
-
-
-def test_pools_get_valid_cdi_kinds() -> None:
-    from devplug.sources import build_plugins, parse_config
-    from devplug.sources.hostdev import HostDevicePlugin
-
-    config = parse_config(
-        "resources: [{name: example.com/fpga, groups: [{pci: {vendor: '10ee'}}],"
-        " cdi: {kind: acme.io/fpga}, split: {by: productID, models: {'500c': u250.v2}}}]"
-    )
-    [plugin] = build_plugins(config)
-    assert isinstance(plugin, HostDevicePlugin)
-    assert plugin.resource_name == "example.com/fpga-u250.v2"
-    assert plugin.cdi_kind == "acme.io/fpga-u250-v2"
 
 
 def test_roots_from_flags(tmp_path: Path) -> None:
