@@ -39,13 +39,13 @@ BAD_RESOURCE = {
         'pci: {class: "0x1200/0xff00"}',
         "split: {by: pciClass, models: {'0x030000': gpu}}",
         "resources[0].split.models.0x030000",
-        "can never match: pci.class selects only 0x1200/0xff00",
+        "can never match: groups[0].pci.class selects only 0x1200/0xff00",
     ),
     "split-vendor-never": (
         'usb: {vendor: "0403"}',
         "split: {by: vendorID, models: {'0x046d': logitech}}",
         "resources[0].split.models.0x046d",
-        "can never match: usb.vendor selects only 0403",
+        "can never match: groups[0].usb.vendor selects only 0403",
     ),
     "split-usb-by-pci-class": (
         'usb: {vendor: "0403"}',

@@ -315,5 +315,6 @@ def check_split(
         if split.by in HEX_KEYS and (problem := _hex_problem(value, 6)):
             fail(where, problem)
         reasons = [never_selected(split.by, value, usb, pci) for usb, pci in groups]
-        if groups and all(reasons):
-            fail(where, f"can never match: {reasons[0]}")
+        if groups and (first := reasons[0]) and all(reasons):
+            field = "groups[0]." if first.startswith(("pci.", "usb.")) else ""
+            fail(where, f"can never match: {field}{first}")
