@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from deploy import bench_deploy  # bench/deploy.py, beside this script
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework.channel import FAST_RECONNECT
@@ -265,6 +266,10 @@ def main() -> int:
         from sysfs import bench_sysfs  # bench/sysfs.py
 
         report["sysfs_hotplug"] = bench_sysfs(root)
+    report["deploy"] = bench_deploy()
+    from nvidia import bench_nvidia  # bench/nvidia.py
+
+    report["nvidia"] = bench_nvidia()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)
@@ -372,6 +377,12 @@ def summary(report: dict[str, Any]) -> str:
         parts.append(f"re-register p99 {report['reregister']['p99_ms']} ms")
     if "simulator" in report:
         parts.append(f"sim {report['simulator']['pods_per_s']} pods/s")
+    if "nvidia" in report:
+        gpus = report["nvidia"]
+        parts.append(
+            f"gpu allocate p50 {gpus['allocate_1_gpu']['p50_ms']} ms, "
+            f"xid->unhealthy p50 {gpus['xid_to_unhealthy']['p50_ms']} ms"
+        )
     return "bench: " + ", ".join(parts)
 
 

@@ -54,7 +54,7 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
     devices = plugin.discover()
     return {
         "name": plugin.resource_name,
-        "kind": "virtual" if isinstance(plugin, VirtualPlugin) else "host",
+        "kind": getattr(plugin, "kind", "virtual" if isinstance(plugin, VirtualPlugin) else "host"),
         "count": plugin.spec.count,
         "idsEnv": plugin.ids_env,
         "preferredAllocation": plugin.preferred_allocation,
@@ -81,7 +81,7 @@ def _print_text(config: str, report: list[dict[str, Any]]) -> None:
         healthy = sum(d["health"] == "Healthy" for d in devices)
         print(
             f"\n{resource['name']} ({resource['kind']}, count {resource['count']}, "
-            f"env {resource['idsEnv']}): {len(devices)} device(s), {healthy} healthy"
+            f"env {resource['idsEnv'] or '-'}): {len(devices)} device(s), {healthy} healthy"
         )
         rows = [
             (

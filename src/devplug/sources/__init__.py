@@ -8,6 +8,7 @@ await devplug.framework.daemon.serve(plugins, plugin_dir)
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -29,9 +30,14 @@ from devplug.sources.virtual import VirtualPlugin
 
 log = logging.getLogger("devplug.sources")
 
-# Both kinds offer `discover()` (the devices to serve now, without publishing) and
+# Every kind offers `discover()` (the devices to serve now, without publishing) and
 # `warnings` (one-line messages, e.g. a glob that matches nothing).
-SourcePlugin = HostDevicePlugin | VirtualPlugin
+if TYPE_CHECKING:
+    from devplug.sources.nvidia.plugin import NvidiaPlugin
+
+    SourcePlugin = HostDevicePlugin | VirtualPlugin | NvidiaPlugin
+else:
+    SourcePlugin = HostDevicePlugin | VirtualPlugin  # NVIDIA's loads only when configured
 
 __all__ = [
     "Config",
@@ -52,7 +58,14 @@ __all__ = [
 def resource_names(config: Config) -> list[str]:
     """The resources a config serves: one per entry, one per model of a split entry
     (without `models`: per value found in sysfs now)."""
-    return [p.resource_name for p in build_plugins(config)]
+    sysfs = Sysfs(config.sysfs_root, config.dev_root)
+    names: list[str] = []
+    for spec in config.resources:
+        if spec.split is None:
+            names.append(spec.name)
+        else:
+            names += [f"{spec.name}-{pool.model}" for pool in pools(spec, sysfs)]
+    return names
 
 
 def build_plugin(spec: ResourceSpec, sysfs: Sysfs | None = None) -> SourcePlugin:
@@ -66,10 +79,17 @@ def build_plugins(
     config: Config, *, sysfs_root: str | None = None, dev_root: str | None = None
 ) -> list[SourcePlugin]:
     """One plugin per resource of a config returned by `load_config`, one per model for
-    a resource with `split`; the roots override the config's `sysfsRoot`/`devRoot`."""
+    a resource with `split`, several for an
+    `nvidia:` entry (MIG profiles, models); the roots override the config's
+    `sysfsRoot`/`devRoot`."""
     sysfs = Sysfs(sysfs_root or config.sysfs_root, dev_root or config.dev_root)
     plugins: list[SourcePlugin] = []
     for spec in config.resources:
+        if spec.nvidia is not None:  # NVML loads only here
+            from devplug.sources.nvidia.plugin import build_plugins as build_gpu_plugins
+
+            plugins.extend(build_gpu_plugins(spec))
+            continue
         if spec.split is None:
             plugins.append(build_plugin(spec, sysfs))
             continue

@@ -23,6 +23,8 @@ from devplug.framework.device import cdi_name_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
 from devplug.outputs.cdi import default_kind, kind_problem
 from devplug.sources import hardware
+from devplug.sources.nvidia.config import DEFAULT_RESOURCE as NVIDIA_RESOURCE
+from devplug.sources.nvidia.config import NvidiaSpec, check_nvidia
 
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
@@ -67,7 +69,8 @@ class GroupSpec(_Schema):
 
 
 class ResourceSpec(_Schema):
-    name: str
+    # Required, except with `nvidia` (default nvidia.com/gpu).
+    name: str = ""
     count: int = 1
     allow_any_path: bool = False
     preferred_allocation: bool = True
@@ -77,6 +80,8 @@ class ResourceSpec(_Schema):
     health: hardware.HealthSpec | None = None
     cdi: hardware.CdiSpec | None = None
     split: hardware.SplitSpec | None = None
+    # NVIDIA GPUs through NVML (devplug.sources.nvidia).
+    nvidia: NvidiaSpec | None = None
 
 
 class Config(_Schema):
@@ -204,6 +209,10 @@ def _check(config: Config, source: str) -> None:
     kinds: dict[str, str] = {}
     for i, resource in enumerate(config.resources):
         at = f"resources[{i}]"
+        if not resource.name and resource.nvidia is not None:
+            resource.name = NVIDIA_RESOURCE
+        if not resource.name:
+            fail(f"{at}.name", "required key is missing")
         for kind in _cdi_kinds(resource):
             if kind in kinds:
                 fail(f"{at}.cdi.kind", f"CDI kind {kind!r} is already the kind of {kinds[kind]}")
@@ -223,6 +232,16 @@ def _check(config: Config, source: str) -> None:
             seen[pool] = i
         if problem := _int_problem(resource.count, 1, MAX_COUNT):
             fail(f"{at}.count", problem)
+        if resource.nvidia is not None:
+            if resource.groups is not None or resource.virtual is not None:
+                fail(at, "'nvidia' is set with 'groups' or 'virtual': a resource has one of them")
+            if resource.count != 1:
+                fail(f"{at}.count", "not used with 'nvidia': set nvidia.replicas to share GPUs")
+            for key in ("health", "cdi", "split"):
+                if getattr(resource, key) is not None:
+                    fail(f"{at}.{key}", "not used with 'nvidia' (see the nvidia block's options)")
+            check_nvidia(resource.nvidia, resource.name, at, fail)
+            continue
         if resource.groups is not None and resource.virtual is not None:
             fail(at, "both 'groups' and 'virtual' are set: a resource has exactly one of them")
         if resource.groups is None and resource.virtual is None:
