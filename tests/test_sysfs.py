@@ -143,6 +143,13 @@ def test_fake_trees_are_laid_out_like_the_kernels(tmp_path: Path) -> None:
     assert os.readlink(pci / "iommu_group") == "../../../../kernel/iommu_groups/40"
     assert os.readlink(pci / "driver") == "../../../../bus/pci/drivers/vfio-pci"
     assert (pci / "numa_node").read_text() == "1\n"
+    # Every device and class device names its bus or class, and the links resolve.
+    links = [p for p in sys_.rglob("*") if p.is_symlink()]
+    assert {p.name for p in links if not p.exists()} == set()
+    tty = sys_ / "class/tty/ttyUSB0"
+    assert os.path.realpath(tty / "subsystem") == str((sys_ / "class/tty").resolve())
+    port = tty.resolve().parent.parent  # the usb-serial port
+    assert os.path.realpath(port / "subsystem") == str((sys_ / "bus/usb-serial").resolve())
     # Devices without a node have a uevent without DEVNAME; those with one name it.
     assert "DEVNAME" not in (pci / "uevent").read_text()
     assert "DEVNAME" not in (sys_ / "bus/usb/devices/1-1:1.0/uevent").read_text()

@@ -264,7 +264,7 @@ class FakeSysfs:
     def _device(self, folder: Path, bus: str, uevent: dict[str, str] | None = None) -> None:
         """A device's `subsystem` link and its `uevent` (no DEVNAME: no node of its own)."""
         folder.mkdir(parents=True, exist_ok=True)
-        self._link(folder / "subsystem", self.sys / "bus" / bus)
+        self._subsystem(folder, self.sys / "bus" / bus)
         (folder / "uevent").write_text("".join(f"{k}={v}\n" for k, v in (uevent or {}).items()))
 
     def _class_device(
@@ -281,10 +281,10 @@ class FakeSysfs:
                 kind, name = _MIDDLE[node.subsystem]
                 if not (here / "uevent").exists():
                     here.mkdir(parents=True, exist_ok=True)
-                    self._link(here / "subsystem", self.sys / kind / name)
+                    self._subsystem(here, self.sys / kind / name)
                     (here / "uevent").write_text("")
             folder.mkdir(parents=True, exist_ok=True)
-            self._link(folder / "subsystem", self.sys / "class" / node.subsystem)
+            self._subsystem(folder, self.sys / "class" / node.subsystem)
             self._link(self.sys / "class" / node.subsystem / node.name, folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "dev").write_text(f"{node.major}:{node.minor}\n")
@@ -299,6 +299,11 @@ class FakeSysfs:
             if not path.exists():
                 make_node(path, node.major, node.minor)
         self._nodes[owner] = nodes
+
+    def _subsystem(self, folder: Path, subsystem: Path) -> None:
+        """`folder/subsystem`, a link to its bus or class folder (made if new)."""
+        subsystem.mkdir(parents=True, exist_ok=True)
+        self._link(folder / "subsystem", subsystem)
 
     @staticmethod
     def _link(link: Path, target: Path) -> None:
