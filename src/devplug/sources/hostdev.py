@@ -82,7 +82,9 @@ class HostDevicePlugin(Plugin):
         self.cdi_kind = (spec.cdi.kind if spec.cdi else None) or default_kind(spec.name)
         self.uses_sysfs = any(is_selector(g) for g in self.groups)
         self._present: set[str] = set()  # selected devices in sysfs now
-        self._checks_ok: dict[str, bool] = {}  # health-check verdicts by base ID
+        # Health-check verdicts by base ID; with checks, a device without one (new, or
+        # back after going away) is Unhealthy until checked.
+        self._checks_ok: dict[str, bool] = {}
         # Globs that match nothing now and paths that clash on an ID, as one-line
         # messages; refreshed by discover().
         self.warnings: list[str] = []
@@ -153,7 +155,7 @@ class HostDevicePlugin(Plugin):
             healthy = (
                 _nodes_exist(base)
                 and (base.order[1] != -2 or base.id in self._present)
-                and self._checks_ok.get(base.id, True)
+                and self._checks_ok.get(base.id, self.spec.health is None)
             )
             self._health[base.id] = healthy
             group = base.group
@@ -289,7 +291,10 @@ class HostDevicePlugin(Plugin):
                 self.discover()
                 present = [b for b in self.present_bases() if _nodes_exist(b)]
                 new = [b for b in present if b.id not in there]
-                there = {b.id for b in present}
+                now = {b.id for b in present}
+                for gone in there - now:
+                    self._checks_ok.pop(gone, None)
+                there = now
                 if new:
                     await check_round(self, health, new)
             self._publish_now()
@@ -331,7 +336,7 @@ class HostDevicePlugin(Plugin):
 
     def set_checks(self, verdicts: Mapping[str, bool]) -> bool:
         """Record health-check verdicts by device; True when one changed."""
-        changed = any(self._checks_ok.get(k, True) != v for k, v in verdicts.items())
+        changed = any(self._checks_ok.get(k) != v for k, v in verdicts.items())
         self._checks_ok.update(verdicts)
         return changed
 
