@@ -3,10 +3,12 @@ files and commands, before a device is first listed and every interval after."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from hw_helpers import hardware_config, standard_tree
+from sim_helpers import devplug
 
 from devplug.testing import KubeletHarness
 from devplug.testing.sysfs import Node, UsbInterface
@@ -89,3 +91,23 @@ def test_command_checks_time_out_and_never_use_a_shell() -> None:
     assert problem(["/no/such/program"]) is not None
     # A placeholder is one argument, never shell syntax.
     assert problem(["test", "{serial}", "=", "a;touch x"]) is None
+
+
+def test_check_runs_the_checks_once(tmp_path: Path) -> None:
+    tree = standard_tree(tmp_path)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        hardware_config(tree)
+        + "  - name: example.com/checked\n"
+        + "    groups: [{pci: {vendor: '10ee'}}]\n"
+        + "    health: {checks: [{attribute: vendor}, {attribute: numa_node, value: '0'}]}\n"
+    )
+    result = devplug("check", "--config", str(config), "--output", "json")
+    assert result.returncode == 0, result.stderr
+    [checked] = [
+        r for r in json.loads(result.stdout)["resources"] if r["name"] == "example.com/checked"
+    ]
+    assert [(d["id"], d["health"]) for d in checked["devices"]] == [
+        ("0000:3b:00.0", "Healthy"),
+        ("0000:d8:00.0", "Unhealthy"),
+    ]

@@ -49,9 +49,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
-    from devplug.sources import VirtualPlugin
+    from devplug.sources import HostDevicePlugin, VirtualPlugin
 
-    devices = plugin.discover()
+    if isinstance(plugin, HostDevicePlugin) and plugin.spec.health is not None:
+        import asyncio
+
+        devices = asyncio.run(plugin.checked_devices())
+    else:
+        devices = plugin.discover()
     return {
         "name": plugin.resource_name,
         "kind": getattr(plugin, "kind", "virtual" if isinstance(plugin, VirtualPlugin) else "host"),

@@ -334,6 +334,16 @@ class HostDevicePlugin(Plugin):
             if udev is not None:
                 udev.close()
 
+    async def checked_devices(self) -> list[Device]:
+        """The devices now, with their health checks run once (what `devplug check`
+        shows: without a verdict, a device with checks would read Unhealthy)."""
+        self.discover()
+        if self.spec.health is not None:
+            from devplug.sources.health import check_round
+
+            await check_round(self, self.spec.health)
+        return self.discover()
+
     def set_checks(self, verdicts: Mapping[str, bool]) -> bool:
         """Record health-check verdicts by device; True when one changed."""
         changed = any(self._checks_ok.get(k) != v for k, v in verdicts.items())
