@@ -85,6 +85,7 @@ class HostDevicePlugin(Plugin):
         # Health-check verdicts by base ID; with checks, a device without one (new, or
         # back after going away) is Unhealthy until checked.
         self._checks_ok: dict[str, bool] = {}
+        self._there: set[str] = set()  # checked devices there (nodes too) at the last look
         # Globs that match nothing now and paths that clash on an ID, as one-line
         # messages; refreshed by discover().
         self.warnings: list[str] = []
@@ -280,35 +281,16 @@ class HostDevicePlugin(Plugin):
             from devplug.sources.sysfs.udev import UdevEvents  # pyudev: only for real /sys
 
             udev = UdevEvents.start(dirty.set)
-        health = self.spec.health
-        there: set[str] = set()  # devices there at the last look, for health checks
-
-        async def look() -> None:
-            nonlocal there
-            if health is not None:
-                # A device that has just come (or come back) is checked before it is
-                # listed: no pod gets a device that fails its checks.
-                self.discover()
-                present = [b for b in self.present_bases() if _nodes_exist(b)]
-                new = [b for b in present if b.id not in there]
-                now = {b.id for b in present}
-                for gone in there - now:
-                    self._checks_ok.pop(gone, None)
-                there = now
-                if new:
-                    await check_round(self, health, new)
-            self._publish_now()
-
         try:
             # Watch first, then look: a change after the look is an event.
             if not self._rewatch(watcher):
                 dirty.set()
-            if health is not None:
-                from devplug.sources.health import check_round, run_checks
+            if self.spec.health is not None:
+                from devplug.sources.health import run_checks
 
-                helpers.append(asyncio.create_task(run_checks(self, health, dirty.set)))
+                helpers.append(asyncio.create_task(run_checks(self, self.spec.health, dirty.set)))
                 helpers[-1].add_done_callback(lambda _: dirty.set())
-            await look()
+            await self._look()
             while True:
                 await dirty.wait()
                 if events.done():
@@ -322,7 +304,7 @@ class HostDevicePlugin(Plugin):
                 before = watcher.folders
                 if not self._rewatch(watcher):
                     dirty.set()
-                await look()
+                await self._look()
                 if self._rewatch(watcher) and watcher.folders != before:
                     dirty.set()  # folders of new nodes: look once more, now watched
         finally:
@@ -333,6 +315,23 @@ class HostDevicePlugin(Plugin):
             watcher.close()
             if udev is not None:
                 udev.close()
+
+    async def _look(self) -> None:
+        """Publish the devices now. With health checks, a device that has just come (or
+        come back) is checked first: no pod gets a device that fails its checks."""
+        if self.spec.health is not None:
+            from devplug.sources.health import check_round
+
+            self.discover()
+            present = [b for b in self.present_bases() if _nodes_exist(b)]
+            new = [b for b in present if b.id not in self._there]
+            now = {b.id for b in present}
+            for gone in self._there - now:
+                self._checks_ok.pop(gone, None)
+            self._there = now
+            if new:
+                await check_round(self, self.spec.health, new)
+        self._publish_now()
 
     async def checked_devices(self) -> list[Device]:
         """The devices now, with their health checks run once (what `devplug check`
