@@ -133,3 +133,51 @@ def test_sighup_reloads_and_an_edit_in_place_is_seen(short_tmp: Path) -> None:
         kubelet.wait_for_resource("example.com/gone", count=1)
         assert kubelet.registrations("example.com/kept") == 1
         assert serve.stop() == 0
+
+
+def test_a_reload_reads_the_hardware_where_serve_was_told_and_follows_it_in_labels_and_cdi(
+    short_tmp: Path,
+) -> None:
+    """--sysfs-root/--dev-root hold for the resources a reload adds; the feature file and
+    the CDI specs gain an added resource's entries and lose a removed one's."""
+    from hw_helpers import standard_tree, wait_file
+
+    from devplug.outputs.nfd import parse_features
+
+    tree = standard_tree(short_tmp / "hw")
+    features = short_tmp / "features.d" / "devplug"
+    cdi = short_tmp / "cdi"
+    u250 = {
+        "name": "example.com/u250",
+        "groups": [{"pci": {"vendor": "10ee", "device": "500c"}}],
+        "cdi": {"mode": "both", "dir": str(cdi)},
+    }
+    u250_spec = cdi / "devplug-example.com_u250.json"
+    vfio = {
+        "name": "example.com/vfio",
+        "groups": [{"pci": {"vendor": "10ee", "driver": "vfio-pci"}}],
+        "cdi": {"dir": str(cdi)},
+    }
+    vfio_spec = cdi / "devplug-example.com_vfio.json"
+    with KubeletHarness() as kubelet:
+        config = short_tmp / "devplug.yaml"
+        config.write_text(yaml.safe_dump({"resources": [KEPT, u250]}))
+        hardware = ("--sysfs-root", str(tree.sys), "--dev-root", str(tree.dev))
+        serve = kubelet.start_serve(config, *hardware, "--feature-file", str(features))
+        wait_file(u250_spec, lambda text: text is not None)
+        wait_file(features, lambda text: "example.com/u250.count=1" in (text or ""))
+
+        config.write_text(yaml.safe_dump({"resources": [KEPT, vfio]}))
+        # Found in the fake tree given at start, not in the host's /sys.
+        kubelet.wait_for_resource("example.com/vfio", count=1)
+        assert kubelet.device_ids("example.com/vfio") == ["0000:d8:00.0"]
+        wait_file(vfio_spec, lambda text: text is not None and "0000:d8:00.0" in text)
+        wait_file(u250_spec, lambda text: text is None)
+        labels = parse_features(
+            wait_file(features, lambda text: "example.com/vfio.count" in (text or "")) or ""
+        )
+        assert labels["example.com/vfio.count"] == "1"
+        assert not [name for name in labels if name.startswith("example.com/u250.")]
+        assert serve.stop() == 0
+    assert not vfio_spec.exists()
+    assert not features.exists()

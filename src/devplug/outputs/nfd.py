@@ -81,9 +81,7 @@ class FeatureFile:
         self.path = Path(path)
 
     async def run(self, daemon: Daemon) -> None:
-        plugins = daemon.plugins
-
-        def update() -> None:
+        def update(plugins: Sequence[Plugin]) -> None:
             # A file that cannot be written is logged, not fatal: the devices are still
             # served, and the next change tries again.
             try:
@@ -93,6 +91,6 @@ class FeatureFile:
                 log.warning("cannot write node features to %s: %s", self.path, e)
 
         try:
-            await follow(plugins, update)
+            await follow(daemon, update)
         finally:
             remove_quietly(self.path)
