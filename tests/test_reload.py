@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import yaml
-from serve_helpers import wait_for_output
+from serve_helpers import free_port, metric_lines, wait_for_output
 
 from devplug.testing import KubeletHarness
 from devplug.testing.harness import PluginProcess
@@ -55,9 +55,13 @@ GONE = resource("example.com/gone", 1)
 CHANGED = resource("example.com/changed", 1)
 
 
-def start(kubelet: KubeletHarness, volume: ConfigMapVolume) -> PluginProcess:
+def start(kubelet: KubeletHarness, volume: ConfigMapVolume, *args: str) -> PluginProcess:
     volume.write([KEPT, GONE, CHANGED])
-    return kubelet.start_serve(volume.path)
+    return kubelet.start_serve(volume.path, *args)
+
+
+def reload_counts(port: int) -> list[str]:
+    return metric_lines(port, "devplug_config_reloads_total")
 
 
 def test_a_configmap_update_changes_only_what_changed(short_tmp: Path) -> None:
@@ -95,11 +99,16 @@ def test_a_configmap_update_changes_only_what_changed(short_tmp: Path) -> None:
 def test_a_bad_config_is_refused_and_the_old_one_keeps_serving(short_tmp: Path) -> None:
     with KubeletHarness() as kubelet:
         volume = ConfigMapVolume(short_tmp / "config")
-        serve = start(kubelet, volume)
+        port = free_port()
+        serve = start(kubelet, volume, "--metrics-port", str(port))
         volume.write("resources:\n  - name: example.com/kept\n    count: 0\n    virtual: 1\n")
         output = wait_for_output(serve, REFUSED)
         line = next(line for line in output.splitlines() if REFUSED in line)
         assert line.endswith(f"{volume.path}: resources[0].count: expected an integer >= 1, got 0")
+        assert reload_counts(port) == [
+            'devplug_config_reloads_total{result="applied"} 0.0',
+            'devplug_config_reloads_total{result="refused"} 1.0',
+        ]
         for name in ("example.com/kept", "example.com/gone", "example.com/changed"):
             assert kubelet.registrations(name) == 1
             assert kubelet.resource(name).endpoint == "connected"  # type: ignore[union-attr]
@@ -113,6 +122,10 @@ def test_a_bad_config_is_refused_and_the_old_one_keeps_serving(short_tmp: Path) 
         # A good config after the bad ones applies against the running one.
         volume.write([KEPT])
         wait_for_output(serve, RELOADED)
+        assert reload_counts(port) == [
+            'devplug_config_reloads_total{result="applied"} 1.0',
+            'devplug_config_reloads_total{result="refused"} 2.0',
+        ]
         kubelet.wait_until(
             lambda: kubelet.resource("example.com/changed").endpoint == "stopped",  # type: ignore[union-attr]
             what="example.com/changed stopped",
