@@ -194,3 +194,27 @@ def test_a_reload_reads_the_hardware_where_serve_was_told_and_follows_it_in_labe
         assert serve.stop() == 0
     assert not vfio_spec.exists()
     assert not features.exists()
+
+
+def test_new_hardware_roots_in_the_config_serve_every_resource_again(short_tmp: Path) -> None:
+    from hw_helpers import add_u250, roots
+
+    from devplug.testing.sysfs import FakeSysfs
+
+    before, after = FakeSysfs(short_tmp / "a"), FakeSysfs(short_tmp / "b")
+    add_u250(before)
+    after.add_pci("0000:d8:00.0", "10ee", "500d", numa_node=1)
+    fpga = "resources:\n  - name: example.com/fpga\n    groups: [{pci: {vendor: '10ee'}}]\n"
+    with KubeletHarness() as kubelet:
+        config = short_tmp / "devplug.yaml"
+        config.write_text(roots(before) + fpga)
+        serve = kubelet.start_serve(config)
+        assert kubelet.device_ids("example.com/fpga") == ["0000:3b:00.0"]
+        config.write_text(roots(after) + fpga)
+        output = wait_for_output(serve, RELOADED)
+        assert "changed example.com/fpga" in output
+        kubelet.wait_until(
+            lambda: kubelet.device_ids("example.com/fpga") == ["0000:d8:00.0"],
+            what="the device under the new roots",
+        )
+        assert serve.stop() == 0

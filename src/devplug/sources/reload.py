@@ -7,7 +7,7 @@ and only a changed text (or SIGHUP) goes further. The new config is checked in f
 before anything changes; a bad one is refused with its one-line error and the running
 config keeps serving. Resources are compared by their spec: an unchanged one keeps its
 socket and streams, a removed one stops, an added one is served, a changed one is
-served again from its new spec.
+served again from its new spec (all of them when `sysfsRoot` or `devRoot` changes).
 """
 
 from __future__ import annotations
@@ -117,8 +117,13 @@ class ConfigReloader:
         served = [e.name for e in daemon.endpoints]
         removed = [n for n in served if n not in plugins]
         added = [n for n in plugins if n not in served]
-        changed = [n for n in plugins if n in served and new.get(n) != old.get(n)]
-        kept = [n for n in plugins if n in served and new.get(n) == old.get(n)]
+        # Other roots: every resource may see other devices, so each is served again.
+        moved = (config.sysfs_root, config.dev_root) != (
+            self.config.sysfs_root,
+            self.config.dev_root,
+        )
+        changed = [n for n in plugins if n in served and (moved or new.get(n) != old.get(n))]
+        kept = [n for n in plugins if n in served and n not in changed]
         for name in removed + changed:
             await daemon.remove(name)
         for name in changed + added:
