@@ -218,3 +218,29 @@ def test_new_hardware_roots_in_the_config_serve_every_resource_again(short_tmp: 
             what="the device under the new roots",
         )
         assert serve.stop() == 0
+
+
+def test_a_changed_entry_serves_each_of_its_model_pools_again(short_tmp: Path) -> None:
+    """Resources named after an entry's models are compared by what they are built from,
+    not looked up by the entry's name."""
+    from hw_helpers import roots, standard_tree
+
+    tree = standard_tree(short_tmp / "hw")
+
+    def fpga(count: int) -> str:
+        return (
+            f"{roots(tree)}resources:\n  - name: example.com/fpga\n    count: {count}\n"
+            "    groups: [{pci: {vendor: '10ee'}}]\n"
+            "    split: {by: productID, models: {'0x500c': u250, '0x500d': u280}}\n"
+        )
+
+    with KubeletHarness() as kubelet:
+        config = short_tmp / "devplug.yaml"
+        config.write_text(fpga(1))
+        serve = kubelet.start_serve(config)
+        config.write_text(fpga(2))
+        output = wait_for_output(serve, RELOADED)
+        assert "changed example.com/fpga-u250, example.com/fpga-u280" in output
+        for pool in ("example.com/fpga-u250", "example.com/fpga-u280"):
+            kubelet.wait_for_resource(pool, capacity=2)
+        assert serve.stop() == 0
