@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config) if args.config else load_default_config()
         plugins = build(config)
-        services = build_services(config, plugins, feature_file=args.feature_file)
+        services = build_services(config, feature_file=args.feature_file)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return EXIT_INVALID

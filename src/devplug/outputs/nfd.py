@@ -96,10 +96,9 @@ class FeatureFile:
         self.path = Path(path)
 
     async def run(self, daemon: Daemon) -> None:
-        plugins = daemon.plugins
         refused: set[str] = set()
 
-        def update() -> None:
+        def update(plugins: Sequence[Plugin]) -> None:
             lines = []
             for name, value in feature_labels(plugins).items():
                 if problem := label_name_problem(name):
@@ -118,6 +117,6 @@ class FeatureFile:
                 log.warning("cannot write node features to %s: %s", self.path, e)
 
         try:
-            await follow(plugins, update)
+            await follow(daemon, update)
         finally:
             remove_quietly(self.path)
