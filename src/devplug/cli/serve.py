@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH
 
@@ -25,6 +27,55 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help=f"the kubelet's device-plugins folder (default: {DEVICE_PLUGIN_PATH})",
     )
+    add_dra_options(parser)
+
+
+def add_dra_options(parser: argparse.ArgumentParser) -> None:
+    """Options of the resources served through DRA (`mode: dra` or `both`)."""
+    from devplug.api.dra import constants as dra
+
+    group = parser.add_argument_group("DRA (resources with mode dra or both)")
+    group.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="this node's name, the pool of its slices (default: $NODE_NAME, else the host name)",
+    )
+    group.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig of the API server (default: $KUBECONFIG, else in-cluster)",
+    )
+    group.add_argument(
+        "--registry-dir",
+        default=dra.PLUGINS_REGISTRY_PATH,
+        metavar="DIR",
+        help=f"the kubelet's plugin registration folder (default: {dra.PLUGINS_REGISTRY_PATH})",
+    )
+    group.add_argument(
+        "--plugins-dir",
+        default=dra.PLUGINS_PATH,
+        metavar="DIR",
+        help=f"the kubelet's plugins folder, for dra.sock (default: {dra.PLUGINS_PATH})",
+    )
+    group.add_argument(
+        "--cdi-dir",
+        default=dra.CDI_PATH,
+        metavar="DIR",
+        help=f"where the CDI specs of prepared claims go (default: {dra.CDI_PATH})",
+    )
+    group.add_argument(
+        "--claims-dir",
+        metavar="DIR",
+        help="read claims from YAML files in DIR instead of the API server; publish no slices",
+    )
+
+
+def node_name(args: argparse.Namespace) -> str:
+    import os
+    import socket
+
+    name: str = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    return name
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,6 +90,17 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return EXIT_INVALID
+    from devplug.sources.draconfig import serves_device_plugin, serves_dra
+
+    modes = [spec.mode for spec in config.resources]
+    device_plugins = [p for p, m in zip(plugins, modes, strict=True) if serves_device_plugin(m)]
+    services = []
+    if any(map(serves_dra, modes)):
+        try:
+            services.append(_dra_service(args, config, plugins))
+        except Exception as e:
+            print(f"devplug serve: DRA: {e}", file=sys.stderr)
+            return EXIT_INVALID
     log.info(
         "serving %s from %s in %s",
         ", ".join(p.resource_name for p in plugins),
@@ -46,8 +108,40 @@ def run(args: argparse.Namespace) -> int:
         args.plugin_dir,
     )
     try:
-        asyncio.run(serve(plugins, args.plugin_dir))
+        asyncio.run(serve(device_plugins, args.plugin_dir, services=services))
     except Exception:
         log.exception("stopped on a failure")
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _dra_service(args: argparse.Namespace, config: Any, plugins: Sequence[Any]) -> Any:
+    """The DRA service of the resources with mode dra or both (imports the
+    Kubernetes client, which needs the ssl module `devplug serve` leaves out)."""
+    from pathlib import Path
+
+    if sys.modules.get("ssl", False) is None:
+        del sys.modules["ssl"]
+    from devplug.framework.dra.driver import Driver
+    from devplug.framework.dra.service import DraService, DraSettings
+    from devplug.sources.draconfig import driver_name, serves_dra
+
+    drivers = [
+        Driver(
+            plugin,
+            driver_name(spec.name, spec.dra),
+            spec.dra.attributes if spec.dra else {},
+            spec.dra.attribute_names if spec.dra else {},
+        )
+        for spec, plugin in zip(config.resources, plugins, strict=True)
+        if serves_dra(spec.mode)
+    ]
+    settings = DraSettings(
+        node_name=node_name(args),
+        registry_dir=Path(args.registry_dir),
+        plugins_dir=Path(args.plugins_dir),
+        cdi_dir=Path(args.cdi_dir),
+        kubeconfig=args.kubeconfig,
+        claims_dir=Path(args.claims_dir) if args.claims_dir else None,
+    )
+    return DraService(drivers, settings)

@@ -14,6 +14,8 @@ REASON_UNEXPECTED_ADMISSION = "UnexpectedAdmissionError"
 REASON_TOPOLOGY_AFFINITY = "TopologyAffinityError"
 REASON_INVALID = "Invalid"
 REASON_ALREADY_EXISTS = "AlreadyExists"
+# A claim of the pod could not be prepared by its DRA driver.
+REASON_FAILED_PREPARE = "FailedPrepareDynamicResources"
 
 # Container states in the simulator.
 STARTED = "Started"

@@ -21,6 +21,14 @@ import yaml
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 from devplug.framework.device import cdi_name_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
+from devplug.sources.draconfig import (
+    DraSpec,
+    Mode,
+    check_attributes,
+    check_dra,
+    driver_name,
+    serves_dra,
+)
 
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
@@ -56,6 +64,8 @@ class GroupSpec(_Schema):
     annotations: dict[str, str] = {}
     cdi_devices: list[str] = []
     numa_node: int | None = None
+    # What the device is (model, vendor...): Device.attributes, e.g. for DRA slices.
+    attributes: dict[str, str | int | bool] = {}
 
 
 class ResourceSpec(_Schema):
@@ -65,6 +75,9 @@ class ResourceSpec(_Schema):
     preferred_allocation: bool = True
     groups: list[GroupSpec] | None = None
     virtual: int | None = None
+    # How the resource is served: as a device plugin, a DRA driver, or both.
+    mode: Mode = "devicePlugin"
+    dra: DraSpec | None = None
 
 
 class Config(_Schema):
@@ -180,6 +193,7 @@ def _check(config: Config, source: str) -> None:
     if not config.resources:
         fail("resources", "expected at least one resource")
     seen: dict[str, int] = {}
+    drivers: dict[str, str] = {}
     for i, resource in enumerate(config.resources):
         at = f"resources[{i}]"
         if problem := resource_name_problem(resource.name):
@@ -196,6 +210,13 @@ def _check(config: Config, source: str) -> None:
             fail(at, "both 'groups' and 'virtual' are set: a resource has exactly one of them")
         if resource.groups is None and resource.virtual is None:
             fail(at, "neither 'groups' nor 'virtual' is set: a resource has exactly one of them")
+        if resource.dra is not None:
+            check_dra(resource.dra, f"{at}.dra", fail)
+        if serves_dra(resource.mode):
+            driver = driver_name(resource.name, resource.dra)
+            if driver in drivers:
+                fail(f"{at}.dra.driver", f"driver {driver!r} already serves {drivers[driver]}")
+            drivers[driver] = at
         if resource.virtual is not None:
             if problem := _int_problem(resource.virtual, 1, MAX_VIRTUAL):
                 fail(f"{at}.virtual", problem)
@@ -264,6 +285,7 @@ def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -
             fail(f"{at}.cdiDevices[{k}]", problem)
     if group.numa_node is not None and group.numa_node < 0:
         fail(f"{at}.numaNode", f"expected an integer >= 0, got {group.numa_node}")
+    check_attributes(group.attributes, f"{at}.attributes", fail)
 
 
 _Fail = Callable[[str, str], NoReturn]

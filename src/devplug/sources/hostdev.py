@@ -112,6 +112,7 @@ class HostDevicePlugin(Plugin):
                         env=group.env,
                         annotations=group.annotations,
                         cdi_devices=tuple(group.cdi_devices),
+                        attributes=group.attributes,
                     )
                 )
         return devices

@@ -1,0 +1,170 @@
+"""The DRA node plugin of the real daemon, driven by the simulator's kubelet DRA path
+(claims given as documents in a folder): registration through the plugin watcher,
+prepare with per-claim CDI specs, idempotence, unprepare, restarts, health, bad RPCs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from devplug.api.dra.v1beta1 import api_pb2 as drapb
+from devplug.api.dra.v1beta1 import api_pb2_grpc as dragrpc
+from devplug.api.drahealth.v1alpha1 import api_pb2 as healthpb
+from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as healthgrpc
+from devplug.framework.channel import unix_channel
+from devplug.framework.dra.claims import FileClaims
+from devplug.simulator import Kubelet
+from devplug.simulator.results import REASON_FAILED_PREPARE
+from tests.dra_helpers import (
+    DRIVER,
+    Daemon,
+    NodeDirs,
+    accelerator_config,
+    allocated_claim,
+    claim_pod,
+    serve_command,
+)
+from tests.sim_helpers import run
+
+MODELS = {"acc0": "u250", "acc1": "u280"}
+CDI_KIND = f"{DRIVER}/claim"
+
+
+def kubelet_for(dirs: NodeDirs) -> Kubelet:
+    return Kubelet(
+        dirs.plugin_dir,
+        dirs.state_dir,
+        control_socket=False,
+        dra_registry_dir=dirs.registry,
+        claims=FileClaims(dirs.claims),
+    )
+
+
+def write_claim(dirs: NodeDirs, name: str, uid: str, devices: list[str]) -> None:
+    dirs.claims.mkdir(exist_ok=True)
+    (dirs.claims / f"{name}.yaml").write_text(yaml.safe_dump(allocated_claim(name, uid, devices)))
+
+
+@pytest.fixture
+def dirs(short_tmp: Path) -> NodeDirs:
+    return NodeDirs(short_tmp)
+
+
+def test_pod_with_a_claim_gets_the_cdi_device_of_its_allocation(dirs: NodeDirs) -> None:
+    config = accelerator_config(dirs, MODELS)
+    write_claim(dirs, "claim-u280", "uid-1", ["acc1"])
+
+    async def scenario() -> None:
+        async with kubelet_for(dirs) as kubelet:
+            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+            try:
+                await kubelet.wait_for_registration(DRIVER)
+                assert kubelet.dra is not None
+                assert kubelet.dra.drivers[DRIVER].version == "v1.DRAPlugin"
+                [result] = await kubelet.apply(claim_pod("p1", "claim-u280"))
+                assert result.admitted, result.message
+                assert result.containers[0].options.cdi_devices == [f"{CDI_KIND}=uid-1-acc1"]
+                spec = json.loads((dirs.cdi / f"{DRIVER}-uid-1.json").read_text())
+                assert spec["kind"] == CDI_KIND
+                [device] = spec["devices"]
+                assert device["name"] == "uid-1-acc1"
+                nodes = device["containerEdits"]["deviceNodes"]
+                assert [n["hostPath"] for n in nodes] == [str(dirs.dev / "acc1")]
+                assert "DEVPLUG_EXAMPLE_COM_ACC=acc1" in spec["containerEdits"]["env"]
+
+                # Idempotent: the same claim again gives the same answer.
+                async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:
+                    stub = dragrpc.DRAPluginStub(channel)
+                    claim = drapb.Claim(namespace="default", uid="uid-1", name="claim-u280")
+                    request = drapb.NodePrepareResourcesRequest(claims=[claim])
+                    first = await stub.NodePrepareResources(request, timeout=10)
+                    second = await stub.NodePrepareResources(request, timeout=10)
+                    assert first == second
+                    [answer] = first.claims["uid-1"].devices
+                    assert (answer.pool_name, answer.device_name) == ("node-a", "acc1")
+                    assert list(answer.request_names) == ["acc"]
+
+                    # A claim without a UID is refused with INVALID_ARGUMENT; serving goes on.
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await stub.NodePrepareResources(
+                            drapb.NodePrepareResourcesRequest(
+                                claims=[drapb.Claim(namespace="default", name="x")]
+                            ),
+                            timeout=10,
+                        )
+                    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                    assert await stub.NodePrepareResources(request, timeout=10) == first
+
+                # Kubelet restart: the driver registers again, the pod keeps its devices.
+                seen = kubelet.registrations(DRIVER)
+                await kubelet.restart()
+                await kubelet.wait_for_registration(DRIVER, after=seen)
+                pod = kubelet.pod("p1")
+                assert pod is not None
+                assert pod.containers[0].options.cdi_devices == [f"{CDI_KIND}=uid-1-acc1"]
+
+                # Driver restart: the prepared claim survives in its checkpoint.
+                assert daemon.stop() == 0
+                seen = kubelet.registrations(DRIVER)
+                daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+                await kubelet.wait_for_registration(DRIVER, after=seen)
+                checkpoint = dirs.plugins / DRIVER / "prepared-claims.json"
+                assert "uid-1" in json.loads(checkpoint.read_text())["claims"]
+
+                # Deleting the pod unprepares the claim: CDI spec and checkpoint entry go.
+                assert await kubelet.delete_pod("p1")
+                assert not (dirs.cdi / f"{DRIVER}-uid-1.json").exists()
+                assert json.loads(checkpoint.read_text())["claims"] == {}
+            finally:
+                daemon.stop()
+
+    run(scenario())
+
+
+def test_a_claim_for_a_device_the_node_lacks_fails_to_prepare(dirs: NodeDirs) -> None:
+    config = accelerator_config(dirs, MODELS)
+    write_claim(dirs, "claim-x", "uid-2", ["acc9"])
+
+    async def scenario() -> None:
+        async with kubelet_for(dirs) as kubelet:
+            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+            try:
+                await kubelet.wait_for_registration(DRIVER)
+                [result] = await kubelet.apply(claim_pod("p2", "claim-x"))
+                assert not result.admitted
+                assert result.reason == REASON_FAILED_PREPARE
+                assert "device acc9 is not published by this node" in result.message
+            finally:
+                daemon.stop()
+
+    run(scenario())
+
+
+def test_health_stream_reports_a_device_that_went_away(dirs: NodeDirs) -> None:
+    config = accelerator_config(dirs, MODELS)
+
+    async def scenario() -> None:
+        async with kubelet_for(dirs) as kubelet:
+            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+            try:
+                await kubelet.wait_for_registration(DRIVER)
+                async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:
+                    stub = healthgrpc.DRAResourceHealthStub(channel)
+                    stream = stub.NodeWatchResources(healthpb.NodeWatchResourcesRequest())
+                    first = await stream.read()
+                    health = {d.device.device_name: d.health for d in first.devices}
+                    assert health == {"acc0": healthpb.HEALTHY, "acc1": healthpb.HEALTHY}
+                    (dirs.dev / "acc0").unlink()
+                    second = await stream.read()
+                    health = {d.device.device_name: d.health for d in second.devices}
+                    assert health == {"acc0": healthpb.UNHEALTHY, "acc1": healthpb.HEALTHY}
+                    assert {d.device.pool_name for d in second.devices} == {"node-a"}
+                    stream.cancel()
+            finally:
+                daemon.stop()
+
+    run(scenario())
