@@ -89,9 +89,7 @@ def accelerator_config(
     return config
 
 
-def serve_command(
-    dirs: NodeDirs, config: Path, *, kubeconfig: str | None = None
-) -> list[str]:
+def serve_command(dirs: NodeDirs, config: Path, *, kubeconfig: str | None = None) -> list[str]:
     args = [
         sys.executable,
         "-m",

@@ -220,7 +220,10 @@ class DraManager:
         async with unix_channel(socket) as channel:
             stub = reg_grpc.RegistrationStub(channel)
             try:
-                info = await stub.GetInfo(reg.InfoRequest(), timeout=CALL_TIMEOUT_S)
+                # The file exists from bind(), a moment before the server listens.
+                info = await stub.GetInfo(
+                    reg.InfoRequest(), timeout=CALL_TIMEOUT_S, wait_for_ready=True
+                )
             except grpc.aio.AioRpcError as error:
                 log.warning("GetInfo on %s failed: %s", socket, error.details())
                 return
