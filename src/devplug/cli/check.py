@@ -18,14 +18,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", choices=["text", "json"], default="text", help="report format (text)"
     )
+    parser.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="the node whose DRA slices to show (default: $NODE_NAME, else the host name)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from devplug.sources import ConfigError, build_plugins, load_config
 
     try:
-        plugins = build_plugins(load_config(args.config))
+        config = load_config(args.config)
+        plugins = build_plugins(config)
         report = [_resource_report(p) for p in plugins]
+        _add_dra_reports(args, config, plugins, report)
     except (ConfigError, ValueError) as e:
         problem = str(e) if isinstance(e, ConfigError) else f"{args.config}: {e}"
         print(problem, file=sys.stderr)
@@ -63,6 +70,50 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
     }
 
 
+def _add_dra_reports(
+    args: argparse.Namespace,
+    config: Any,
+    plugins: list[SourcePlugin],
+    report: list[dict[str, Any]],
+) -> None:
+    """The mode of each resource and, for those served through DRA, the ResourceSlices
+    the daemon would publish for this node now."""
+    from devplug.sources.draconfig import driver_name, serves_dra
+
+    for spec, plugin, entry in zip(config.resources, plugins, report, strict=True):
+        entry["mode"] = spec.mode
+        if not serves_dra(spec.mode):
+            continue
+        from devplug.cli.serve import node_name
+        from devplug.framework.dra.driver import Driver
+        from devplug.framework.dra.slices import slice_bodies
+
+        driver = Driver(
+            plugin,
+            driver_name(spec.name, spec.dra),
+            spec.dra.attributes if spec.dra else {},
+            spec.dra.attribute_names if spec.dra else {},
+        )
+        plugin.publish(plugin.discover())
+        entry["draDriver"] = driver.name
+        entry["slices"] = slice_bodies(driver, node_name(args), generation=1)
+
+
+def _print_slices(resource: dict[str, Any]) -> None:
+    for body in resource.get("slices", []):
+        spec = body["spec"]
+        print(
+            f"  DRA driver {spec['driver']}, slice {body['metadata']['name']} "
+            f"(node {spec['nodeName']}): {len(spec['devices'])} device(s)"
+        )
+        for device in spec["devices"]:
+            values = [
+                f"{k}={next(iter(v.values()))}" for k, v in device.get("attributes", {}).items()
+            ]
+            values += [f"{k}={v['value']}" for k, v in device.get("capacity", {}).items()]
+            print(f"    {device['name']}: {' '.join(values) or '-'}")
+
+
 def _print_text(config: str, report: list[dict[str, Any]]) -> None:
     from devplug.tables import table
 
@@ -85,5 +136,6 @@ def _print_text(config: str, report: list[dict[str, Any]]) -> None:
         ]
         for line in table(None, rows, indent="  "):
             print(line)
+        _print_slices(resource)
         for warning in resource["warnings"]:
             print(f"  warning: {warning}")

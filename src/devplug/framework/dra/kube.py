@@ -8,18 +8,23 @@ from typing import Any
 
 
 def api_client(kubeconfig: str | None = None) -> Any:
-    """A client for `kubeconfig` (or $KUBECONFIG), else the in-cluster service account."""
+    """A client for `kubeconfig` (or $KUBECONFIG), else the in-cluster service account;
+    ValueError with a one-line reason when neither can be used."""
     from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
 
     path = kubeconfig or os.environ.get("KUBECONFIG")
-    if path:
-        configuration = client.Configuration()
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=path, client_configuration=configuration
-        )
-        return client.ApiClient(configuration)
     configuration = client.Configuration()
-    config.load_incluster_config(  # type: ignore[no-untyped-call]
-        client_configuration=configuration
-    )
+    try:
+        if path:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, client_configuration=configuration
+            )
+        else:
+            config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+    except (ConfigException, OSError) as error:
+        where = f"kubeconfig {path}" if path else "in-cluster config (no --kubeconfig)"
+        raise ValueError(f"cannot use the {where}: {error}") from None
     return client.ApiClient(configuration)
