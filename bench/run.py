@@ -262,6 +262,9 @@ def main() -> int:
             report["list_and_watch_10k"] = bench_big_list(root / "big-plugins")
             report["list_and_watch_10k"]["rss_mib"] = rss_mib(proc.pid)
         report.update(run_async_benches(root))
+        from sysfs import bench_sysfs  # bench/sysfs.py
+
+        report["sysfs_hotplug"] = bench_sysfs(root)
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_readme_config_example_is_valid() -> None:
     text = (ROOT / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "resources:" in b]
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "example.com/kvm" in b]
     assert blocks
     for block in blocks:
         plugins = build_plugins(parse_config(block, "README.md"))
@@ -24,3 +24,22 @@ def test_readme_config_example_is_valid() -> None:
         kvm = plugins[0].discover()
         assert [d.id for d in kvm] == [f"kvm::{i}" for i in range(10)]
         assert plugins[0].ids_env == "DEVPLUG_EXAMPLE_COM_KVM"
+
+
+def test_config_reference_examples_are_valid() -> None:
+    text = (ROOT / "docs" / "config.md").read_text()
+    blocks = [
+        b
+        for b in re.findall(r"```yaml\n(.*?)```", text, re.S)
+        if "resources:" in b and "apiVersion" not in b  # not the Pod example
+    ]
+    assert len(blocks) >= 10
+    for block in blocks:
+        assert build_plugins(parse_config(block, "docs/config.md"))
+
+
+def test_readme_hardware_example_is_valid() -> None:
+    text = (ROOT / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "split:" in b]
+    plugins = build_plugins(parse_config(block, "README.md"))
+    assert [p.resource_name for p in plugins] == ["example.com/fpga-u250", "example.com/fpga-u280"]

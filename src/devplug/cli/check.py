@@ -19,6 +19,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--output", choices=["text", "json"], default="text", help="report format (text)"
     )
     parser.add_argument(
+        "--sysfs-root", metavar="DIR", help="where sysfs is (default: the config's, or /sys)"
+    )
+    parser.add_argument(
+        "--dev-root", metavar="DIR", help="where device nodes are (default: the config's, or /dev)"
+    )
+    parser.add_argument(
         "--node-name",
         metavar="NAME",
         help="the node whose DRA slices to show (default: $NODE_NAME, else the host name)",
@@ -30,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = load_config(args.config)
-        plugins = build_plugins(config)
+        plugins = build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
         report = [_resource_report(p) for p in plugins]
         _add_dra_reports(args, config, plugins, report)
     except (ConfigError, ValueError) as e:
@@ -63,6 +69,7 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
                 "health": "Healthy" if d.healthy else "Unhealthy",
                 "numaNodes": list(d.numa_nodes),
                 "hostPaths": [n.host_path for n in d.nodes],
+                "attributes": dict(d.attributes),
             }
             for d in devices
         ],

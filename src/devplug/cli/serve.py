@@ -27,6 +27,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help=f"the kubelet's device-plugins folder (default: {DEVICE_PLUGIN_PATH})",
     )
+    parser.add_argument(
+        "--sysfs-root", metavar="DIR", help="where sysfs is (default: the config's, or /sys)"
+    )
+    parser.add_argument(
+        "--dev-root", metavar="DIR", help="where device nodes are (default: the config's, or /dev)"
+    )
+    parser.add_argument(
+        "--feature-file",
+        metavar="FILE",
+        help="write node-feature-discovery labels to FILE (default: the config's nodeFeatures)",
+    )
     add_dra_options(parser)
 
 
@@ -83,10 +94,12 @@ def run(args: argparse.Namespace) -> int:
 
     from devplug.framework.daemon import serve
     from devplug.sources import ConfigError, build_plugins, load_config, load_default_config
+    from devplug.sources.services import build_services
 
     try:
         config = load_config(args.config) if args.config else load_default_config()
-        plugins = build_plugins(config)
+        plugins = build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
+        services = build_services(config, plugins, feature_file=args.feature_file)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return EXIT_INVALID
@@ -94,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
     modes = [spec.mode for spec in config.resources]
     device_plugins = [p for p, m in zip(plugins, modes, strict=True) if serves_device_plugin(m)]
-    services = []
+    services = list(services)
     if any(map(serves_dra, modes)):
         try:
             services.append(_dra_service(args, config, plugins))

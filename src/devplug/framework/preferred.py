@@ -4,7 +4,7 @@ replicas of shared devices spread over as many physical devices as possible."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from devplug.framework.device import Device
 from devplug.framework.names import REPLICA_SEPARATOR
@@ -70,3 +70,115 @@ def prefer_numa_local(
         if need <= 0:
             break
     return list(chosen)
+
+
+# -- policies by name ------------------------------------------------------------------
+
+POLICY_NAMES = ("numa", "pack", "spread", "pci")
+
+
+def prefer_spread(
+    available: Sequence[Device], must_include: Sequence[Device], size: int
+) -> list[str]:
+    """Replicas of different physical devices first, the least loaded first."""
+    chosen = {d.id: d for d in must_include}
+    rest = [d for d in available if d.id not in chosen]
+    for device in spread_replicas(rest, list(chosen.values()))[: max(0, size - len(chosen))]:
+        chosen[device.id] = device
+    return list(chosen)
+
+
+def prefer_pack(
+    available: Sequence[Device], must_include: Sequence[Device], size: int
+) -> list[str]:
+    """Fill one physical device's replicas before using another: devices already in
+    `must_include` first, then those with the fewest free replicas (already in use
+    elsewhere), keeping whole devices free for requests that need them."""
+    chosen = {d.id: d for d in must_include}
+    free = Counter(physical_id(d.id) for d in available)
+    used = {physical_id(d) for d in chosen}
+    order = {physical_id(d.id): i for i, d in reversed(list(enumerate(available)))}
+    rest = sorted(
+        (d for d in available if d.id not in chosen),
+        key=lambda d: (
+            physical_id(d.id) not in used,
+            free[physical_id(d.id)],
+            order[physical_id(d.id)],
+        ),
+    )
+    for device in rest[: max(0, size - len(chosen))]:
+        chosen[device.id] = device
+    return list(chosen)
+
+
+def _common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefer_pci_close(
+    available: Sequence[Device],
+    must_include: Sequence[Device],
+    size: int,
+    paths: Mapping[str, tuple[str, ...]],
+) -> list[str]:
+    """Devices closest by PCI topology: `paths` gives each physical device's chain of
+    PCI addresses from its root bus (bridges, switch ports, the device). Greedily add
+    the device sharing the longest chain with one already picked (same switch, then
+    same root port...); with nothing to start from, try each device as the start and
+    keep the tightest set. Ties keep the kubelet's order."""
+
+    def path(device: Device) -> tuple[str, ...]:
+        return paths.get(physical_id(device.id), ())
+
+    def grow(start: list[Device]) -> tuple[list[Device], int]:
+        picked = list(start)
+        ids = {d.id for d in picked}
+        score = 0
+        while len(picked) < size:
+            best: tuple[int, int] | None = None
+            for i, device in enumerate(available):
+                if device.id in ids:
+                    continue
+                closeness = max((_common(path(device), path(p)) for p in picked), default=0)
+                key = (-closeness, i)
+                if best is None or key < best:
+                    best = key
+            if best is None:
+                break
+            device = available[best[1]]
+            picked.append(device)
+            ids.add(device.id)
+            score += -best[0]
+        return picked, score
+
+    if must_include or size == 0:
+        picked, _ = grow(list(must_include))
+    else:
+        picked, best_score = grow([available[0]])
+        for device in available[1:]:
+            candidate, score = grow([device])
+            if score > best_score:
+                picked, best_score = candidate, score
+    return [d.id for d in picked[:size]] if size else []
+
+
+def pick(
+    policy: str,
+    available: Sequence[Device],
+    must_include: Sequence[Device],
+    size: int,
+    paths: Mapping[str, tuple[str, ...]] | None = None,
+) -> list[str]:
+    """The preferred allocation of a named policy ('numa', 'pack', 'spread', 'pci')."""
+    if policy == "pack":
+        return prefer_pack(available, must_include, size)
+    if policy == "spread":
+        return prefer_spread(available, must_include, size)
+    if policy == "pci":
+        return prefer_pci_close(available, must_include, size, paths or {})
+    return prefer_numa_local(available, must_include, size)

@@ -1,22 +1,69 @@
-"""CDI spec files: container edits in the Container Device Interface format that
-containerd (>= 1.7) and CRI-O (>= 1.23) read from /etc/cdi and /var/run/cdi.
+"""CDI (Container Device Interface) specs from any plugin's devices, and CDI names in
+Allocate.
 
-A spec holds devices of one kind (`vendor.com/class`); a runtime asked for the CDI
-device `vendor.com/class=name` applies that device's edits and the spec's common
-ones to the container.
+A spec file per resource describes each physical device's container edits (device
+nodes, mounts, env); a runtime with CDI support (containerd 1.7+, CRI-O 1.23+) applies
+them when Allocate names the device as `<kind>=<name>`. The file is replaced
+atomically whenever the device list changes and removed on shutdown.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from devplug.framework.device import ContainerEdits
-from devplug.outputs.files import write_atomic
+from devplug.framework.device import ContainerEdits, Device, merge_edits
+from devplug.framework.preferred import physical_id
+from devplug.outputs.files import remove_quietly, write_atomic
+from devplug.outputs.follow import follow
 
-CDI_VERSION = "0.5.0"
+if TYPE_CHECKING:
+    from devplug.framework.daemon import Daemon
+
+log = logging.getLogger("devplug.outputs.cdi")
+
+CDI_VERSION = "0.6.0"
+DEFAULT_CDI_DIR = "/var/run/cdi"
+CdiMode = Literal["deviceSpecs", "cdi", "both"]
+CDI_MODES: tuple[CdiMode, ...] = ("deviceSpecs", "cdi", "both")
+
+# The CDI parser's rules for the two parts of a kind and for device names.
+_VENDOR = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_CLASS = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_-]*[A-Za-z0-9])?$")
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+def kind_problem(kind: str) -> str | None:
+    """Why `kind` is not a CDI kind ('vendor.com/class'), or None."""
+    vendor, slash, cls = kind.partition("/")
+    if not slash or not _VENDOR.match(vendor) or not _CLASS.match(cls):
+        return (
+            f"CDI kind {kind!r} must be 'vendor/class': a vendor of [A-Za-z0-9_.-] and a class "
+            "of [A-Za-z0-9_-], each starting and ending with a letter or digit"
+        )
+    return None
+
+
+def default_kind(resource_name: str) -> str:
+    """The CDI kind of a resource: its name, with the class made valid
+    ('example.com/u280.v2' -> 'example.com/u280-v2')."""
+    vendor, _, name = resource_name.partition("/")
+    return f"{vendor}/{re.sub(r'[^A-Za-z0-9_-]', '-', name)}"
+
+
+def device_name(device_id: str) -> str:
+    """The CDI device name of a device (its physical ID, made valid): replicas of one
+    device share it."""
+    name = _NAME_UNSAFE.sub("_", physical_id(device_id)).strip("_.:-")
+    return name or "device"
+
+
+def qualified_name(kind: str, device_id: str) -> str:
+    return f"{kind}={device_name(device_id)}"
 
 
 def edits_json(edits: ContainerEdits) -> dict[str, Any]:
@@ -47,7 +94,7 @@ def spec(
     common: ContainerEdits | None = None,
     annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A CDI spec of `kind` with one entry per device name."""
+    """A CDI spec of `kind` with one entry per device name (and edits common to all)."""
     body: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind}
     if annotations:
         body["annotations"] = dict(annotations)
@@ -59,11 +106,77 @@ def spec(
     return body
 
 
-def qualified_name(kind: str, name: str) -> str:
-    """'example.com/gpu', 'gpu0' -> 'example.com/gpu=gpu0'."""
-    return f"{kind}={name}"
+def spec_document(kind: str, devices: Iterable[Device]) -> dict[str, Any]:
+    """The CDI spec of `devices`: one entry per physical device (replicas folded) with
+    its nodes, mounts and env."""
+    entries: dict[str, ContainerEdits] = {}
+    for device in devices:
+        entries.setdefault(device_name(device.id), merge_edits([device]))
+    return spec(kind, entries)
 
 
 def write_spec(path: Path | str, body: Mapping[str, Any]) -> bool:
     """Write a spec file atomically (JSON, which every CDI version reads)."""
+    import json  # only where specs are written: the default daemon does without it
+
     return write_atomic(path, json.dumps(body, indent=2) + "\n")
+
+
+def spec_file_name(kind: str) -> str:
+    return "devplug-" + kind.replace("/", "_") + ".json"
+
+
+def apply_mode(
+    edits: ContainerEdits, devices: Sequence[Device], kind: str, mode: CdiMode
+) -> ContainerEdits:
+    """Allocate's answer for a CDI `mode`: 'deviceSpecs' leaves `edits` as they are,
+    'both' adds the devices' CDI names, 'cdi' adds them and leaves the device nodes and
+    mounts to the runtime's CDI injection (env and annotations stay, joined per device)."""
+    if mode == "deviceSpecs":
+        return edits
+    names = dict.fromkeys([*edits.cdi_devices, *(qualified_name(kind, d.id) for d in devices)])
+    if mode == "cdi":
+        return replace(edits, nodes=[], mounts=[], cdi_devices=list(names))
+    return replace(edits, cdi_devices=list(names))
+
+
+class CdiSpecs:
+    """A daemon service writing one CDI spec per resource into `folder`, kept in step
+    with each plugin's device list, removed on shutdown.
+
+    `kinds` maps the resource names to serve to their CDI kinds; resources not in it
+    get no spec.
+    """
+
+    def __init__(self, kinds: Mapping[str, str], folder: Path | str = DEFAULT_CDI_DIR) -> None:
+        for kind in kinds.values():
+            if problem := kind_problem(kind):
+                raise ValueError(problem)
+        self.kinds = dict(kinds)
+        self.folder = Path(folder)
+
+    def path(self, resource_name: str) -> Path:
+        return self.folder / spec_file_name(self.kinds[resource_name])
+
+    async def run(self, daemon: Daemon) -> None:
+        plugins = [p for p in daemon.plugins if p.resource_name in self.kinds]
+
+        def update() -> None:
+            for plugin in plugins:
+                kind = self.kinds[plugin.resource_name]
+                document = spec_document(kind, plugin.devices.values())
+                path = self.path(plugin.resource_name)
+                try:  # logged, not fatal: the next change tries again
+                    if write_spec(path, document):
+                        log.info("%s: CDI spec written to %s", plugin.resource_name, path)
+                except OSError as e:
+                    log.warning(
+                        "%s: cannot write the CDI spec %s: %s", plugin.resource_name, path, e
+                    )
+
+        try:
+            if plugins:
+                await follow(plugins, update)
+        finally:
+            for plugin in plugins:
+                remove_quietly(self.path(plugin.resource_name))

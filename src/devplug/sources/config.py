@@ -21,6 +21,8 @@ import yaml
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 from devplug.framework.device import cdi_name_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
+from devplug.outputs.cdi import default_kind, kind_problem
+from devplug.sources import hardware
 from devplug.sources.draconfig import (
     DraSpec,
     Mode,
@@ -56,7 +58,8 @@ class MountSpec(_Schema):
 
 
 class GroupSpec(_Schema):
-    paths: list[PathSpec]
+    # Required unless the group has a `usb` or `pci` selector.
+    paths: list[PathSpec] = []
     # The device's ID instead of one derived from its first path (groups with no glob).
     id: str | None = None
     mounts: list[MountSpec] = []
@@ -64,7 +67,10 @@ class GroupSpec(_Schema):
     annotations: dict[str, str] = {}
     cdi_devices: list[str] = []
     numa_node: int | None = None
-    # What the device is (model, vendor...): Device.attributes, e.g. for DRA slices.
+    # Devices selected by what they are, read in sysfs (sources/hardware.py).
+    usb: hardware.UsbSelector | None = None
+    pci: hardware.PciSelector | None = None
+    # What the devices are (model, vendor...): node labels, pools, DRA attributes.
     attributes: dict[str, str | int | bool] = {}
 
 
@@ -75,6 +81,10 @@ class ResourceSpec(_Schema):
     preferred_allocation: bool = True
     groups: list[GroupSpec] | None = None
     virtual: int | None = None
+    preferred: str = "numa"
+    health: hardware.HealthSpec | None = None
+    cdi: hardware.CdiSpec | None = None
+    split: hardware.SplitSpec | None = None
     # How the resource is served: as a device plugin, a DRA driver, or both.
     mode: Mode = "devicePlugin"
     dra: DraSpec | None = None
@@ -82,6 +92,9 @@ class ResourceSpec(_Schema):
 
 class Config(_Schema):
     resources: list[ResourceSpec]
+    sysfs_root: str = hardware.DEFAULT_SYSFS_ROOT
+    dev_root: str = hardware.DEFAULT_DEV_ROOT
+    node_features: hardware.NodeFeaturesSpec | None = None
 
 
 # -- loading ---------------------------------------------------------------------------
@@ -192,10 +205,20 @@ def _check(config: Config, source: str) -> None:
 
     if not config.resources:
         fail("resources", "expected at least one resource")
+    for field, value in (("sysfsRoot", config.sysfs_root), ("devRoot", config.dev_root)):
+        if not value.startswith("/"):
+            fail(field, f"expected an absolute path, got {value!r}")
+    if config.node_features is not None and not config.node_features.path.startswith("/"):
+        fail("nodeFeatures.path", f"expected an absolute path, got {config.node_features.path!r}")
     seen: dict[str, int] = {}
+    kinds: dict[str, str] = {}
     drivers: dict[str, str] = {}
     for i, resource in enumerate(config.resources):
         at = f"resources[{i}]"
+        for kind in _cdi_kinds(resource):
+            if kind in kinds:
+                fail(f"{at}.cdi.kind", f"CDI kind {kind!r} is already the kind of {kinds[kind]}")
+            kinds[kind] = at
         if problem := resource_name_problem(resource.name):
             fail(f"{at}.name", problem)
         if resource.name in seen:
@@ -204,6 +227,11 @@ def _check(config: Config, source: str) -> None:
                 f"duplicate resource {resource.name!r}, see resources[{seen[resource.name]}]",
             )
         seen[resource.name] = i
+        for model in resource.split.models.values() if resource.split else ():
+            pool = f"{resource.name}-{model}"
+            if pool in seen:
+                fail(f"{at}.split.models", f"resource {pool!r} is already served")
+            seen[pool] = i
         if problem := _int_problem(resource.count, 1, MAX_COUNT):
             fail(f"{at}.count", problem)
         if resource.groups is not None and resource.virtual is not None:
@@ -225,9 +253,12 @@ def _check(config: Config, source: str) -> None:
             continue
         if not resource.groups:
             fail(f"{at}.groups", "expected at least one group")
+        _check_hardware(resource, at, fail)
         ids: dict[str, str] = {}
         for j, group in enumerate(resource.groups):
             _check_group(group, f"{at}.groups[{j}]", resource.allow_any_path, fail)
+            if is_selector(group):
+                continue
             if not any(has_glob(p.path) for p in group.paths):
                 device_id = group_device_id(group)
                 if device_id in ids:
@@ -239,9 +270,69 @@ def _check(config: Config, source: str) -> None:
                 ids[device_id] = f"{at}.groups[{j}]"
 
 
+def is_selector(group: GroupSpec) -> bool:
+    """Whether the group selects devices in sysfs (its paths then join each device)."""
+    return group.usb is not None or group.pci is not None
+
+
+def _cdi_kinds(resource: ResourceSpec) -> list[str]:
+    """The CDI kinds a resource writes specs for (one per model when split)."""
+    if resource.cdi is None or not resource.cdi.write_spec:
+        return []
+    kind = resource.cdi.kind or resource.name
+    if resource.split is None:
+        return [default_kind(kind)]
+    return [default_kind(f"{kind}-{model}") for model in resource.split.models.values()]
+
+
+def _check_hardware(resource: ResourceSpec, at: str, fail: _Fail) -> None:
+    groups = resource.groups or []
+    if resource.preferred not in hardware.POLICIES:
+        fail(
+            f"{at}.preferred",
+            f"expected one of {', '.join(hardware.POLICIES)}, got {resource.preferred!r}",
+        )
+    if resource.health is not None:
+        selector = bool(groups) and all(is_selector(g) for g in groups)
+        hardware.check_health(resource.health, f"{at}.health", selector, fail)
+    if resource.cdi is not None:
+        hardware.check_cdi(resource.cdi, f"{at}.cdi", fail)
+        if resource.cdi.kind is None and (problem := kind_problem(default_kind(resource.name))):
+            fail(f"{at}.cdi.kind", f"needed: the resource name gives no valid kind: {problem}")
+    if resource.split is not None:
+        if not all(is_selector(g) for g in groups):
+            fail(f"{at}.split", "needs every group to have a 'usb' or 'pci' selector")
+        ids: list[tuple[str, list[str]]] = []
+        for j, group in enumerate(groups):
+            if resource.split.by == "productID":
+                field, value = ("pci.device", group.pci.device) if group.pci else ("", None)
+                if group.usb is not None:
+                    field, value = "usb.product", group.usb.product
+                ids.append((f"groups[{j}].{field}", hardware.values(value)))
+        if any(not found for _, found in ids):
+            ids = []  # a group that selects any ID can supply every model
+        hardware.check_split(resource.split, f"{at}.split", ids, fail)
+        for model in resource.split.models.values():
+            if problem := resource_name_problem(f"{resource.name}-{model}"):
+                fail(f"{at}.split.models", problem)
+
+
 def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -> None:
-    if not group.paths:
-        fail(f"{at}.paths", "expected at least one path")
+    if group.usb is not None and group.pci is not None:
+        fail(at, "both 'usb' and 'pci' are set: a group selects one kind of device")
+    if group.usb is not None:
+        hardware.check_usb(group.usb, f"{at}.usb", fail)
+    if group.pci is not None:
+        hardware.check_pci(group.pci, f"{at}.pci", fail)
+    if not group.paths and not is_selector(group):
+        fail(f"{at}.paths", "expected at least one path (or a 'usb' or 'pci' selector)")
+    if is_selector(group):
+        if group.id is not None:
+            fail(f"{at}.id", "not allowed with a selector: each selected device has its own ID")
+        for k, spec in enumerate(group.paths):
+            if has_glob(spec.path):
+                fail(f"{at}.paths[{k}].path", "no glob with a selector: use {placeholders}")
+            hardware.check_placeholders(spec.path, f"{at}.paths[{k}].path", fail)
     if group.id is not None:
         if any(has_glob(p.path) for p in group.paths):
             fail(f"{at}.id", "not allowed with a glob path: each match is a device of its own")

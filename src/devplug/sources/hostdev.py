@@ -1,10 +1,14 @@
-"""Host device nodes from the config: discovery by path and glob, health by existence.
+"""Host device nodes from the config: discovery by path, glob and sysfs selector,
+health by existence and optional checks.
 
-A group of paths is one device, or one device per match of each glob in it. Every
-device seen stays in the list for the life of the process: Healthy while all its host
-paths exist, Unhealthy while one is missing. The folders that hold the paths are
-watched through inotify, so a removed or new node is published within milliseconds
-and an idle plugin costs nothing.
+A group of paths is one device, or one device per match of each glob in it; a group
+with a `usb` or `pci` selector is one device per matching device in sysfs, with the
+nodes sysfs names. Every device seen stays in the list for the life of the process:
+Healthy while it is present with all its host paths (and its health checks pass),
+Unhealthy otherwise. The folders that hold the paths, and the sysfs bus folders, are
+watched through inotify (udev netlink on the real /sys, whose entries make no inotify
+events), so a removed or new device is published within milliseconds and an idle
+plugin costs nothing.
 """
 
 from __future__ import annotations
@@ -14,22 +18,30 @@ import glob
 import logging
 import os
 import posixpath
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from devplug.framework.device import Device, DeviceNode, Mount
+from devplug.framework.device import Attribute, ContainerEdits, Device, DeviceNode, Mount
 from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.plugin import Plugin
+from devplug.framework.preferred import pick
+from devplug.outputs.cdi import apply_mode, default_kind
+from devplug.outputs.nfd import device_labels
+from devplug.sources import hardware
 from devplug.sources.config import (
     GroupSpec,
     ResourceSpec,
     group_device_id,
     has_glob,
     ids_env_name,
+    is_selector,
     path_device_id,
     replica_ids,
 )
+from devplug.sources.sysfs.select import Pool, selected_devices
+from devplug.sources.sysfs.tree import Sysfs
 
 log = logging.getLogger("devplug.sources.hostdev")
 
@@ -39,22 +51,39 @@ class _Base:
     """One device before replication: its full ID, place in the list and host nodes."""
 
     id: str
-    order: tuple[int, int, str]  # group, glob path (-1: none), matched path
+    order: tuple[int, int, str]  # group, glob path (-1: none; -2: selector), matched path
     nodes: tuple[DeviceNode, ...]
     group: GroupSpec
+    # From sysfs, for selected devices: what it is, its NUMA node, env, sysfs folder and
+    # PCI path (the bridges above it, for the 'pci' policy).
+    attributes: Mapping[str, Attribute] = field(default_factory=dict)
+    numa_nodes: tuple[int, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    sysfs: Path | None = None
+    pci_path: tuple[str, ...] = ()
 
 
 class HostDevicePlugin(Plugin):
-    """Serves the device nodes of one configured resource (`groups`)."""
+    """Serves the device nodes of one configured resource (`groups`); `pool` keeps only
+    the devices of one model of a resource split by `split`."""
 
-    def __init__(self, spec: ResourceSpec) -> None:
+    def __init__(
+        self, spec: ResourceSpec, sysfs: Sysfs | None = None, pool: Pool | None = None
+    ) -> None:
         if spec.groups is None:
             raise ValueError(f"{spec.name}: a host device resource needs 'groups'")
         super().__init__(spec.name)
         self.spec = spec
         self.groups = spec.groups
+        self.sysfs = sysfs or Sysfs()
+        self.pool = pool
         self.ids_env = ids_env_name(spec.name)
         self.preferred_allocation = spec.preferred_allocation
+        self.cdi_mode = hardware.mode_of(spec.cdi)
+        self.cdi_kind = (spec.cdi.kind if spec.cdi else None) or default_kind(spec.name)
+        self.uses_sysfs = any(is_selector(g) for g in self.groups)
+        self._present: set[str] = set()  # selected devices in sysfs now
+        self._checks_ok: dict[str, bool] = {}  # health-check verdicts by base ID
         # Globs that match nothing now and paths that clash on an ID, as one-line
         # messages; refreshed by discover().
         self.warnings: list[str] = []
@@ -71,7 +100,33 @@ class HostDevicePlugin(Plugin):
         New glob matches join the devices seen before; none is ever dropped.
         """
         warnings: list[str] = []
+        self._present = set()
         for g, group in enumerate(self.groups):
+            if is_selector(group):
+                for selected in selected_devices(self.sysfs, self.spec, g, group, self.pool):
+                    device_id = selected.id
+                    if device_id in self._present:
+                        # Two devices with one serial: the second is known by its port.
+                        device_id = f"usb-{selected.sort_key}"
+                        warnings.append(
+                            f"{self.resource_name}: {selected.sort_key} has the serial of "
+                            f"device {selected.id!r}: it is served as {device_id!r}"
+                        )
+                    base = _Base(
+                        device_id,
+                        (g, -2, selected.sort_key),
+                        selected.nodes,
+                        group,
+                        selected.attributes,
+                        selected.numa_nodes,
+                        selected.env,
+                        selected.sysfs,
+                        selected.pci_path,
+                    )
+                    self._present.add(base.id)
+                    if warning := self._add(base, replace=True):
+                        warnings.append(warning)
+                continue
             static = tuple(
                 _node(p.path, p.container_path, p.permissions)
                 for p in group.paths
@@ -97,29 +152,48 @@ class HostDevicePlugin(Plugin):
         devices: list[Device] = []
         self._health = {}
         for base in sorted(self._known.values(), key=lambda b: b.order):
-            healthy = all(os.path.exists(n.host_path) for n in base.nodes)
+            healthy = (
+                all(os.path.exists(n.host_path) for n in base.nodes)
+                and (base.order[1] != -2 or base.id in self._present)
+                and self._checks_ok.get(base.id, True)
+            )
             self._health[base.id] = healthy
             group = base.group
             mounts = tuple(Mount(m.host_path, m.container_path, m.read_only) for m in group.mounts)
+            numa = base.numa_nodes if group.numa_node is None else (group.numa_node,)
             for device_id in replica_ids(base.id, self.spec.count):
                 devices.append(
                     Device(
                         device_id,
                         healthy,
-                        numa_nodes=() if group.numa_node is None else (group.numa_node,),
+                        numa_nodes=numa,
                         nodes=base.nodes,
                         mounts=mounts,
-                        env=group.env,
+                        env={**base.env, **group.env},
                         annotations=group.annotations,
                         cdi_devices=tuple(group.cdi_devices),
-                        attributes=group.attributes,
+                        attributes={**base.attributes, **group.attributes},
                     )
                 )
         return devices
 
-    def _add(self, base: _Base) -> str | None:
-        """Remember `base`; a warning if its ID is already another path's."""
+    def bases(self) -> list[_Base]:
+        """Every device seen (before replication), in list order."""
+        return sorted(self._known.values(), key=lambda b: b.order)
+
+    def present_bases(self) -> list[_Base]:
+        """The devices seen that are there now (a selected device gone from sysfs is
+        not: it is Unhealthy already, and its checks would only fail)."""
+        return [b for b in self.bases() if b.order[1] != -2 or b.id in self._present]
+
+    def _add(self, base: _Base, replace: bool = False) -> str | None:
+        """Remember `base` (`replace`: its latest sysfs view); a warning if its ID is
+        already another path's."""
         known = self._known.setdefault(base.id, base)
+        if replace and known.order[:2] == base.order[:2]:
+            # The same device seen again, maybe on another port or with other nodes.
+            self._known[base.id] = base
+            return None
         if known.order == base.order:
             return None
         # Two paths give one ID (e.g. '/dev/a-b' and '/dev/a/b'): the first seen wins.
@@ -136,9 +210,21 @@ class HostDevicePlugin(Plugin):
         folders that match its components up to the last."""
         interest: dict[Path, set[str]] = {}
         for group in self.groups:
+            if is_selector(group):
+                continue
             for spec in group.paths:
                 for folder, pattern in _folders_of(spec.path):
                     interest.setdefault(Path(folder), set()).add(pattern)
+        if self.uses_sysfs:
+            # The bus folders (a device's link comes and goes), /dev and the folders of
+            # the nodes seen (a node made or removed after its device).
+            watched = [self.sysfs.bus_folder("usb"), self.sysfs.bus_folder("pci")]
+            watched.append(self.sysfs.dev_root)
+            for base in self._known.values():
+                if base.order[1] == -2:
+                    watched += [Path(n.host_path).parent for n in base.nodes]
+            for place in watched:
+                interest.setdefault(_existing(place), set()).add("*")
         return interest
 
     def _relevant(self, folder: Path, name: str) -> bool:
@@ -188,24 +274,77 @@ class HostDevicePlugin(Plugin):
         watcher = DirWatcher(on_event)
         events = asyncio.create_task(watcher.run(), name=f"watch {self.resource_name}")
         events.add_done_callback(lambda _: dirty.set())
+        helpers: list[asyncio.Task[None]] = []
+        udev = None
+        if self.uses_sysfs and self.sysfs.is_real:
+            from devplug.sources.sysfs.udev import UdevEvents  # pyudev: only for real /sys
+
+            udev = UdevEvents.start(dirty.set)
         try:
             # Watch first, then look: a change after the look is an event.
             if not self._rewatch(watcher):
                 dirty.set()
+            if self.spec.health is not None:
+                from devplug.sources.health import check_round, run_checks
+
+                # Checked before the first list: no pod gets a device that fails them.
+                self.discover()
+                await check_round(self, self.spec.health)
+                helpers.append(asyncio.create_task(run_checks(self, self.spec.health, dirty.set)))
+                helpers[-1].add_done_callback(lambda _: dirty.set())
             self._publish_now()
             while True:
                 await dirty.wait()
                 if events.done():
                     events.result()
                     raise RuntimeError(f"{self.resource_name}: the folder watcher stopped")
+                for helper in helpers:
+                    if helper.done():
+                        helper.result()
+                        raise RuntimeError(f"{self.resource_name}: the health checks stopped")
                 dirty.clear()
+                before = watcher.folders
                 if not self._rewatch(watcher):
                     dirty.set()
                 self._publish_now()
+                if self._rewatch(watcher) and watcher.folders != before:
+                    dirty.set()  # folders of new nodes: look once more, now watched
         finally:
             events.cancel()
-            await asyncio.gather(events, return_exceptions=True)
+            for helper in helpers:
+                helper.cancel()
+            await asyncio.gather(events, *helpers, return_exceptions=True)
             watcher.close()
+            if udev is not None:
+                udev.close()
+
+    def set_checks(self, verdicts: Mapping[str, bool]) -> bool:
+        """Record health-check verdicts by device; True when one changed."""
+        changed = any(self._checks_ok.get(k, True) != v for k, v in verdicts.items())
+        self._checks_ok.update(verdicts)
+        return changed
+
+    # -- hooks ----------------------------------------------------------------------
+
+    async def allocate(self, devices: Sequence[Device]) -> ContainerEdits:
+        edits = await super().allocate(devices)
+        return apply_mode(edits, devices, self.cdi_kind, self.cdi_mode)
+
+    async def preferred(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> Sequence[str]:
+        paths = {b.id: b.pci_path for b in self._known.values()}
+        return pick(self.spec.preferred, available, must_include, size, paths)
+
+    def node_labels(self) -> Mapping[str, str]:
+        return device_labels(self.resource_name, self.devices.values())
+
+
+def _existing(folder: Path) -> Path:
+    """`folder`, or its nearest existing ancestor (watched until it appears)."""
+    while not folder.is_dir() and folder.parent != folder:
+        folder = folder.parent
+    return folder
 
 
 def _node(host_path: str, container_path: str, permissions: str) -> DeviceNode:

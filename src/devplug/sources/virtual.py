@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from devplug.framework.device import Device
 from devplug.framework.plugin import Plugin
+from devplug.outputs.nfd import device_labels
 from devplug.sources.config import ResourceSpec, ids_env_name, replica_ids, virtual_device_id
 
 
@@ -29,3 +32,6 @@ class VirtualPlugin(Plugin):
 
     async def scan(self) -> None:
         self.publish(self.discover())
+
+    def node_labels(self) -> Mapping[str, str]:
+        return device_labels(self.resource_name, self.devices.values())

@@ -28,9 +28,11 @@ if TYPE_CHECKING:
         pod_manifest,
     )
     from devplug.testing.process import ChildProcess
+    from devplug.testing.sysfs import FakeSysfs
 
 _EXPORTS = {
     "ChildProcess": "devplug.testing.process",
+    "FakeSysfs": "devplug.testing.sysfs",
     "KubeletHarness": "devplug.testing.harness",
     "PluginExited": "devplug.testing.harness",
     "PluginProcess": "devplug.testing.harness",
@@ -40,6 +42,7 @@ _EXPORTS = {
 
 __all__ = [
     "ChildProcess",
+    "FakeSysfs",
     "KubeletHarness",
     "PluginExited",
     "PluginProcess",

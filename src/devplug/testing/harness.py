@@ -591,9 +591,9 @@ class KubeletHarness:
             path = Path(config)
         resources: list[str] = []
         if wait:
-            from devplug.sources import load_config
+            from devplug.sources import load_config, resource_names
 
-            resources = [r.name for r in load_config(path).resources]
+            resources = resource_names(load_config(path))
         command = [
             sys.executable,
             "-m",

@@ -1,0 +1,98 @@
+"""The node-feature-discovery feature file: node labels from every plugin.
+
+NFD's local source reads `name=value` lines from files in its `features.d` folder and
+turns them into node labels, so a pod can ask for a node with a given device model
+through nodeAffinity. The file is replaced atomically on every change of a device list
+and removed on shutdown, so a node that stops serving stops advertising.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from devplug.framework.device import Device
+from devplug.framework.plugin import Plugin
+from devplug.framework.preferred import physical_id
+from devplug.outputs.files import remove_quietly, write_atomic
+from devplug.outputs.follow import follow
+
+if TYPE_CHECKING:
+    from devplug.framework.daemon import Daemon
+
+log = logging.getLogger("devplug.outputs.nfd")
+
+DEFAULT_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/devplug"
+MAX_LABEL_VALUE = 63
+_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def label_value(text: str) -> str:
+    """`text` as a valid label value: other characters become '-', at most 63, starting
+    and ending with a letter or digit ('Alveo U280 ' -> 'Alveo-U280')."""
+    value = _VALUE_UNSAFE.sub("-", text)[:MAX_LABEL_VALUE]
+    return value.strip("-_.")
+
+
+def device_labels(resource_name: str, devices: Iterable[Device]) -> dict[str, str]:
+    """The labels of one resource from its devices' attributes: `<resource>.count`
+    (healthy physical devices; replicas of one device count once), `.model` and
+    `.vendor` (distinct values joined by '.'), `.numa-nodes` (joined by '_')."""
+    devices = list(devices)
+    healthy = {physical_id(d.id) for d in devices if d.healthy}
+    labels = {f"{resource_name}.count": str(len(healthy))}
+    for key in ("model", "vendor"):
+        values = sorted(
+            {label_value(str(d.attributes[key])) for d in devices if key in d.attributes}
+        )
+        if values and (joined := label_value(".".join(v for v in values if v))):
+            labels[f"{resource_name}.{key}"] = joined
+    numa = sorted({n for d in devices for n in d.numa_nodes})
+    if numa:
+        labels[f"{resource_name}.numa-nodes"] = label_value("_".join(map(str, numa)))
+    return labels
+
+
+def feature_text(plugins: Sequence[Plugin]) -> str:
+    """The feature file's content: every plugin's `node_labels()`, sorted by name."""
+    labels: dict[str, str] = {}
+    for plugin in plugins:
+        labels.update(plugin.node_labels())
+    return "".join(f"{name}={value}\n" for name, value in sorted(labels.items()))
+
+
+def parse_features(text: str) -> Mapping[str, str]:
+    """The labels of a feature file (the reading side, for `check` and tests)."""
+    labels: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            labels[name.strip()] = value.strip()
+    return labels
+
+
+class FeatureFile:
+    """A daemon service keeping the feature file at `path` in step with the plugins."""
+
+    def __init__(self, path: Path | str = DEFAULT_FEATURE_FILE) -> None:
+        self.path = Path(path)
+
+    async def run(self, daemon: Daemon) -> None:
+        plugins = daemon.plugins
+
+        def update() -> None:
+            # A file that cannot be written is logged, not fatal: the devices are still
+            # served, and the next change tries again.
+            try:
+                if write_atomic(self.path, feature_text(plugins)):
+                    log.info("node features written to %s", self.path)
+            except OSError as e:
+                log.warning("cannot write node features to %s: %s", self.path, e)
+
+        try:
+            await follow(plugins, update)
+        finally:
+            remove_quietly(self.path)
