@@ -277,3 +277,43 @@ def test_scheduler_allocates_and_the_node_plugin_prepares(
                 daemon.stop()
 
     asyncio.run(scenario())
+
+
+def test_deploy_rbac_and_device_classes_on_the_api_server(api: Any) -> None:
+    """The component's RBAC grants the service account what the driver does and no
+    more; its DeviceClasses (CEL included) are accepted by the API server."""
+    import yaml
+    from kubernetes import client, utils
+
+    component = ROOT / "deploy" / "dra" / "component"
+    for name in ("rbac.yaml", "deviceclasses.yaml"):
+        utils.create_from_yaml(
+            api, yaml_objects=list(yaml.safe_load_all((component / name).read_text()))
+        )
+    authz = client.AuthorizationV1Api(api)
+    user = "system:serviceaccount:devplug-system:devplug"
+
+    def allowed(group: str, resource: str, verb: str) -> bool:
+        review = authz.create_subject_access_review(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": user,
+                    "resourceAttributes": {"group": group, "resource": resource, "verb": verb},
+                },
+            }
+        )
+        return bool(review.status.allowed)
+
+    for verb in ("list", "create", "update", "delete"):
+        assert allowed("resource.k8s.io", "resourceslices", verb), verb
+    assert allowed("resource.k8s.io", "resourceclaims", "get")
+    assert allowed("", "nodes", "get")
+    assert not allowed("resource.k8s.io", "resourceclaims", "update")
+    assert not allowed("", "pods", "list")
+    assert not allowed("", "secrets", "get")
+    classes = client.ResourceV1Api(api).list_device_class().items
+    assert {"fpga.devplug.io", "u280.fpga.devplug.io", "gpu-40gib.devplug.io"} <= {
+        c.metadata.name for c in classes
+    }
