@@ -5,6 +5,7 @@ prepare with per-claim CDI specs, idempotence, unprepare, restarts, health, bad 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import grpc
@@ -28,7 +29,8 @@ from tests.dra_helpers import (
     claim_pod,
     serve_command,
 )
-from tests.sim_helpers import run
+from tests.hw_helpers import validate_cdi
+from tests.sim_helpers import cli_command, run
 
 MODELS = {"acc0": "u250", "acc1": "u280"}
 CDI_KIND = f"{DRIVER}/claim"
@@ -69,6 +71,7 @@ def test_pod_with_a_claim_gets_the_cdi_device_of_its_allocation(dirs: NodeDirs) 
                 assert result.admitted, result.message
                 assert result.containers[0].options.cdi_devices == [f"{CDI_KIND}=uid-1-acc1"]
                 spec = json.loads((dirs.cdi / f"{DRIVER}-uid-1.json").read_text())
+                validate_cdi(spec)
                 assert spec["kind"] == CDI_KIND
                 [device] = spec["devices"]
                 assert device["name"] == "uid-1-acc1"
@@ -168,3 +171,43 @@ def test_health_stream_reports_a_device_that_went_away(dirs: NodeDirs) -> None:
                 daemon.stop()
 
     run(scenario())
+
+
+def test_kubelet_command_prepares_claims_from_a_folder(dirs: NodeDirs) -> None:
+    config = accelerator_config(dirs, MODELS)
+    write_claim(dirs, "claim-u250", "uid-3", ["acc0"])
+    pods = dirs.root / "pods.yaml"
+    pods.write_text(yaml.safe_dump(claim_pod("p3", "claim-u250")))
+    daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+    kubelet = subprocess.Popen(
+        cli_command(
+            "kubelet",
+            "--plugin-dir",
+            str(dirs.plugin_dir),
+            "--state-dir",
+            str(dirs.state_dir),
+            "--registry-dir",
+            str(dirs.registry),
+            "--claims-dir",
+            str(dirs.claims),
+            "--wait-for",
+            DRIVER,
+            "--pods",
+            str(pods),
+            "--output",
+            "json",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert kubelet.stdout is not None
+        lines = iter(kubelet.stdout.readline, "")
+        result = json.loads(next(line for line in lines if line.startswith("{")))
+        assert result["admitted"], result
+        assert result["options"]["cdi_devices"] == [f"{CDI_KIND}=uid-3-acc0"]
+    finally:
+        kubelet.terminate()
+        kubelet.wait(timeout=15)
+        daemon.stop()
