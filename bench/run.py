@@ -265,6 +265,9 @@ def main() -> int:
         from sysfs import bench_sysfs  # bench/sysfs.py
 
         report["sysfs_hotplug"] = bench_sysfs(root)
+        from dra import bench_dra  # bench/dra.py
+
+        report["dra"] = bench_dra(root)
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)

@@ -20,7 +20,7 @@ from devplug.framework.dra.claims import ApiClaims
 from devplug.framework.dra.kube import api_client
 from devplug.simulator import Kubelet
 from devplug.simulator.apipods import ApiPodFollower
-from devplug.testing.controlplane import ControlPlane, how_to_provide
+from devplug.testing.controlplane import ControlPlane, how_to_provide, watch_until
 from tests.dra_helpers import (
     DRIVER,
     NODE,
@@ -65,33 +65,6 @@ def node(api: Any) -> str:
     core.patch_node_status(NODE, {"status": {"capacity": capacity, "allocatable": capacity}})
     core.patch_node(NODE, {"spec": {"taints": None}})
     return NODE
-
-
-def watch_until(
-    api: Any, list_call: Callable[..., Any], predicate: Callable[[dict[str, Any]], bool], **kw: Any
-) -> dict[str, Any]:
-    """The first object of a list + watch that `predicate` accepts (as a JSON dict)."""
-    import time
-
-    from kubernetes import watch
-    from kubernetes.client.exceptions import ApiException
-
-    deadline = time.monotonic() + WAIT_S
-    while (left := int(deadline - time.monotonic())) > 0:
-        watcher = watch.Watch()
-        try:
-            # From resource version "0": whatever the watch cache has, at once.
-            stream = watcher.stream(list_call, timeout_seconds=left, resource_version="0", **kw)
-            for event in stream:
-                obj: dict[str, Any] = api.sanitize_for_serialization(event["object"])
-                if event["type"] != "DELETED" and predicate(obj):
-                    watcher.stop()
-                    return obj
-        except ApiException as error:
-            # The watch cache behind the newest resource version (old etcd): watch anew.
-            if error.status not in (410, 504):
-                raise
-    raise TimeoutError(f"no object matched within {WAIT_S} s")
 
 
 def slice_devices(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:

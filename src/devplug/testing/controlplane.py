@@ -20,7 +20,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 BINARIES = ("kube-apiserver", "kube-scheduler")
 ENV_DIR = "DEVPLUG_K8S_DIR"
@@ -115,3 +117,40 @@ class ControlPlane:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def watch_until(
+    api: Any,
+    list_call: Callable[..., Any],
+    predicate: Callable[[dict[str, Any]], bool],
+    timeout: float = 30.0,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """The first object of a watch (`list_call` of a `kubernetes` API, e.g.
+    `ResourceV1Api(api).list_resource_slice`) that `predicate` accepts, as its JSON
+    form; TimeoutError after `timeout` seconds. Blocking: run it in a thread from a loop.
+
+    The watch starts from resource version "0" (the apiserver's watch cache as it is,
+    current objects first), and starts again when the cache answers that it is
+    behind, which an etcd without progress notifications makes it say.
+    """
+    import time
+
+    from kubernetes import watch
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = time.monotonic() + timeout
+    while (left := int(deadline - time.monotonic())) > 0:
+        watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+        try:
+            for event in watcher.stream(
+                list_call, timeout_seconds=left, resource_version="0", **kwargs
+            ):
+                obj: dict[str, Any] = api.sanitize_for_serialization(event["object"])
+                if event["type"] != "DELETED" and predicate(obj):
+                    watcher.stop()
+                    return obj
+        except ApiException as error:
+            if error.status not in (410, 504):
+                raise
+    raise TimeoutError(f"no object matched within {timeout:g} s")
