@@ -259,10 +259,9 @@ def test_deploy_rbac_and_device_classes_on_the_api_server(api: Any) -> None:
     from kubernetes import client, utils
 
     component = ROOT / "deploy" / "dra" / "component"
-    for name in ("rbac.yaml", "deviceclasses.yaml"):
-        utils.create_from_yaml(
-            api, yaml_objects=list(yaml.safe_load_all((component / name).read_text()))
-        )
+    for name, dry_run in (("rbac.yaml", None), ("deviceclasses.yaml", "All")):
+        objects = list(yaml.safe_load_all((component / name).read_text()))
+        utils.create_from_yaml(api, yaml_objects=objects, dry_run=dry_run)
     authz = client.AuthorizationV1Api(api)
     user = "system:serviceaccount:devplug-system:devplug"
 
@@ -286,7 +285,27 @@ def test_deploy_rbac_and_device_classes_on_the_api_server(api: Any) -> None:
     assert not allowed("resource.k8s.io", "resourceclaims", "update")
     assert not allowed("", "pods", "list")
     assert not allowed("", "secrets", "get")
-    classes = client.ResourceV1Api(api).list_device_class().items
-    assert {"fpga.devplug.io", "u280.fpga.devplug.io", "gpu-40gib.devplug.io"} <= {
-        c.metadata.name for c in classes
+
+
+def test_doc_examples_are_accepted_by_the_api_server(api: Any, namespace: str) -> None:
+    """The DeviceClasses, claims, templates and pods of docs/dra.md pass the API
+    server's validation (CEL compiled), in a dry run."""
+    from kubernetes import client
+
+    from tests.test_dra_docs import manifests
+
+    resource, core = client.ResourceV1Api(api), client.CoreV1Api(api)
+    create = {
+        "DeviceClass": lambda body: resource.create_device_class(body, dry_run="All"),
+        "ResourceClaim": lambda body: resource.create_namespaced_resource_claim(
+            namespace, body, dry_run="All"
+        ),
+        "ResourceClaimTemplate": lambda body: resource.create_namespaced_resource_claim_template(
+            namespace, body, dry_run="All"
+        ),
+        "Pod": lambda body: core.create_namespaced_pod(namespace, body, dry_run="All"),
     }
+    objects = manifests()
+    assert {o["kind"] for o in objects} == set(create)
+    for body in objects:
+        create[body["kind"]](body)
