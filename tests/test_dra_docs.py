@@ -48,7 +48,9 @@ def test_manifests_ask_for_a_u280_and_a_40gib_gpu() -> None:
 
 def test_readme_dra_example_is_valid() -> None:
     text = (ROOT / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "mode: both" in b]
+    [block] = [
+        b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "driver: fpga.example.com" in b
+    ]
     config = parse_config(block, "README.md")
     assert [(r.mode, r.dra and r.dra.driver) for r in config.resources] == [
         ("both", "fpga.example.com")
