@@ -203,6 +203,17 @@ def test_scheduler_allocates_and_the_node_plugin_prepares(
                 allocated = resource.read_namespaced_resource_claim("claim-u280", namespace)
                 [result] = allocated.status.allocation.devices.results
                 assert (result.driver, result.pool, result.device) == (DRIVER, NODE, "acc1")
+                spec_file = dirs.cdi / f"{DRIVER}-{claim.metadata.uid}.json"
+                assert spec_file.exists()
+
+                # The pod deleted from the API server: the node unprepares its claim.
+                core.delete_namespaced_pod("pod-u280", namespace, grace_period_seconds=0)
+                await kubelet.wait_for(
+                    lambda: kubelet.pod("pod-u280", namespace) is None,
+                    timeout=WAIT_S,
+                    what="pod-u280 deleted",
+                )
+                assert not spec_file.exists()
 
                 # A claim no device meets: Pending, with the scheduler's reason.
                 resource.create_namespaced_resource_claim(
