@@ -161,3 +161,21 @@ def test_serve_in_dra_mode_refuses_an_unusable_kubeconfig(short_tmp: Path) -> No
     assert result.returncode == 2
     assert result.stderr.startswith("devplug serve: DRA: ")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_split_resource_names_no_single_driver() -> None:
+    text = yaml.safe_dump(
+        {
+            "resources": [
+                {
+                    "name": "example.com/fpga",
+                    "mode": "dra",
+                    "dra": {"driver": "fpga.example.com"},
+                    "split": {"by": "productID", "models": {"0x500c": "u280"}},
+                    "groups": [{"pci": {"vendor": "0x10ee"}}],
+                }
+            ]
+        }
+    )
+    with pytest.raises(ConfigError, match=r"resources\[0\]\.dra\.driver: not allowed with 'split'"):
+        parse_config(text, "c.yaml")

@@ -35,10 +35,11 @@ def run(args: argparse.Namespace) -> int:
     from devplug.sources import ConfigError, build_plugins, load_config
 
     try:
-        config = load_config(args.config)
-        plugins = build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
+        plugins = build_plugins(
+            load_config(args.config), sysfs_root=args.sysfs_root, dev_root=args.dev_root
+        )
         report = [_resource_report(p) for p in plugins]
-        _add_dra_reports(args, config, plugins, report)
+        _add_dra_reports(args, plugins, report)
     except (ConfigError, ValueError) as e:
         problem = str(e) if isinstance(e, ConfigError) else f"{args.config}: {e}"
         print(problem, file=sys.stderr)
@@ -78,16 +79,14 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
 
 
 def _add_dra_reports(
-    args: argparse.Namespace,
-    config: Any,
-    plugins: list[SourcePlugin],
-    report: list[dict[str, Any]],
+    args: argparse.Namespace, plugins: list[SourcePlugin], report: list[dict[str, Any]]
 ) -> None:
     """The mode of each resource and, for those served through DRA, the ResourceSlices
     the daemon would publish for this node now."""
     from devplug.sources.draconfig import driver_name, serves_dra
 
-    for spec, plugin, entry in zip(config.resources, plugins, report, strict=True):
+    for plugin, entry in zip(plugins, report, strict=True):
+        spec = plugin.spec
         entry["mode"] = spec.mode
         if not serves_dra(spec.mode):
             continue

@@ -105,12 +105,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     from devplug.sources.draconfig import serves_device_plugin, serves_dra
 
-    modes = [spec.mode for spec in config.resources]
-    device_plugins = [p for p, m in zip(plugins, modes, strict=True) if serves_device_plugin(m)]
+    device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
     services = list(services)
-    if any(map(serves_dra, modes)):
+    if any(serves_dra(p.spec.mode) for p in plugins):
         try:
-            services.append(_dra_service(args, config, plugins))
+            services.append(_dra_service(args, plugins))
         except Exception as e:
             print(f"devplug serve: DRA: {e}", file=sys.stderr)
             return EXIT_INVALID
@@ -128,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _dra_service(args: argparse.Namespace, config: Any, plugins: Sequence[Any]) -> Any:
+def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
     """The DRA service of the resources with mode dra or both (imports the
     Kubernetes client, which needs the ssl module `devplug serve` leaves out)."""
     from pathlib import Path
@@ -142,12 +141,12 @@ def _dra_service(args: argparse.Namespace, config: Any, plugins: Sequence[Any]) 
     drivers = [
         Driver(
             plugin,
-            driver_name(spec.name, spec.dra),
-            spec.dra.attributes if spec.dra else {},
-            spec.dra.attribute_names if spec.dra else {},
+            driver_name(plugin.spec.name, plugin.spec.dra),
+            plugin.spec.dra.attributes if plugin.spec.dra else {},
+            plugin.spec.dra.attribute_names if plugin.spec.dra else {},
         )
-        for spec, plugin in zip(config.resources, plugins, strict=True)
-        if serves_dra(spec.mode)
+        for plugin in plugins
+        if serves_dra(plugin.spec.mode)
     ]
     settings = DraSettings(
         node_name=node_name(args),

@@ -241,6 +241,12 @@ def _check(config: Config, source: str) -> None:
         if resource.dra is not None:
             check_dra(resource.dra, f"{at}.dra", fail)
         if serves_dra(resource.mode):
+            if resource.split is not None and resource.dra and resource.dra.driver:
+                fail(
+                    f"{at}.dra.driver",
+                    "not allowed with 'split': each model's pool is a driver of its own, "
+                    "named after its resource ('<resource>-<model>')",
+                )
             driver = driver_name(resource.name, resource.dra)
             if driver in drivers:
                 fail(f"{at}.dra.driver", f"driver {driver!r} already serves {drivers[driver]}")
