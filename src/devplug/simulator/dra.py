@@ -32,6 +32,8 @@ from devplug.api.dra.v1 import api_pb2 as v1
 from devplug.api.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from devplug.api.drahealth.v1beta1 import api_pb2 as health
+from devplug.api.drahealth.v1beta1 import api_pb2_grpc as health_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.framework.channel import unix_channel
@@ -55,6 +57,7 @@ _VERSIONS: dict[str, tuple[Any, Any]] = {
 DRIVER_REGISTERED = "dra_driver_registered"
 DRIVER_REFUSED = "dra_driver_refused"
 DRIVER_REMOVED = "dra_driver_removed"
+DEVICE_HEALTH = "dra_device_health"
 
 
 class PrepareError(Exception):
@@ -69,6 +72,7 @@ class RegisteredDriver:
     socket: Path  # the registration socket it came from
     channel: grpc.aio.Channel
     stub: Any
+    health_task: asyncio.Task[None] | None = None
 
 
 class PreparedClaimState(msgspec.Struct):
@@ -137,6 +141,9 @@ class DraManager:
         self.state_path = Path(state_dir) / STATE_FILE
         self.claims = claims
         self.drivers: dict[str, RegisteredDriver] = {}
+        # (driver, pool, device) -> "Healthy" / "Unhealthy" / "Unknown", from the
+        # drivers' health streams (NodeWatchResources), where they offer one.
+        self.device_health: dict[tuple[str, str, str], str] = {}
         self._on_event = on_event or (lambda kind, driver, detail: None)
         self._watcher: DirWatcher | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -187,6 +194,7 @@ class DraManager:
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
         for driver in self.drivers.values():
+            _cancel(driver)
             await driver.channel.close()
         self.drivers.clear()
 
@@ -210,6 +218,7 @@ class DraManager:
     def _deregister(self, driver: RegisteredDriver) -> None:
         if self.drivers.get(driver.name) is driver:
             del self.drivers[driver.name]
+            _cancel(driver)
             log.info("DRA driver %s deregistered (%s removed)", driver.name, driver.socket)
             self._on_event(DRIVER_REMOVED, driver.name, str(driver.socket))
             task = asyncio.create_task(driver.channel.close())
@@ -237,8 +246,9 @@ class DraManager:
                 service_channel = unix_channel(endpoint)
                 old = self.drivers.get(info.name)
                 if old is not None:
+                    _cancel(old)
                     await old.channel.close()
-                self.drivers[info.name] = RegisteredDriver(
+                driver = RegisteredDriver(
                     info.name,
                     endpoint,
                     version,
@@ -246,6 +256,10 @@ class DraManager:
                     service_channel,
                     pb_grpc.DRAPluginStub(service_channel),
                 )
+                driver.health_task = asyncio.create_task(
+                    self._watch_health(driver), name=f"health {info.name}"
+                )
+                self.drivers[info.name] = driver
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await stub.NotifyRegistrationStatus(
                     reg.RegistrationStatus(plugin_registered=problem is None, error=problem or ""),
@@ -257,6 +271,23 @@ class DraManager:
         else:
             log.warning("DRA driver %s refused: %s", info.name, problem)
             self._on_event(DRIVER_REFUSED, info.name, problem)
+
+    async def _watch_health(self, driver: RegisteredDriver) -> None:
+        """Follow the driver's device health stream while it is registered; a driver
+        without the service (UNIMPLEMENTED) is simply not watched, as the kubelet does."""
+        stub = health_grpc.DRAResourceHealthStub(driver.channel)
+        names = {health.HEALTHY: "Healthy", health.UNHEALTHY: "Unhealthy"}
+        try:
+            async for message in stub.NodeWatchResources(health.NodeWatchResourcesRequest()):
+                for item in message.devices:
+                    key = (driver.name, item.device.pool_name, item.device.device_name)
+                    state = names.get(item.health, "Unknown")
+                    if self.device_health.get(key) != state:
+                        self.device_health[key] = state
+                        self._on_event(DEVICE_HEALTH, driver.name, f"{key[1]}/{key[2]}: {state}")
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.CANCELLED:
+                log.info("%s: no device health stream: %s", driver.name, error.code().name)
 
     @staticmethod
     def _info_problem(info: reg.PluginInfo) -> str | None:
@@ -388,3 +419,8 @@ class DraManager:
 
     def prepared_claims(self) -> list[PreparedClaimState]:
         return list(self._state.claims.values())
+
+
+def _cancel(driver: RegisteredDriver) -> None:
+    if driver.health_task is not None:
+        driver.health_task.cancel()
