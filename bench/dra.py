@@ -50,7 +50,7 @@ def bench_dra(root: Path) -> dict[str, Any]:
 
 def _bench(root: Path, kubeconfig: str) -> dict[str, Any]:
     from kubernetes import client
-    from run import percentiles  # bench/run.py
+    from run import percentiles, rss_mib  # bench/run.py
 
     from devplug.framework.dra.kube import api_client
 
@@ -108,6 +108,7 @@ def _bench(root: Path, kubeconfig: str) -> dict[str, Any]:
     try:
         watch_until(api, resource.list_resource_slice, has(DEVICES), timeout=60)
         report["start_to_slices_published_ms"] = round((time.monotonic() - started) * 1000, 1)
+        report["rss_mib"] = rss_mib(proc.pid)
 
         namespace = f"bench-{uuid.uuid4().hex[:6]}"
         core.create_namespace({"metadata": {"name": namespace}})

@@ -79,6 +79,7 @@ def check_rendered(objects: list[dict[str, Any]]) -> None:
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True
     [container] = [c for c in pod["containers"] if c["name"] == "devplug"]
+    assert container["resources"]["limits"]["memory"] == "256Mi"
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
