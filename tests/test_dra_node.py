@@ -219,3 +219,49 @@ def test_kubelet_command_prepares_claims_from_a_folder(dirs: NodeDirs) -> None:
         kubelet.terminate()
         kubelet.wait(timeout=15)
         daemon.stop()
+
+
+def test_claims_that_cannot_be_prepared_get_an_error_each(dirs: NodeDirs) -> None:
+    config = accelerator_config(dirs, MODELS)
+    write_claim(dirs, "claim-ok", "uid-ok", ["acc0"])
+    pending = allocated_claim("claim-pending", "uid-p", [])
+    del pending["status"]
+    (dirs.claims / "claim-pending.yaml").write_text(yaml.safe_dump(pending))
+
+    async def scenario() -> None:
+        async with kubelet_for(dirs) as kubelet:
+            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+            try:
+                await kubelet.wait_for_registration(DRIVER)
+                async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:
+                    stub = dragrpc.DRAPluginStub(channel)
+                    claims = [
+                        drapb.Claim(namespace="default", uid="uid-other", name="claim-ok"),
+                        drapb.Claim(namespace="default", uid="uid-p", name="claim-pending"),
+                        drapb.Claim(namespace="default", uid="uid-m", name="claim-missing"),
+                        drapb.Claim(namespace="default", uid="uid-ok", name="claim-ok"),
+                    ]
+                    answer = await stub.NodePrepareResources(
+                        drapb.NodePrepareResourcesRequest(claims=claims), timeout=10
+                    )
+                    errors = {uid: entry.error for uid, entry in answer.claims.items()}
+                    assert errors["uid-other"] == (
+                        "ResourceClaim default/claim-ok has UID uid-ok, not uid-other"
+                    )
+                    assert errors["uid-p"] == "ResourceClaim default/claim-pending is not allocated"
+                    assert "claim-missing not found" in errors["uid-m"]
+                    assert errors["uid-ok"] == ""
+                    assert [d.device_name for d in answer.claims["uid-ok"].devices] == ["acc0"]
+                    # Unprepare of a claim never prepared succeeds (a restart in between).
+                    undone = await stub.NodeUnprepareResources(
+                        drapb.NodeUnprepareResourcesRequest(claims=claims[2:]), timeout=10
+                    )
+                    assert {u: e.error for u, e in undone.claims.items()} == {
+                        "uid-m": "",
+                        "uid-ok": "",
+                    }
+                    assert not (dirs.cdi / f"{DRIVER}-uid-ok.json").exists()
+            finally:
+                daemon.stop()
+
+    run(scenario())

@@ -93,7 +93,7 @@ class Preparer:
     async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
         async with self._lock:
             done = self.prepared.get(claim.uid)
-            if done is not None and self.spec_path(claim.uid).exists():
+            if done is not None and (not done.devices or self.spec_path(claim.uid).exists()):
                 return done.devices
             obj = await asyncio.to_thread(self.claims.get, claim)
             results = allocated_devices(claim, obj, self.driver.name, self.pool)
@@ -114,7 +114,7 @@ class Preparer:
                 raise
             except Exception as error:
                 raise ClaimError(f"preparing failed: {error}") from error
-            devices = self._write_spec(claim, chosen, requests, edits)
+            devices = self._write_spec(claim, chosen, requests, edits) if chosen else []
             self.prepared[claim.uid] = PreparedClaim(claim.namespace, claim.name, devices)
             self._save()
             log.info(
