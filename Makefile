@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench clean
+.PHONY: demo test lint proto bench clean image image-deps
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/devplug demo
 
-test: lint
+test: lint image-deps
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -29,8 +29,26 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python tools/genproto.py
 
-bench: $(STAMP)
+bench: $(STAMP) image
 	@$(BIN)/python bench/run.py
 
+# The container image (Dockerfile) as an OCI archive, built with buildah from a Debian
+# base made by mmdebstrap: no docker engine, no registry. Debian packages are installed
+# only when missing (podman and containerd: the image test loads the archive into both).
+IMAGE_TOOLS := buildah mmdebstrap umoci podman containerd
+image-deps:
+	@missing=$$(for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing" >&2; \
+		apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >&2; \
+	fi
+
+IMAGE_INPUTS := Dockerfile .dockerignore tools/image.sh pyproject.toml README.md \
+	$(shell find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc')
+build/devplug-image.tar: $(IMAGE_INPUTS) | image-deps $(STAMP)
+	@tools/image.sh
+
+image: build/devplug-image.tar
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .envtest
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build .envtest

@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from deploy import bench_deploy  # bench/deploy.py, beside this script
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework.channel import FAST_RECONNECT
@@ -268,6 +269,7 @@ def main() -> int:
         from dra import bench_dra  # bench/dra.py
 
         report["dra"] = bench_dra(root)
+    report["deploy"] = bench_deploy()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)

@@ -38,3 +38,18 @@ def setup_logging(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Python's own messages on stderr (warnings, errors in __del__) as log lines too, so
+    # that a JSON log holds nothing but JSON lines.
+    logging.captureWarnings(True)
+    sys.unraisablehook = _log_unraisable
+
+
+def _log_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+    logging.getLogger("devplug").warning(
+        "%s: %s",
+        unraisable.err_msg or "Exception ignored",
+        unraisable.exc_value,
+        exc_info=(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)
+        if unraisable.exc_value is not None
+        else None,
+    )

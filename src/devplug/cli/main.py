@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kubelet-restart": ("kubelet_restart", "restart a kubelet simulator as a kubelet restarts"),
     "cluster": ("cluster", "place pods on N simulated nodes: scheduler fit, kubelet admission"),
     "demo": ("demo", "run the kubelet simulator with real plugins and sample pods, as a story"),
+    "status": ("status", "show a node's devices, their health and the pods holding them"),
 }
 
 EXIT_USAGE = 2
@@ -30,6 +31,8 @@ EXIT_USAGE = 2
 # Node daemons that talk over unix sockets only: they run without the ssl module,
 # which saves about 4 MiB of RSS on every node.
 WITHOUT_TLS = {"serve"}
+# ...unless an option loads a library that imports ssl (prometheus-client does).
+NEEDS_SSL_OPTIONS = {"--metrics-port"}
 
 
 def _command(argv: Sequence[str] | None) -> str | None:
@@ -52,11 +55,36 @@ def _add_global_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
 
 
+class _Version(argparse.Action):
+    """`--version`, reading the installed version only when asked (importlib.metadata
+    costs the daemon memory)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(
+            option_strings,
+            dest,
+            nargs=0,
+            default=argparse.SUPPRESS,
+            help=str(kwargs.get("help", "")),
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("devplug")
+        except PackageNotFoundError:
+            found = "unknown"
+        print(f"devplug {found}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="devplug", description="Kubernetes device plugins and a kubelet simulator."
     )
     _add_global_options(parser)
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         cmd = importlib.import_module(f"devplug.cli.{module}")
@@ -67,7 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if _command(argv) in WITHOUT_TLS:
+    # gRPC's core logs (absl) bypass Python logging and would break JSON logs; unless
+    # asked for, keep them to errors. Read when grpc loads, so before any import of it.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    words = sys.argv[1:] if argv is None else argv
+    if _command(argv) in WITHOUT_TLS and not any(
+        w.partition("=")[0] in NEEDS_SSL_OPTIONS for w in words
+    ):
         # Before any import of asyncio, which loads ssl when it can.
         sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
     args = build_parser().parse_args(argv)

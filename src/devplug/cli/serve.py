@@ -6,9 +6,14 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH
+
+if TYPE_CHECKING:
+    from devplug.framework.daemon import Service
+    from devplug.sources import Config, SourcePlugin
+    from devplug.sources.reload import BuildPlugins
 
 log = logging.getLogger("devplug.serve")
 
@@ -37,6 +42,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--feature-file",
         metavar="FILE",
         help="write node-feature-discovery labels to FILE (default: the config's nodeFeatures)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve /metrics, /healthz and /readyz on this port (off by default; 0: any)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default="",
+        metavar="ADDR",
+        help="the address to serve metrics on (default: all)",
+    )
+    parser.add_argument(
+        "--metrics-pod-resources",
+        metavar="SOCKET",
+        help="add devplug_pod_device_info (device -> pod, container) from the kubelet's "
+        "PodResources socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock",
     )
     add_dra_options(parser)
 
@@ -96,9 +119,12 @@ def run(args: argparse.Namespace) -> int:
     from devplug.sources import ConfigError, build_plugins, load_config, load_default_config
     from devplug.sources.services import build_services
 
+    def build(config: Config) -> list[SourcePlugin]:
+        return build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
+
     try:
         config = load_config(args.config) if args.config else load_default_config()
-        plugins = build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
+        plugins = build(config)
         services = build_services(config, plugins, feature_file=args.feature_file)
     except ConfigError as e:
         print(e, file=sys.stderr)
@@ -119,12 +145,37 @@ def run(args: argparse.Namespace) -> int:
         args.config or "the packaged default config",
         args.plugin_dir,
     )
+
+    def build_device_plugins(config: Config) -> list[SourcePlugin]:
+        # A reload swaps device plugins only; DRA drivers take changes at a restart.
+        return [p for p in build(config) if serves_device_plugin(p.spec.mode)]
+
+    services += reload_and_metrics(args, config, build_device_plugins)
     try:
         asyncio.run(serve(device_plugins, args.plugin_dir, services=services))
     except Exception:
         log.exception("stopped on a failure")
         return EXIT_FAILED
     return EXIT_OK
+
+
+def reload_and_metrics(
+    args: argparse.Namespace, config: Config, build: BuildPlugins
+) -> list[Service]:
+    """The config reloader (with --config; `build` as at start-up) and the metrics server
+    (with --metrics-port), each imported only when used."""
+    services: list[Service] = []
+    if args.config:
+        from devplug.sources.reload import ConfigReloader
+
+        services.append(ConfigReloader(args.config, config, build))
+    if args.metrics_port is not None:
+        from devplug.framework.metrics import MetricsServer
+
+        services.append(
+            MetricsServer(args.metrics_port, args.metrics_address, args.metrics_pod_resources)
+        )
+    return services
 
 
 def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:

@@ -45,6 +45,9 @@ class Daemon:
         self.endpoints = [Endpoint(p, self.plugin_dir) for p in plugins]
         self._watched = {KUBELET_SOCKET, *(p.socket_name for p in plugins)}
         self.services = list(services)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._plugin_tasks: dict[str, list[asyncio.Task[Any]]] = {}
+        self._tasks_changed = asyncio.Event()
 
     @property
     def plugins(self) -> list[Plugin]:
@@ -64,22 +67,27 @@ class Daemon:
         self.plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         self._watcher = DirWatcher(self._on_folder_event)
         self._watcher.watch(self.plugin_dir)
-        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(self._watcher.run(), name="dirwatch")]
+        tasks = self._tasks
+        tasks.add(asyncio.create_task(self._watcher.run(), name="dirwatch"))
         for endpoint in self.endpoints:
-            tasks.append(asyncio.create_task(_scan(endpoint.plugin), name=f"scan {endpoint.name}"))
-            tasks.append(asyncio.create_task(endpoint.run(), name=f"serve {endpoint.name}"))
+            self._start_endpoint(endpoint)
         for service in self.services:
-            tasks.append(asyncio.create_task(service.run(self), name=type(service).__name__))
+            tasks.add(asyncio.create_task(service.run(self), name=type(service).__name__))
         stopping = asyncio.create_task(stop.wait())
         try:
             while True:
+                self._tasks_changed.clear()
+                changed = asyncio.create_task(self._tasks_changed.wait())
                 done, _ = await asyncio.wait(
-                    {stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED
+                    {stopping, changed, *tasks}, return_when=asyncio.FIRST_COMPLETED
                 )
+                changed.cancel()
                 if stopping in done:
                     return
-                for task in done:
-                    tasks.remove(task)
+                for task in done - {changed}:
+                    if task not in tasks:
+                        continue  # a removed plugin's task, ended by remove()
+                    tasks.discard(task)
                     task.result()  # a failure stops the daemon; a finished scan is fine
         finally:
             stopping.cancel()
@@ -89,6 +97,39 @@ class Daemon:
             await asyncio.gather(*(e.stop() for e in self.endpoints))
             self._watcher.close()
             log.info("stopped")
+
+    def _start_endpoint(self, endpoint: Endpoint) -> None:
+        started = [
+            asyncio.create_task(_scan(endpoint.plugin), name=f"scan {endpoint.name}"),
+            asyncio.create_task(endpoint.run(), name=f"serve {endpoint.name}"),
+        ]
+        self._plugin_tasks[endpoint.name] = started
+        self._tasks.update(started)
+        self._tasks_changed.set()
+
+    def add(self, plugin: Plugin) -> None:
+        """Serve one more plugin while running (a config reload); it registers as soon
+        as its scan publishes."""
+        if plugin.resource_name in self._plugin_tasks:
+            raise ValueError(f"{plugin.resource_name} is served already")
+        endpoint = Endpoint(plugin, self.plugin_dir)
+        self.endpoints.append(endpoint)
+        self._watched.add(plugin.socket_name)
+        self._start_endpoint(endpoint)
+
+    async def remove(self, resource_name: str) -> None:
+        """Stop serving one plugin while running: its scan ends, its streams close and
+        its socket goes, which tells the kubelet the resource is gone. Others are not
+        touched."""
+        endpoint = next(e for e in self.endpoints if e.name == resource_name)
+        self.endpoints.remove(endpoint)
+        self._watched.discard(endpoint.plugin.socket_name)
+        tasks = self._plugin_tasks.pop(resource_name, [])
+        for task in tasks:
+            task.cancel()
+            self._tasks.discard(task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await endpoint.stop()
 
 
 async def _scan(plugin: Plugin) -> None:

@@ -32,8 +32,9 @@ Callback = Callable[[Path, str], None]
 
 
 class DirWatcher:
-    def __init__(self, callback: Callback) -> None:
+    def __init__(self, callback: Callback, mask: Mask = ENTRY_EVENTS) -> None:
         self._callback = callback
+        self._mask = mask
         self._inotify = Inotify()
         self._watches: dict[Path, Watch] = {}
 
@@ -46,7 +47,7 @@ class DirWatcher:
         if folder in self._watches:
             return True
         try:
-            self._watches[folder] = self._inotify.add_watch(folder, ENTRY_EVENTS)
+            self._watches[folder] = self._inotify.add_watch(folder, self._mask)
         except OSError:
             return False
         return True

@@ -17,6 +17,7 @@ import grpc
 from devplug.api.constants import KUBELET_SOCKET
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug.framework import observe
 from devplug.framework.plugin import Plugin
 from devplug.framework.registration import register
 from devplug.framework.servicer import DevicePluginServicer
@@ -45,6 +46,7 @@ class Endpoint:
         self._server: UnixServer | None = None
         self._servicer: DevicePluginServicer | None = None
         self._registered_to: SocketIdentity | None = None
+        self._last_kubelet: SocketIdentity | None = None  # the kubelet registered with last
         self._wake = asyncio.Event()
         self._retry_s = _RETRY_FIRST_S
         self._retry: asyncio.TimerHandle | None = None
@@ -63,14 +65,20 @@ class Endpoint:
     async def _reconcile(self) -> None:
         if self._server is None or not self._server.owns_path():
             if self._server is not None:
-                log.info("%s: socket %s is gone, serving again", self.name, self.socket_path)
+                observe.emit(
+                    observe.SOCKET_GONE,
+                    self.name,
+                    f"socket {self.socket_path} is gone, serving again",
+                )
             await self._serve()
             if self._server is None or not self._server.owns_path():
                 return  # wiped while starting: its deletion event brings us back here
         kubelet = socket_identity(self.kubelet_socket)
         if kubelet is None:
             if self._registered_to is not None:
-                log.info("%s: kubelet.sock is gone, waiting for the kubelet", self.name)
+                observe.emit(
+                    observe.KUBELET_GONE, self.name, "kubelet.sock is gone, waiting for the kubelet"
+                )
             self._registered_to = None
             return
         if kubelet == self._registered_to:
@@ -88,23 +96,33 @@ class Endpoint:
                 self.kubelet_socket, self.plugin.socket_name, self.plugin.resource_name, options
             )
         except grpc.aio.AioRpcError as error:
-            log.warning(
-                "%s: registration refused (%s): %s; retrying in %.1f s",
+            observe.emit(
+                observe.REGISTRATION_FAILED,
                 self.name,
-                error.code().name,
-                error.details(),
-                self._retry_s,
+                f"registration refused ({error.code().name}): {error.details()}; "
+                f"retrying in {self._retry_s:.1f} s",
+                logging.WARNING,
+                code=error.code().name,
+                retry_s=self._retry_s,
             )
             self._schedule_retry()
             return
         self._registered_to = kubelet
         self._retry_s = _RETRY_FIRST_S
-        log.info(
-            "%s: registered with the kubelet as %s in %.1f ms (%d devices)",
+        again = self._last_kubelet is not None
+        restart = again and self._last_kubelet != kubelet
+        self._last_kubelet = kubelet
+        ms = (time.monotonic() - started) * 1000
+        observe.emit(
+            observe.REGISTERED,
             self.name,
-            self.plugin.socket_name,
-            (time.monotonic() - started) * 1000,
-            len(self.plugin.devices),
+            f"{'re-registered' if again else 'registered'} with the "
+            f"{'restarted ' if restart else ''}kubelet as {self.plugin.socket_name} "
+            f"in {ms:.1f} ms ({len(self.plugin.devices)} devices)",
+            ms=round(ms, 3),
+            devices=len(self.plugin.devices),
+            again=again,
+            kubelet_restart=restart,
         )
 
     def _schedule_retry(self) -> None:
@@ -137,6 +155,16 @@ class Endpoint:
         if self._retry is not None:
             self._retry.cancel()
         await self._stop_server(grace=STOP_GRACE_S)
+
+    @property
+    def registered(self) -> bool:
+        """Registered with the kubelet whose socket is in the folder now."""
+        return self._registered_to is not None
+
+    @property
+    def streams(self) -> int:
+        """ListAndWatch streams open on the socket served now."""
+        return self._servicer.streams if self._servicer is not None else 0
 
     @property
     def name(self) -> str:

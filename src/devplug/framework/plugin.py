@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 
 import grpc
 
+from devplug.framework import observe
 from devplug.framework.device import ContainerEdits, Device, merge_edits
 from devplug.framework.names import resource_name_problem
 from devplug.framework.preferred import prefer_numa_local
@@ -80,6 +82,8 @@ class Plugin:
         self._published.set()
         if not first and list(table.items()) == list(self._devices.items()):
             return
+        if not first:
+            _tell_health_changes(self.resource_name, self._devices, table)
         self._devices = MappingProxyType(table)
         self._generation += 1
         changed, self._changed = self._changed, asyncio.Event()
@@ -146,6 +150,30 @@ class Plugin:
     @property
     def pre_start_required(self) -> bool:
         return type(self).pre_start is not Plugin.pre_start
+
+
+def _tell_health_changes(
+    resource: str, before: Mapping[str, Device], after: Mapping[str, Device]
+) -> None:
+    """One event for the devices whose health a publish changed (new devices count as
+    changed when they arrive unhealthy)."""
+    sick = [i for i, d in after.items() if not d.healthy and (i not in before or before[i].healthy)]
+    well = [i for i, d in after.items() if d.healthy and i in before and not before[i].healthy]
+    if not sick and not well:
+        return
+    parts = [
+        f"{state}: {observe.show_ids(ids)}"
+        for state, ids in (("unhealthy", sick), ("healthy", well))
+        if ids
+    ]
+    observe.emit(
+        observe.HEALTH_CHANGED,
+        resource,
+        "devices now " + "; ".join(parts),
+        logging.WARNING if sick else logging.INFO,
+        unhealthy=sick,
+        healthy=well,
+    )
 
 
 def default_socket_name(resource_name: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ import grpc
 from devplug.api.constants import HEALTHY, UNHEALTHY
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug.framework import observe
 from devplug.framework.device import ContainerEdits, Device
 from devplug.framework.plugin import AllocationError, Plugin
 
@@ -68,9 +70,7 @@ def resolve(plugin: Plugin, ids: Sequence[str], *, need_healthy: bool = True) ->
     return devices
 
 
-def _show(ids: Sequence[str], limit: int = 10) -> str:
-    shown = ", ".join(ids[:limit])
-    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+_show = observe.show_ids
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
@@ -79,6 +79,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self._closing = asyncio.Event()
         self._wire_generation = -1
         self._wire_list = pb.ListAndWatchResponse()
+        self.streams = 0  # ListAndWatch streams open now
 
     def close(self) -> None:
         """End every ListAndWatch stream cleanly (status OK) before the server stops."""
@@ -107,9 +108,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         context: grpc.aio.ServicerContext[pb.Empty, pb.ListAndWatchResponse],
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         generation = self.plugin.generation
-        yield self._current_list()
+        self.streams += 1
+        name = self.plugin.resource_name
+        observe.emit(observe.STREAM_OPENED, name, "ListAndWatch stream opened", logging.DEBUG)
         closing = asyncio.ensure_future(self._closing.wait())
         try:
+            yield self._current_list()
             while not self._closing.is_set():
                 changed = asyncio.ensure_future(self.plugin.wait_changed(generation))
                 await asyncio.wait({changed, closing}, return_when=asyncio.FIRST_COMPLETED)
@@ -120,6 +124,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 yield self._current_list()
         finally:
             closing.cancel()
+            self.streams -= 1
+            observe.emit(observe.STREAM_CLOSED, name, "ListAndWatch stream closed", logging.DEBUG)
 
     async def GetPreferredAllocation(
         self,
@@ -180,6 +186,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         context: grpc.aio.ServicerContext[pb.AllocateRequest, pb.AllocateResponse],
     ) -> pb.AllocateResponse:
         response = pb.AllocateResponse()
+        started = time.perf_counter()
         try:
             for index, creq in enumerate(request.container_requests):
                 ids = list(creq.devices_ids)
@@ -195,10 +202,23 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 edits = await self.plugin.allocate(devices)
                 response.container_responses.append(edits_to_wire(edits))
         except AllocationError as error:
-            await self._refuse(context, "Allocate", error)
+            await self._refuse(context, "Allocate", error, started)
         except Exception as error:  # a hook failed: the daemon keeps serving
             log.exception("%s: Allocate hook failed", self.plugin.resource_name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"allocate failed: {error}")
+            await self._refuse(
+                context,
+                "Allocate",
+                AllocationError(f"allocate failed: {error}", grpc.StatusCode.INTERNAL),
+                started,
+            )
+        containers = [list(c.devices_ids) for c in request.container_requests]
+        observe.emit(
+            observe.ALLOCATED,
+            self.plugin.resource_name,
+            "allocated " + "; ".join(_show(ids) or "nothing" for ids in containers),
+            containers=containers,
+            seconds=time.perf_counter() - started,
+        )
         return response
 
     async def PreStartContainer(
@@ -219,14 +239,19 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
     async def _refuse(
-        self, context: grpc.aio.ServicerContext[Any, Any], method: str, error: AllocationError
+        self,
+        context: grpc.aio.ServicerContext[Any, Any],
+        method: str,
+        error: AllocationError,
+        started: float | None = None,
     ) -> None:
-        log.warning(
-            "%s: %s refused (%s): %s",
+        observe.emit(
+            observe.REFUSED,
             self.plugin.resource_name,
-            method,
-            error.code.name,
-            error,
-            extra={"resource": self.plugin.resource_name, "method": method},
+            f"{method} refused ({error.code.name}): {error}",
+            logging.WARNING,
+            method=method,
+            code=error.code.name,
+            seconds=None if started is None else time.perf_counter() - started,
         )
         await context.abort(error.code, str(error))

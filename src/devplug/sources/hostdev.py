@@ -261,7 +261,7 @@ class HostDevicePlugin(Plugin):
             if before is None:
                 log.info("%s: device %s (%s), %s", self.resource_name, base_id, paths, state)
             else:
-                log.info("%s: device %s is now %s (%s)", self.resource_name, base_id, state, paths)
+                log.debug("%s: device %s is now %s (%s)", self.resource_name, base_id, state, paths)
         self.publish(devices)
 
     async def scan(self) -> None:

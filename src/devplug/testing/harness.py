@@ -558,6 +558,21 @@ class KubeletHarness:
         command = [sys.executable, "-m", module, *args]
         return self._start_program(command, module, wait_for, env, cwd, timeout)
 
+    def start_command(
+        self,
+        command: Sequence[str],
+        *,
+        name: str = "",
+        wait_for: str | Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: Path | str | None = None,
+        timeout: float | None = None,
+    ) -> PluginProcess:
+        """Run any command that serves plugins in this kubelet's folder (a plugin in a
+        container's root file system, a binary); otherwise as `start_script`."""
+        label = name or Path(command[0]).name
+        return self._start_program(list(command), label, wait_for, env, cwd, timeout)
+
     def _start_program(
         self,
         command: list[str],

@@ -1,0 +1,97 @@
+"""What a node pays for devplug as deployed: the image's size, the daemon's memory with
+metrics on, and the time to scrape /metrics."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHIVE = ROOT / "build" / "devplug-image.tar"
+SCRAPES = 200
+DEVICES = 64
+
+
+def image_size() -> dict[str, Any]:
+    """The OCI archive `make image` wrote, and the image's size as buildah stores it."""
+    if not ARCHIVE.exists():
+        return {"built": False}
+    version = re.search(r'^version = "(.*)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    name = f"docker.io/devplug/devplug:{version.group(1) if version else ''}"
+    stored = subprocess.run(
+        ["buildah", "images", "--format", "{{.Size}}", name], capture_output=True, text=True
+    )
+    return {
+        "built": True,
+        "name": name,
+        "archive_mib": round(ARCHIVE.stat().st_size / 2**20, 1),
+        "size": stored.stdout.strip() if stored.returncode == 0 else None,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise KeyError("VmRSS")
+
+
+def metrics_cost() -> dict[str, Any]:
+    """`devplug serve --metrics-port`: RSS once serving, /metrics scrape times, RSS after."""
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="devplug-bench-metrics-") as tmp:
+        config = Path(tmp) / "metrics.yaml"
+        config.write_text(f"resources:\n  - name: bench.devplug.io/m\n    virtual: {DEVICES}\n")
+        command = [sys.executable, "-m", "devplug.cli.main", "serve", "--config", str(config)]
+        command += ["--plugin-dir", f"{tmp}/plugins", "--metrics-port", str(port)]
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:  # blocks until the server says it serves
+                if "serving /metrics" in line:
+                    break
+            else:
+                raise RuntimeError("devplug serve --metrics-port ended before serving")
+            url = f"http://127.0.0.1:{port}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                size = len(answer.read())
+            rss_serving = _rss_mib(proc.pid)
+            samples = []
+            for _ in range(SCRAPES):
+                started = time.perf_counter()
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    answer.read()
+                samples.append(time.perf_counter() - started)
+            rss_after = _rss_mib(proc.pid)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    ordered = sorted(samples)
+
+    def ms(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
+
+    return {
+        "rss_metrics_on_mib": rss_serving,
+        "rss_after_scrapes_mib": rss_after,
+        "scrape": {"p50_ms": ms(0.5), "p99_ms": ms(0.99), "n": SCRAPES, "bytes": size},
+        "devices": DEVICES,
+    }
+
+
+def bench_deploy() -> dict[str, Any]:
+    return {"image": image_size(), "metrics": metrics_cost()}

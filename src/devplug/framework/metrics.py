@@ -1,0 +1,253 @@
+"""`/metrics`, `/healthz` and `/readyz` over HTTP, as a daemon service.
+
+prometheus-client is imported here only, so a daemon without `--metrics-port` never
+loads it. Counters and the latency histogram follow the framework's events (see
+`observe`); gauges (devices by health, streams open, registered) are read from the
+daemon when scraped, so they can never drift from what is served. The HTTP server
+runs in threads; it asks the event loop for health and readiness, so `/healthz`
+answers only while the loop runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from devplug.framework import observe
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIEnvironment
+
+    from devplug.framework.daemon import Daemon
+
+log = logging.getLogger("devplug.metrics")
+
+LOOP_ANSWER_S = 2.0  # /healthz fails when the loop cannot answer within this
+POD_RESOURCES_TIMEOUT_S = 1.0
+ALLOCATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not events
+        pass
+
+
+class MetricsServer:
+    """Serves the three endpoints on `address:port` while the daemon runs.
+
+    With `pod_resources` (the kubelet's PodResources socket), `devplug_pod_device_info`
+    maps each allocated device to its pod and container, read at scrape time.
+    """
+
+    def __init__(
+        self, port: int, address: str = "", pod_resources: Path | str | None = None
+    ) -> None:
+        self.port = port
+        self.address = address
+        self.pod_resources = Path(pod_resources) if pod_resources else None
+        self.bound_port: int | None = None
+        self.serving = threading.Event()
+
+    async def run(self, daemon: Daemon) -> None:
+        from prometheus_client import (
+            CollectorRegistry,
+            Counter,
+            Histogram,
+            disable_created_metrics,
+            make_wsgi_app,
+        )
+        from prometheus_client.process_collector import ProcessCollector
+
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created`: noise
+
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        counters = _EventMetrics(registry, Counter, Histogram)
+        registry.register(_StateCollector(daemon, self.pod_resources))
+        loop = asyncio.get_running_loop()
+        metrics_app = make_wsgi_app(registry)
+
+        def ask_loop(check: Callable[[], list[str]]) -> list[str]:
+            async def run_check() -> list[str]:
+                return check()
+
+            future = asyncio.run_coroutine_threadsafe(run_check(), loop)
+            try:
+                return future.result(LOOP_ANSWER_S)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                future.cancel()
+                return ["the event loop does not answer"]
+
+        def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path in ("/healthz", "/readyz"):
+                problems = ask_loop(lambda: [] if path == "/healthz" else _not_ready(daemon))
+                status = "503 Service Unavailable" if problems else "200 OK"
+                body = ("\n".join(problems) if problems else "ok").encode() + b"\n"
+                start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+                return [body]
+            if path == "/metrics":
+                return metrics_app(environ, start_response)  # type: ignore[no-any-return]
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found: try /metrics, /healthz or /readyz\n"]
+
+        server = make_server(
+            self.address, self.port, app, server_class=_Server, handler_class=_QuietHandler
+        )
+        self.bound_port = server.server_port
+        thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+        observe.add_observer(counters.observe)
+        thread.start()
+        self.serving.set()
+        log.info(
+            "serving /metrics, /healthz and /readyz on %s:%d",
+            self.address or "*",
+            self.bound_port,
+            extra={"port": self.bound_port},
+        )
+        try:
+            await asyncio.Event().wait()
+        finally:
+            observe.remove_observer(counters.observe)
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
+
+
+def _not_ready(daemon: Daemon) -> list[str]:
+    problems = []
+    for endpoint in daemon.endpoints:
+        if not endpoint.registered:
+            problems.append(f"{endpoint.name}: not registered with the kubelet")
+        elif endpoint.streams == 0:
+            problems.append(f"{endpoint.name}: registered, no ListAndWatch stream yet")
+    if not daemon.endpoints:
+        problems.append("no resource is served")
+    return problems
+
+
+class _EventMetrics:
+    """The counters and the histogram, fed by framework events."""
+
+    def __init__(self, registry: Any, counter: Any, histogram: Any) -> None:
+        def make(kind: Any, name: str, doc: str, labels: list[str], **kw: Any) -> Any:
+            return kind(name, doc, labels, registry=registry, **kw)
+
+        self.allocations = make(
+            counter, "devplug_allocations", "Allocate calls answered.", ["resource"]
+        )
+        self.refused = make(
+            counter,
+            "devplug_refused_requests",
+            "Kubelet requests refused, by method and gRPC status code.",
+            ["resource", "method", "code"],
+        )
+        self.latency = make(
+            histogram,
+            "devplug_allocate_duration_seconds",
+            "Time to answer (or refuse) an Allocate call.",
+            ["resource"],
+            buckets=ALLOCATE_BUCKETS,
+        )
+        self.registrations = make(
+            counter,
+            "devplug_registrations",
+            "Successful registrations with the kubelet.",
+            ["resource"],
+        )
+        self.restarts = make(
+            counter,
+            "devplug_kubelet_restarts_seen",
+            "Registrations with a kubelet other than the one registered with before.",
+            ["resource"],
+        )
+        self.reloads = make(
+            counter, "devplug_config_reloads", "Config reloads, by result.", ["result"]
+        )
+        self.reloads.labels("applied")
+        self.reloads.labels("refused")
+
+    def observe(self, event: observe.Event) -> None:
+        kind, resource, fields = event.kind, event.resource, event.fields
+        if kind == observe.ALLOCATED:
+            self.allocations.labels(resource).inc()
+            self.latency.labels(resource).observe(fields["seconds"])
+        elif kind == observe.REFUSED:
+            self.refused.labels(resource, fields["method"], fields["code"]).inc()
+            if fields.get("seconds") is not None:
+                self.latency.labels(resource).observe(fields["seconds"])
+        elif kind == observe.REGISTERED:
+            self.registrations.labels(resource).inc()
+            if fields.get("kubelet_restart"):
+                self.restarts.labels(resource).inc()
+        elif kind == observe.RELOADED:
+            self.reloads.labels("applied").inc()
+        elif kind == observe.RELOAD_REFUSED:
+            self.reloads.labels("refused").inc()
+
+
+class _StateCollector:
+    """Gauges read from the daemon at scrape time (and the pod <-> device mapping)."""
+
+    def __init__(self, daemon: Daemon, pod_resources: Path | None) -> None:
+        self.daemon = daemon
+        self.pod_resources = pod_resources
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        devices = GaugeMetricFamily(
+            "devplug_devices", "Devices served, by health.", labels=["resource", "health"]
+        )
+        streams = GaugeMetricFamily(
+            "devplug_listandwatch_streams_open",
+            "ListAndWatch streams open now.",
+            labels=["resource"],
+        )
+        registered = GaugeMetricFamily(
+            "devplug_registered",
+            "1 while registered with the current kubelet.",
+            labels=["resource"],
+        )
+        for endpoint in list(self.daemon.endpoints):
+            table = endpoint.plugin.devices
+            healthy = sum(1 for d in table.values() if d.healthy)
+            devices.add_metric([endpoint.name, "Healthy"], healthy)
+            devices.add_metric([endpoint.name, "Unhealthy"], len(table) - healthy)
+            streams.add_metric([endpoint.name], endpoint.streams)
+            registered.add_metric([endpoint.name], 1 if endpoint.registered else 0)
+        yield from (devices, streams, registered)
+        if self.pod_resources is not None:
+            yield self._pod_devices()
+
+    def _pod_devices(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from devplug.framework.podresources import list_allocations
+
+        family = GaugeMetricFamily(
+            "devplug_pod_device_info",
+            "1 for each device allocated to a container (from the kubelet's PodResources).",
+            labels=["resource", "device", "namespace", "pod", "container"],
+        )
+        served = {e.name for e in self.daemon.endpoints}
+        assert self.pod_resources is not None
+        try:
+            holders = list_allocations(self.pod_resources, POD_RESOURCES_TIMEOUT_S)
+        except Exception as error:  # the kubelet is restarting: no series this scrape
+            log.debug("PodResources List failed: %s", error)
+            return family
+        for h in holders:
+            if h.resource in served:
+                family.add_metric([h.resource, h.device, h.namespace, h.pod, h.container], 1)
+        return family

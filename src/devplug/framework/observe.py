@@ -1,0 +1,87 @@
+"""What the framework tells operators: one event per thing that happened, seen by every
+observer (the log by default; metrics when the daemon serves them).
+
+The framework calls `emit` where something happens (a registration, an allocation, a
+refusal...); observers never reach into the framework's state. Each event is one log
+line at the level it carries, with its fields as structured data for JSON logs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("devplug.events")
+
+# Event kinds (the `event` field of a JSON log line).
+REGISTERED = "registered"  # fields: ms, devices, again (bool), kubelet_restart (bool)
+REGISTRATION_FAILED = "registration_failed"  # fields: code, retry_s
+KUBELET_GONE = "kubelet_gone"
+SOCKET_GONE = "socket_gone"
+HEALTH_CHANGED = "health_changed"  # fields: unhealthy, healthy (lists of device IDs)
+ALLOCATED = "allocated"  # fields: containers (list of ID lists), seconds
+REFUSED = "refused"  # fields: method, code, seconds (Allocate only)
+STREAM_OPENED = "stream_opened"
+STREAM_CLOSED = "stream_closed"
+RELOADED = "reloaded"  # fields: added, removed, changed, kept (lists of resource names)
+RELOAD_REFUSED = "reload_refused"  # fields: error
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    kind: str
+    resource: str
+    message: str
+    level: int = logging.INFO
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+Observer = Callable[[Event], None]
+
+
+def log_event(event: Event) -> None:
+    """The default observer: one line, `resource: message`, fields as `extra`."""
+    if not log.isEnabledFor(event.level):
+        return
+    prefix = f"{event.resource}: " if event.resource else ""
+    log.log(
+        event.level,
+        "%s%s",
+        prefix,
+        event.message,
+        extra={"event": event.kind, "resource": event.resource, **event.fields},
+    )
+
+
+_observers: list[Observer] = [log_event]
+
+
+def add_observer(observer: Observer) -> None:
+    """Call `observer` with every event, before the log line is written: a line seen
+    in the log means every observer has seen its event."""
+    if observer not in _observers:
+        _observers.insert(0, observer)
+
+
+def remove_observer(observer: Observer) -> None:
+    if observer in _observers:
+        _observers.remove(observer)
+
+
+def emit(kind: str, resource: str, message: str, level: int = logging.INFO, **fields: Any) -> None:
+    """Tell every observer; an observer that fails is logged, never raised into the
+    framework (a broken metric must not refuse an Allocate)."""
+    event = Event(kind, resource, message, level, fields)
+    for observer in list(_observers):
+        try:
+            observer(event)
+        except Exception:
+            log.exception("observer %r failed on %s", observer, kind)
+
+
+def show_ids(ids: Sequence[str], limit: int = 10) -> str:
+    """IDs for a log line: the first `limit`, then how many more."""
+    shown = ", ".join(ids[:limit])
+    return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")

@@ -1,0 +1,64 @@
+"""Helpers for tests of a running `devplug serve`: its log, its HTTP endpoints."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from asyncinotify import Inotify, Mask
+
+from devplug.testing.harness import PluginProcess
+
+TIMEOUT_S = 10.0
+
+
+def wait_for_output(process: PluginProcess, text: str, count: int = 1) -> str:
+    """The process's output once `text` occurs `count` times in it, woken by inotify on
+    its log file (AssertionError with the output after TIMEOUT_S)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    with Inotify() as inotify:
+        inotify.add_watch(process.log_path, Mask.MODIFY)
+        while True:
+            output = process.output
+            if output.count(text) >= count:
+                return output
+            left = deadline - time.monotonic()
+            assert left > 0, f"{text!r} x{count} not in the output:\n{output[-3000:]}"
+            inotify.sync_timeout = left
+            inotify.sync_get()  # the next write to the log (None on timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def metric_lines(port: int, prefix: str) -> list[str]:
+    status, text = http_get(port, "/metrics")
+    assert status == 200
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def wait_for_path(path: Path) -> None:
+    """Return once `path` exists, woken by inotify on its folder."""
+    deadline = time.monotonic() + TIMEOUT_S
+    with Inotify() as inotify:
+        inotify.add_watch(path.parent, Mask.CREATE | Mask.MOVED_TO)
+        while not path.exists():
+            left = deadline - time.monotonic()
+            assert left > 0, f"{path} did not appear"
+            inotify.sync_timeout = left
+            inotify.sync_get()
