@@ -320,3 +320,54 @@ def test_doc_examples_are_accepted_by_the_api_server(api: Any, namespace: str) -
     assert {o["kind"] for o in objects} == set(create)
     for body in objects:
         create[body["kind"]](body)
+
+
+def test_kubelet_command_runs_the_pods_bound_to_its_node(
+    kubeconfig: str, api: Any, namespace: str, short_tmp: Path
+) -> None:
+    """`devplug kubelet --kubeconfig K --node-name N` admits the pods bound to N."""
+    import json
+    import subprocess
+
+    from kubernetes import client
+
+    from tests.sim_helpers import cli_command
+
+    dirs = NodeDirs(short_tmp)
+    kubelet = subprocess.Popen(
+        cli_command(
+            "kubelet",
+            "--plugin-dir",
+            str(dirs.plugin_dir),
+            "--state-dir",
+            str(dirs.state_dir),
+            "--registry-dir",
+            str(dirs.registry),
+            "--kubeconfig",
+            kubeconfig,
+            "--node-name",
+            "node-b",
+            "--output",
+            "json",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        body = {
+            "metadata": {"name": "bound"},
+            "spec": {"nodeName": "node-b", "containers": [{"name": "app", "image": "x"}]},
+        }
+        client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+        assert kubelet.stdout is not None
+        lines = iter(kubelet.stdout.readline, "")
+        result = json.loads(next(line for line in lines if line.startswith("{")))
+        assert (result["pod"], result["namespace"], result["admitted"]) == (
+            "bound",
+            namespace,
+            True,
+        )
+    finally:
+        kubelet.terminate()
+        kubelet.wait(timeout=15)

@@ -127,8 +127,12 @@ async def _serve(
     import asyncio
 
     from devplug.framework.signals import stop_on_signals
-    from devplug.simulator import Kubelet, ManifestError
+    from devplug.simulator import Kubelet, ManifestError, PodResult
     from devplug.simulator.report import json_lines, results_text
+
+    def show(results: list[PodResult]) -> None:
+        out = json_lines(results) if args.output == "json" else [results_text(results)]
+        print("\n".join(out), flush=True)
 
     claims, api = _dra_sources(args)
     kubelet = Kubelet(
@@ -168,15 +172,18 @@ async def _serve(
                     print(f"devplug kubelet: --pods: {error}", file=sys.stderr)
                     code = EXIT_INVALID
                     continue
-                out = json_lines(results) if args.output == "json" else [results_text(results)]
-                print("\n".join(out), flush=True)
+                show(results)
             if api is not None:
                 from devplug.simulator.apipods import ApiPodFollower
 
-                follower = asyncio.create_task(ApiPodFollower(kubelet, api, args.node_name).run())
-                await asyncio.wait(
-                    {follower, asyncio.ensure_future(stop.wait())}, return_when="FIRST_COMPLETED"
+                follower = asyncio.create_task(
+                    ApiPodFollower(kubelet, api, args.node_name, lambda r: show([r])).run()
                 )
+                stopping = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({follower, stopping}, return_when="FIRST_COMPLETED")
+                stopping.cancel()
+                if follower.done():
+                    follower.result()  # a failure (the API server gone) is raised
                 follower.cancel()
             else:
                 await stop.wait()

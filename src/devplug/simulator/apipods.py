@@ -15,9 +15,11 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from devplug.simulator.kubelet import Kubelet
+from devplug.simulator.results import PodResult
 
 log = logging.getLogger("devplug.simulator.apipods")
 
@@ -25,7 +27,13 @@ WATCH_TIMEOUT_S = 5
 
 
 class ApiPodFollower:
-    def __init__(self, kubelet: Kubelet, api_client: Any, node_name: str) -> None:
+    def __init__(
+        self,
+        kubelet: Kubelet,
+        api_client: Any,
+        node_name: str,
+        on_result: Callable[[PodResult], None] | None = None,
+    ) -> None:
         from kubernetes import client
 
         self.kubelet = kubelet
@@ -34,6 +42,7 @@ class ApiPodFollower:
         self._core: Any = client.CoreV1Api(api_client)
         self._stopping = threading.Event()
         self.applied: set[str] = set()  # pod UIDs
+        self._on_result = on_result
 
     def _watch(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
         from kubernetes import watch
@@ -98,6 +107,8 @@ class ApiPodFollower:
             return
         self.applied.add(uid)
         [result] = await self.kubelet.apply(pod)
+        if self._on_result is not None:
+            self._on_result(result)
         log.info(
             "pod %s/%s from the API server: %s",
             namespace,
