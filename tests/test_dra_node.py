@@ -167,7 +167,7 @@ def test_health_stream_reports_a_device_that_went_away(dirs: NodeDirs) -> None:
                     assert health == {"acc0": healthpb.UNHEALTHY, "acc1": healthpb.HEALTHY}
                     assert {d.device.pool_name for d in second.devices} == {"node-a"}
                     stream.cancel()
-                # The simulated kubelet follows the same stream (v1beta1).
+                # The simulated kubelet follows the same stream (v1).
                 dra = kubelet.dra
                 assert dra is not None
                 await kubelet.wait_for(

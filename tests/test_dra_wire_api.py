@@ -11,6 +11,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from devplug.api.dra import constants
 from devplug.api.dra.v1 import api_pb2 as dra_v1
 from devplug.api.dra.v1beta1 import api_pb2 as dra_v1beta1
+from devplug.api.drahealth.v1 import api_pb2 as health_v1
 from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from devplug.api.drahealth.v1beta1 import api_pb2 as health_v1beta1
 from devplug.api.pluginregistration.v1 import api_pb2 as registration
@@ -89,6 +90,7 @@ CASES = [
     (dra_v1beta1, "k8s.io.kubelet.pkg.apis.dra.v1beta1", DRA),
     (health_v1alpha1, "v1alpha1", HEALTH_V1ALPHA1),
     (health_v1beta1, "v1beta1", HEALTH_V1BETA1),
+    (health_v1, "v1", HEALTH_V1BETA1),
 ]
 
 
@@ -124,7 +126,7 @@ def test_services_match_the_kubelet() -> None:
         entry = response.fields_by_name["claims"].message_type
         assert entry.GetOptions().map_entry
         assert entry.fields_by_name["key"].type == S
-    for module in (health_v1alpha1, health_v1beta1):
+    for module in (health_v1alpha1, health_v1beta1, health_v1):
         assert methods(module, "DRAResourceHealth") == {
             "NodeWatchResources": (True, "NodeWatchResourcesRequest", "NodeWatchResourcesResponse")
         }

@@ -32,8 +32,8 @@ from devplug.api.dra.v1 import api_pb2 as v1
 from devplug.api.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from devplug.api.drahealth.v1beta1 import api_pb2 as health
-from devplug.api.drahealth.v1beta1 import api_pb2_grpc as health_grpc
+from devplug.api.drahealth.v1 import api_pb2 as health
+from devplug.api.drahealth.v1 import api_pb2_grpc as health_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.framework.channel import unix_channel

@@ -24,6 +24,8 @@ from devplug.api.dra.v1 import api_pb2 as v1
 from devplug.api.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from devplug.api.drahealth.v1 import api_pb2 as health_v1
+from devplug.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from devplug.api.drahealth.v1beta1 import api_pb2 as health_v1beta1
@@ -212,6 +214,7 @@ class NodePlugin:
         for pb, pb_grpc in (
             (health_v1alpha1, health_v1alpha1_grpc),
             (health_v1beta1, health_v1beta1_grpc),
+            (health_v1, health_v1_grpc),
         ):
             pb_grpc.add_DRAResourceHealthServicer_to_server(
                 HealthServicer(self.preparer, pb, self._closing), server
