@@ -270,6 +270,9 @@ def main() -> int:
 
         report["dra"] = bench_dra(root)
     report["deploy"] = bench_deploy()
+    from nvidia import bench_nvidia  # bench/nvidia.py
+
+    report["nvidia"] = bench_nvidia()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)
@@ -377,6 +380,12 @@ def summary(report: dict[str, Any]) -> str:
         parts.append(f"re-register p99 {report['reregister']['p99_ms']} ms")
     if "simulator" in report:
         parts.append(f"sim {report['simulator']['pods_per_s']} pods/s")
+    if "nvidia" in report:
+        gpus = report["nvidia"]
+        parts.append(
+            f"gpu allocate p50 {gpus['allocate_1_gpu']['p50_ms']} ms, "
+            f"xid->unhealthy p50 {gpus['xid_to_unhealthy']['p50_ms']} ms"
+        )
     return "bench: " + ", ".join(parts)
 
 

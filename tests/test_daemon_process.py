@@ -100,10 +100,17 @@ def test_sigint_also_stops(tmp_path: Path) -> None:
 
 
 def test_serve_stays_lean(short_tmp: Path) -> None:
-    """`devplug serve` never loads the ssl module: unix sockets only, and 4 MiB less RSS."""
+    """`devplug serve` never loads the ssl module: unix sockets only, and 4 MiB less RSS.
+    Nor NVML's binding without a GPU resource (a `pynvml` first on the path records it)."""
     plugin_dir = short_tmp / "plugins"
+    poison = short_tmp / "poison"
+    poison.mkdir()
+    marker = short_tmp / "pynvml-imported"
+    (poison / "pynvml.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    path = os.pathsep.join(filter(None, [str(poison), os.environ.get("PYTHONPATH")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "devplug.cli.main", "serve", "--plugin-dir", str(plugin_dir)]
+        [sys.executable, "-m", "devplug.cli.main", "serve", "--plugin-dir", str(plugin_dir)],
+        env=dict(os.environ, PYTHONPATH=path),
     )
     try:
         socket = plugin_dir / "devplug-devplug.io-fake.sock"
@@ -114,6 +121,7 @@ def test_serve_stays_lean(short_tmp: Path) -> None:
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "cygrpc" in maps  # the check can see loaded extension modules
         assert "_ssl." not in maps
+        assert not marker.exists()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=5) == 0
     finally:

@@ -179,3 +179,45 @@ def test_a_split_resource_names_no_single_driver() -> None:
     )
     with pytest.raises(ConfigError, match=r"resources\[0\]\.dra\.driver: not allowed with 'split'"):
         parse_config(text, "c.yaml")
+
+
+def test_gpus_through_dra_carry_their_memory_as_a_capacity(short_tmp: Path) -> None:
+    """A GPU entry (fake NVML) in DRA mode: slices with model, UUID, compute capability
+    and memory, which a 'GPU with at least 40 GiB' selector compares."""
+    import os
+
+    from devplug.testing.fakenvml import FakeGpuHost, eight_gpus
+
+    host = FakeGpuHost(short_tmp / "host", eight_gpus())
+    config = short_tmp / "gpu.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "resources": [
+                    {
+                        "nvidia": {"hostRoot": str(host.host_root)},
+                        "mode": "dra",
+                        "dra": {"driver": "gpu.devplug.io"},
+                    }
+                ]
+            }
+        )
+    )
+    check = ["check", "--config", str(config), "--node-name", "gpu-node", "--output", "json"]
+    result = subprocess.run(
+        [sys.executable, "-m", "devplug.cli.main", *check],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, **host.env},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    [resource] = json.loads(result.stdout)["resources"]
+    assert resource["draDriver"] == "gpu.devplug.io"
+    [body] = resource["slices"]
+    devices = body["spec"]["devices"]
+    assert len(devices) == 8
+    first = devices[0]
+    assert int(first["capacity"]["memory"]["value"]) >= 40 << 30
+    assert {"uuid", "model", "computeCapability", "index"} <= set(first["attributes"])

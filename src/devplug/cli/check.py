@@ -60,7 +60,7 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
     devices = plugin.discover()
     return {
         "name": plugin.resource_name,
-        "kind": "virtual" if isinstance(plugin, VirtualPlugin) else "host",
+        "kind": getattr(plugin, "kind", "virtual" if isinstance(plugin, VirtualPlugin) else "host"),
         "count": plugin.spec.count,
         "idsEnv": plugin.ids_env,
         "preferredAllocation": plugin.preferred_allocation,
@@ -83,7 +83,7 @@ def _add_dra_reports(
 ) -> None:
     """The mode of each resource and, for those served through DRA, the ResourceSlices
     the daemon would publish for this node now."""
-    from devplug.sources.draconfig import driver_name, serves_dra
+    from devplug.sources.draconfig import plugin_driver_name, serves_dra
 
     for plugin, entry in zip(plugins, report, strict=True):
         spec = plugin.spec
@@ -96,7 +96,7 @@ def _add_dra_reports(
 
         driver = Driver(
             plugin,
-            driver_name(spec.name, spec.dra),
+            plugin_driver_name(plugin.resource_name, spec.name, spec.dra),
             spec.dra.attributes if spec.dra else {},
             spec.dra.attribute_names if spec.dra else {},
         )
@@ -129,7 +129,7 @@ def _print_text(config: str, report: list[dict[str, Any]]) -> None:
         healthy = sum(d["health"] == "Healthy" for d in devices)
         print(
             f"\n{resource['name']} ({resource['kind']}, count {resource['count']}, "
-            f"env {resource['idsEnv']}): {len(devices)} device(s), {healthy} healthy"
+            f"env {resource['idsEnv'] or '-'}): {len(devices)} device(s), {healthy} healthy"
         )
         rows = [
             (

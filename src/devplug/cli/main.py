@@ -17,6 +17,7 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "serve the resources of a config file to the kubelet"),
     "check": ("check", "validate a config file and print the devices it would serve"),
+    "gpus": ("gpus", "show the NVIDIA GPUs NVML sees and what devplug would serve from them"),
     "kubelet": ("kubelet", "run the kubelet device-manager simulator"),
     "pods": ("pods", "apply, delete or list pods on a running kubelet simulator"),
     "node": ("node", "show a kubelet simulator's resources, allocations and registrations"),

@@ -187,12 +187,12 @@ def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
         del sys.modules["ssl"]
     from devplug.framework.dra.driver import Driver
     from devplug.framework.dra.service import DraService, DraSettings
-    from devplug.sources.draconfig import driver_name, serves_dra
+    from devplug.sources.draconfig import plugin_driver_name, serves_dra
 
     drivers = [
         Driver(
             plugin,
-            driver_name(plugin.spec.name, plugin.spec.dra),
+            plugin_driver_name(plugin.resource_name, plugin.spec.name, plugin.spec.dra),
             plugin.spec.dra.attributes if plugin.spec.dra else {},
             plugin.spec.dra.attribute_names if plugin.spec.dra else {},
         )

@@ -31,6 +31,8 @@ from devplug.sources.draconfig import (
     driver_name,
     serves_dra,
 )
+from devplug.sources.nvidia.config import DEFAULT_RESOURCE as NVIDIA_RESOURCE
+from devplug.sources.nvidia.config import NvidiaSpec, check_nvidia
 
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
@@ -75,7 +77,8 @@ class GroupSpec(_Schema):
 
 
 class ResourceSpec(_Schema):
-    name: str
+    # Required, except with `nvidia` (default nvidia.com/gpu).
+    name: str = ""
     count: int = 1
     allow_any_path: bool = False
     preferred_allocation: bool = True
@@ -88,6 +91,8 @@ class ResourceSpec(_Schema):
     # How the resource is served: as a device plugin, a DRA driver, or both.
     mode: Mode = "devicePlugin"
     dra: DraSpec | None = None
+    # NVIDIA GPUs through NVML (devplug.sources.nvidia).
+    nvidia: NvidiaSpec | None = None
 
 
 class Config(_Schema):
@@ -157,6 +162,7 @@ _TYPES = {
     "bool": "true or false",
     "float": "a number",
     "null": "nothing (null)",
+    "str | array | null": 'a string or a list (quote hex IDs: "0403")',
 }
 _AT = re.compile(r"^(?P<problem>.*) - at `(?P<path>[^`]*)`$")
 _AT_KEY = re.compile(r"^(?P<problem>.*) - at `key` in `(?P<path>[^`]*)`$")
@@ -215,6 +221,10 @@ def _check(config: Config, source: str) -> None:
     drivers: dict[str, str] = {}
     for i, resource in enumerate(config.resources):
         at = f"resources[{i}]"
+        if not resource.name and resource.nvidia is not None:
+            resource.name = NVIDIA_RESOURCE
+        if not resource.name:
+            fail(f"{at}.name", "required key is missing")
         for kind in _cdi_kinds(resource):
             if kind in kinds:
                 fail(f"{at}.cdi.kind", f"CDI kind {kind!r} is already the kind of {kinds[kind]}")
@@ -227,13 +237,23 @@ def _check(config: Config, source: str) -> None:
                 f"duplicate resource {resource.name!r}, see resources[{seen[resource.name]}]",
             )
         seen[resource.name] = i
-        for model in resource.split.models.values() if resource.split else ():
+        for model in (resource.split.models or {}).values() if resource.split else ():
             pool = f"{resource.name}-{model}"
             if pool in seen:
                 fail(f"{at}.split.models", f"resource {pool!r} is already served")
             seen[pool] = i
         if problem := _int_problem(resource.count, 1, MAX_COUNT):
             fail(f"{at}.count", problem)
+        if resource.nvidia is not None:
+            if resource.groups is not None or resource.virtual is not None:
+                fail(at, "'nvidia' is set with 'groups' or 'virtual': a resource has one of them")
+            if resource.count != 1:
+                fail(f"{at}.count", "not used with 'nvidia': set nvidia.replicas to share GPUs")
+            for key in ("health", "cdi", "split"):
+                if getattr(resource, key) is not None:
+                    fail(f"{at}.{key}", "not used with 'nvidia' (see the nvidia block's options)")
+            check_nvidia(resource.nvidia, resource.name, at, fail)
+            continue
         if resource.groups is not None and resource.virtual is not None:
             fail(at, "both 'groups' and 'virtual' are set: a resource has exactly one of them")
         if resource.groups is None and resource.virtual is None:
@@ -288,7 +308,8 @@ def _cdi_kinds(resource: ResourceSpec) -> list[str]:
     kind = resource.cdi.kind or resource.name
     if resource.split is None:
         return [default_kind(kind)]
-    return [default_kind(f"{kind}-{model}") for model in resource.split.models.values()]
+    # Without `models`, the kinds depend on the devices found at start.
+    return [default_kind(f"{kind}-{model}") for model in (resource.split.models or {}).values()]
 
 
 def _check_hardware(resource: ResourceSpec, at: str, fail: _Fail) -> None:
@@ -308,17 +329,9 @@ def _check_hardware(resource: ResourceSpec, at: str, fail: _Fail) -> None:
     if resource.split is not None:
         if not all(is_selector(g) for g in groups):
             fail(f"{at}.split", "needs every group to have a 'usb' or 'pci' selector")
-        ids: list[tuple[str, list[str]]] = []
-        for j, group in enumerate(groups):
-            if resource.split.by == "productID":
-                field, value = ("pci.device", group.pci.device) if group.pci else ("", None)
-                if group.usb is not None:
-                    field, value = "usb.product", group.usb.product
-                ids.append((f"groups[{j}].{field}", hardware.values(value)))
-        if any(not found for _, found in ids):
-            ids = []  # a group that selects any ID can supply every model
-        hardware.check_split(resource.split, f"{at}.split", ids, fail)
-        for model in resource.split.models.values():
+        selectors = [(g.usb, g.pci) for g in groups]
+        hardware.check_split(resource.split, f"{at}.split", selectors, fail)
+        for model in (resource.split.models or {}).values():
             if problem := resource_name_problem(f"{resource.name}-{model}"):
                 fail(f"{at}.split.models", problem)
 

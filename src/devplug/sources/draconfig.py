@@ -64,3 +64,18 @@ def driver_name(resource_name: str, spec: DraSpec | None) -> str:
     from devplug.framework.dra.names import default_driver_name
 
     return default_driver_name(resource_name)
+
+
+def plugin_driver_name(resource_name: str, spec_name: str, spec: DraSpec | None) -> str:
+    """The driver of one plugin of a config entry. Without `dra.driver`, one derived
+    from the plugin's resource name. With it, the entry's own resource gets it, and the
+    further resources an entry serves (a GPU entry's MIG profiles or models) get
+    '<their short name>.<dra.driver>'."""
+    from devplug.framework.dra.names import MAX_LABEL, default_driver_name
+
+    if spec is None or spec.driver is None:
+        return default_driver_name(resource_name)
+    if resource_name == spec_name:
+        return spec.driver
+    label = default_driver_name(resource_name).partition(".")[0]
+    return f"{label}.{spec.driver}"[:MAX_LABEL].rstrip(".-")

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from devplug.framework.daemon import Service
 from devplug.sources.config import Config
 from devplug.sources.hostdev import HostDevicePlugin
-from devplug.sources.virtual import VirtualPlugin
+
+if TYPE_CHECKING:
+    from devplug.sources import SourcePlugin
 
 
 def build_services(
     config: Config,
-    plugins: Sequence[HostDevicePlugin | VirtualPlugin],
+    plugins: Sequence[SourcePlugin],
     *,
     feature_file: str | None = None,
 ) -> list[Service]:

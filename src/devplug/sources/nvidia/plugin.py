@@ -1,0 +1,152 @@
+"""The device plugin of NVIDIA GPUs: one per resource name of an `nvidia:` entry.
+
+Devices are GPU (or MIG device) UUIDs, '<UUID>::<k>' when time-sliced. Allocation
+merges each device's edits (NVIDIA_VISIBLE_DEVICES, device nodes, CDI names);
+GetPreferredAllocation picks the best-connected GPUs, spreading or packing replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+from devplug.framework.device import ContainerEdits, Device
+from devplug.framework.plugin import AllocationError, Plugin
+from devplug.framework.preferred import prefer_numa_local, spread_replicas
+from devplug.sources.config import ResourceSpec
+from devplug.sources.nvidia.discovery import devices as unit_devices
+from devplug.sources.nvidia.discovery import resource_names
+from devplug.sources.nvidia.labels import node_labels
+from devplug.sources.nvidia.source import GpuSource
+from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
+
+
+class NvidiaPlugin(Plugin):
+    kind = "nvidia"
+
+    def __init__(self, source: GpuSource, resource_name: str) -> None:
+        super().__init__(resource_name)
+        self.source = source
+        # `count` as for other resources: how many times each device is served.
+        self.spec: ResourceSpec = msgspec.structs.replace(
+            source.resource, count=source.spec.replicas
+        )
+        self.nvidia = source.spec
+        self.preferred_allocation = self.spec.preferred_allocation
+        self.primary = resource_name == source.name
+
+    @property
+    def warnings(self) -> list[str]:
+        notes = [f"{self.resource_name}: {w}" for w in self.source.warnings] if self.primary else []
+        if self.source.problem and self.primary:
+            notes.append(f"{self.resource_name}: NVML is not usable: {self.source.problem}")
+        return notes
+
+    def discover(self) -> list[Device]:
+        """The devices to serve now, from the source's latest view."""
+        return [
+            device
+            for unit in self.source.units
+            if unit.resource == self.resource_name
+            for device in unit_devices(unit, self.nvidia, self.source.healthy(unit))
+        ]
+
+    async def scan(self) -> None:
+        try:  # attach counts this plugin at once: cancelled while it waits, detach
+            await self.source.attach()
+            generation = -1
+            while True:
+                self.publish(self.discover())
+                generation = await self.source.wait_changed(generation)
+        finally:
+            await self.source.detach()
+
+    async def allocate(self, devices: Sequence[Device]) -> ContainerEdits:
+        shared = self.nvidia.replicas > 1
+        if self.nvidia.fail_requests_greater_than_one and shared and len(devices) > 1:
+            raise AllocationError(
+                f"{len(devices)} replicas of {self.resource_name} requested by one "
+                f"container: each GPU is time-sliced {self.nvidia.replicas} ways and "
+                "failRequestsGreaterThanOne is set, since more replicas do not give a "
+                "container more GPU time; ask for 1"
+            )
+        return await super().allocate(devices)
+
+    async def preferred(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> Sequence[str]:
+        if any("migProfile" in d.attributes for d in available):
+            return prefer_numa_local(available, must_include, size)
+        if self.nvidia.replicas > 1 and self.nvidia.replica_policy == "pack":
+            return self._pack(available, must_include, size)
+        return self._connected(available, must_include, size)
+
+    def _connected(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> list[str]:
+        """Whole GPUs (or one replica per GPU first) on the best-connected GPUs."""
+        by_gpu = _by_gpu(available)
+        forced = sorted({_index(d) for d in must_include})
+        gpus = best_gpus(sorted(by_gpu), forced, min(size, len(by_gpu)), self._links())
+        chosen = {d.id: d for d in must_include}
+        pool = [d for g in gpus for d in by_gpu[g] if d.id not in chosen]
+        for device in spread_replicas(pool, list(chosen.values())):
+            if len(chosen) >= size:
+                break
+            chosen[device.id] = device
+        if len(chosen) < size:  # more replicas than the chosen GPUs hold
+            rest = [d for d in available if d.id not in chosen]
+            for device in spread_replicas(rest, list(chosen.values()))[: size - len(chosen)]:
+                chosen[device.id] = device
+        return list(chosen)
+
+    def _pack(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> list[str]:
+        """Replicas on as few GPUs as possible, linked ones when the request spans GPUs
+        (`packed_gpus`); the must-include GPUs first, then the busiest GPU's replicas."""
+        by_gpu = _by_gpu(available)
+        free = {g: len(devices) for g, devices in by_gpu.items()}
+        forced = {_index(d) for d in must_include}
+        gpus = packed_gpus(free, sorted(forced), size, self._links())
+        chosen = {d.id: d for d in must_include}
+        for gpu in sorted(gpus, key=lambda g: (g not in forced, free[g], g)):
+            for device in by_gpu[gpu]:
+                if len(chosen) >= size:
+                    return list(chosen)
+                chosen.setdefault(device.id, device)
+        return list(chosen)
+
+    def _links(self) -> Links:
+        view = self.source.view
+        if view is None:
+            return Links()
+        numa = {u.gpu.index: u.numa for u in self.source.units}
+        return Links(view.nvlinks, view.ancestors, numa)
+
+    def node_labels(self) -> Mapping[str, str]:
+        return node_labels(self.source, self.resource_name, self.primary, self.devices.values())
+
+
+def _index(device: Device) -> int:
+    index = device.attributes.get("index", -1)
+    return index if isinstance(index, int) else -1
+
+
+def _by_gpu(devices: Sequence[Device]) -> dict[int, list[Device]]:
+    """Devices by GPU index, each GPU's in ID order (the answer must not depend on the
+    order the kubelet lists them in)."""
+    by_gpu: dict[int, list[Device]] = {}
+    for device in sorted(devices, key=lambda d: d.id):
+        by_gpu.setdefault(_index(device), []).append(device)
+    return by_gpu
+
+
+def build_plugins(resource: ResourceSpec) -> list[NvidiaPlugin]:
+    """The plugins of one `nvidia:` entry: its own resource first, then those its GPUs
+    are served under (MIG profiles, models), as NVML shows them at start."""
+    source = GpuSource(resource)
+    source.read_now()
+    names = resource_names(source.view, resource.name, source.spec)
+    return [NvidiaPlugin(source, name) for name in names]

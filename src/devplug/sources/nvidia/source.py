@@ -1,0 +1,340 @@
+"""The GPUs of one `nvidia:` resource entry: NVML start with retries, discovery, health.
+
+One source feeds every plugin of the entry (the GPUs' resource, the per-profile MIG
+and per-model resources). NVML missing or failing never stops the daemon: the
+resources serve zero devices, one line says why, and NVML is tried again with
+backoff. Health: a critical Xid or a GPU that stops answering turns its devices
+Unhealthy at once; a GPU that answers again and has had no critical Xid for
+`recoverySeconds` turns Healthy again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from devplug.sources.config import ResourceSpec
+from devplug.sources.nvidia import blocking
+from devplug.sources.nvidia.config import NvidiaSpec
+from devplug.sources.nvidia.discovery import Unit, units
+from devplug.sources.nvidia.health import HealthThread, Probe, Report, Round
+from devplug.sources.nvidia.nvml import ALL_INSTANCES, Nvml, NvmlView, XidEvent
+
+log = logging.getLogger("devplug.sources.nvidia")
+
+FIRST_RETRY_S = 1.0
+
+
+class GpuSource:
+    def __init__(self, resource: ResourceSpec) -> None:
+        assert resource.nvidia is not None
+        self.resource = resource
+        self.name = resource.name
+        self.spec: NvidiaSpec = resource.nvidia
+        self.view: NvmlView | None = None
+        self.units: list[Unit] = []
+        self.warnings: list[str] = []
+        self.problem = ""  # why NVML is not usable now; empty when it is
+        self.ready = asyncio.Event()  # the first attempt is over, success or not
+        self._generation = 0
+        self._changed = asyncio.Event()
+        self._lost: dict[int, str] = {}  # GPU index -> why it does not answer
+        self._critical: dict[str, float] = {}  # UUID -> time of its last critical Xid
+        self._hung = False
+        self._health: dict[str, bool] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._users = 0
+        self._logged = ""  # the NVML problem last logged (one line per new problem)
+        self._logged_view: NvmlView | None = None
+        self._started: Nvml | None = None  # started by read_now, taken over by run
+
+    # -- for plugins ---------------------------------------------------------------------
+
+    def read_now(self) -> None:
+        """Discover synchronously, once (start-up and `devplug check`); a failure is kept
+        in `problem`. NVML stays started for `run` to carry on with."""
+        timeout = self.spec.nvml_timeout_seconds
+
+        def read() -> tuple[Nvml, NvmlView]:
+            nvml = Nvml()
+            nvml.start()
+            try:
+                return nvml, nvml.read()
+            except BaseException:
+                nvml.stop()
+                raise
+
+        try:
+            self._started, view = blocking.call_sync(read, timeout, "NVML discovery")
+        except Exception as error:
+            self.problem = _describe(error)
+        else:
+            self._set_view(view)
+
+    def healthy(self, unit: Unit) -> bool:
+        return self._health.get(unit.uuid, True)
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    async def wait_changed(self, generation: int) -> int:
+        """The next generation; raises what stopped the source if it failed."""
+        while self._generation == generation:
+            await self._changed.wait()
+        task = self._task
+        if task is not None and task.done() and not task.cancelled():
+            task.result()
+        return self._generation
+
+    async def attach(self) -> None:
+        """Start the source with its first plugin; wait for the first attempt."""
+        self._users += 1
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name=f"nvml {self.name}")
+            self._task.add_done_callback(lambda _: self._bump())  # plugins see a failure
+        await self.ready.wait()
+
+    async def detach(self) -> None:
+        self._users -= 1
+        if self._users == 0 and self._task is not None:
+            task, self._task = self._task, None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        delay = min(FIRST_RETRY_S, self.spec.retry_max_seconds)
+        timeout = self.spec.nvml_timeout_seconds
+        while True:
+            nvml, self._started = self._started, None
+            try:
+                if nvml is not None and self.view is not None:
+                    view = self.view  # read at start-up: no second discovery
+                else:
+                    nvml = await blocking.call(Nvml, timeout, "loading NVML")
+                    await blocking.call(nvml.start, timeout, "nvmlInit")
+                    view = await blocking.call(nvml.read, timeout, "NVML discovery")
+                events: Any = None
+                unwatched: list[int] = []
+                if self.spec.health_checks:
+                    events, unwatched = await blocking.call(
+                        nvml.watch_xids, timeout, "registering Xid events"
+                    )
+            except Exception as error:
+                problem = _describe(error)
+                if problem != self._logged:
+                    log.warning(
+                        "%s: NVML is not usable (%s): serving no GPUs, retrying with backoff",
+                        self.name,
+                        problem,
+                    )
+                else:
+                    log.debug("%s: NVML still not usable (%s)", self.name, problem)
+                self.problem = self._logged = problem
+                self._set_view(None)
+                self._recheck()
+                self.ready.set()
+                if nvml is not None:
+                    await _quietly(nvml.stop, timeout)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.spec.retry_max_seconds)
+                continue
+            if self._logged:
+                log.info("%s: NVML is usable again", self.name)
+            self.problem = self._logged = ""
+            self._set_view(view)
+            if view != self._logged_view:  # a view is described once, not per retry
+                self._logged_view = view
+                self._log_view(view, unwatched)
+            self._lost = {}
+            self._recheck()
+            self.ready.set()
+            try:
+                if view.gpus and not view.missing:
+                    delay = min(FIRST_RETRY_S, self.spec.retry_max_seconds)
+                    await self._watch(nvml, events)
+                # Serve the GPUs that answer; look for the others (or any, when NVML
+                # sees none: a driver still coming up) again after a while.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._watch(nvml, events), delay)
+                delay = min(delay * 2, self.spec.retry_max_seconds)
+            finally:
+                await _quietly(nvml.stop, timeout)
+
+    async def _watch(self, nvml: Nvml, events: Any) -> None:
+        if not self.spec.health_checks:
+            await asyncio.Future()  # discovery only: nothing more to do
+        assert self.view is not None
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Report] = asyncio.Queue()
+        thread = HealthThread(
+            nvml,
+            events,
+            [g.index for g in self.view.gpus],
+            self.spec.probe_seconds,
+            lambda report: _post(loop, queue, report),
+        )
+        # NVML that stops answering: no probe round for this long.
+        silence = self.spec.probe_seconds + self.spec.nvml_timeout_seconds
+        thread.start()
+        try:
+            while True:
+                try:
+                    report = await asyncio.wait_for(queue.get(), silence)
+                except TimeoutError:
+                    if not self._hung:
+                        log.warning(
+                            "%s: NVML has not answered for %g s: every GPU is Unhealthy",
+                            self.name,
+                            silence,
+                        )
+                    self._hung = True
+                    self._recheck()
+                    continue
+                self._on_report(report)
+        finally:
+            thread.stop()
+            # NVML is shut down next: no event wait of the thread may outlive it
+            # (unless NVML hangs: then neither would return).
+            if not self._hung:
+                with contextlib.suppress(blocking.Hung):
+                    await blocking.call(
+                        thread.join, self.spec.nvml_timeout_seconds, "health thread"
+                    )
+
+    def _on_report(self, report: Report) -> None:
+        assert self.view is not None
+        if isinstance(report, Round):
+            if self._hung:
+                log.info("%s: NVML answers again", self.name)
+            self._hung = False
+        elif isinstance(report, Probe):
+            if report.error:
+                if report.index not in self._lost:
+                    log.warning(
+                        "%s: GPU %d does not answer: %s", self.name, report.index, report.error
+                    )
+                self._lost[report.index] = report.error
+            elif self._lost.pop(report.index, None) is not None:
+                log.info("%s: GPU %d answers again", self.name, report.index)
+        else:
+            self._on_xid(report)
+        self._recheck()
+
+    def _on_xid(self, event: XidEvent) -> None:
+        assert self.view is not None
+        gpu = next((g for g in self.view.gpus if g.index == event.index), None)
+        if gpu is None:
+            log.warning("%s: Xid %d on an unknown GPU", self.name, event.xid)
+            return
+        if event.xid in self.spec.ignored_xids:
+            log.info("%s: GPU %d: Xid %d (ignored)", self.name, gpu.index, event.xid)
+            return
+        uuid = gpu.uuid
+        if event.gpu_instance != ALL_INSTANCES:
+            mig = next(
+                (
+                    m
+                    for m in gpu.migs
+                    if m.gpu_instance == event.gpu_instance
+                    and event.compute_instance in (ALL_INSTANCES, m.compute_instance)
+                ),
+                None,
+            )
+            # Only that MIG device when it is served as one; a GPU served whole
+            # (migStrategy none) is what the Xid concerns.
+            if mig is not None and any(u.uuid == mig.uuid for u in self.units):
+                uuid = mig.uuid
+        log.warning("%s: %s: critical Xid %d", self.name, uuid, event.xid)
+        self._critical[uuid] = time.monotonic()
+        # Look again once the quiet time is over (recovery).
+        asyncio.get_running_loop().call_later(self.spec.recovery_seconds + 0.001, self._recheck)
+
+    def _recheck(self) -> None:
+        """Recompute every unit's health; tell the plugins when it changed."""
+        now = time.monotonic()
+        quiet = self.spec.recovery_seconds
+        health: dict[str, bool] = {}
+        for unit in self.units:
+            last = max(
+                self._critical.get(unit.uuid, -1e18), self._critical.get(unit.gpu.uuid, -1e18)
+            )
+            healthy = not self._hung and unit.gpu.index not in self._lost and now - last >= quiet
+            health[unit.uuid] = healthy
+            before = self._health.get(unit.uuid)
+            if before is not None and before != healthy:
+                state = "Healthy again" if healthy else "Unhealthy"
+                log.info("%s: %s (%s) is %s", self.name, unit.uuid, unit.resource, state)
+        self._health = health
+        self._bump()
+
+    def _set_view(self, view: NvmlView | None) -> None:
+        self.view = view
+        if view is None:
+            self.units, self.warnings = [], []
+            return
+        self.units, self.warnings = units(view, self.name, self.spec)
+
+    def _bump(self) -> None:
+        self._generation += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _log_view(self, view: NvmlView, unwatched: list[int]) -> None:
+        log.info(
+            "%s: NVML driver %s, CUDA %s: %d GPU(s), %d device(s) to serve",
+            self.name,
+            view.driver_version,
+            view.cuda_version,
+            len(view.gpus),
+            len(self.units),
+        )
+        for unit in self.units:
+            log.info(
+                "%s: %s %s (%s) numa %s -> %s",
+                self.name,
+                unit.uuid,
+                unit.gpu.model,
+                unit.mig.profile if unit.mig else f"GPU {unit.gpu.index}",
+                "-" if unit.numa is None else unit.numa,
+                unit.resource,
+            )
+        if not view.gpus and not view.missing:
+            log.warning("%s: NVML sees no GPU: serving none, looking again", self.name)
+        for warning in self.warnings:
+            log.warning("%s: %s", self.name, warning)
+        for index, problem in view.missing:
+            log.warning(
+                "%s: GPU %d cannot be used now (%s): looking again", self.name, index, problem
+            )
+        if unwatched:
+            log.warning(
+                "%s: GPU(s) %s do not report Xid events: only probed",
+                self.name,
+                ", ".join(map(str, unwatched)),
+            )
+
+
+def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Report], report: Report) -> None:
+    """Hand a report from the health thread to the loop (thread-safe)."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon stopped
+        loop.call_soon_threadsafe(queue.put_nowait, report)
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    if isinstance(error, ImportError):
+        return f"the NVML binding cannot be imported: {text}"
+    return f"{type(error).__name__}: {text}" if type(error).__name__ not in text else text
+
+
+async def _quietly(fn: Any, timeout: float) -> None:
+    try:
+        await blocking.call(fn, timeout, "nvmlShutdown")
+    except Exception as error:
+        log.debug("nvmlShutdown: %s", error)

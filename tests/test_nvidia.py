@@ -1,0 +1,385 @@
+"""NVIDIA GPUs served by the real `devplug serve` against the kubelet simulator, with the
+fake NVML driver (devplug.testing.fakenvml) standing in for a GPU host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devplug.outputs.nfd import parse_features
+from devplug.testing import KubeletHarness, PodAdmission, pod_manifest
+from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu, gpu_uuid, mig_layout, mig_uuid
+
+GPU = "nvidia.com/gpu"
+FAST = {"probeSeconds": 0.05, "retryMaxSeconds": 0.2, "nvmlTimeoutSeconds": 2}
+
+
+def config(host: FakeGpuHost, features: Path | None = None, **nvidia: Any) -> str:
+    entry = {"nvidia": {"hostRoot": host.host_root, **FAST, **nvidia}}
+    document: dict[str, Any] = {"resources": [entry]}
+    if features is not None:
+        document["nodeFeatures"] = {"path": str(features)}
+    return yaml.safe_dump(document)
+
+
+def serve(kubelet: KubeletHarness, host: FakeGpuHost, text: str, count: int) -> None:
+    kubelet.start_serve(text, env=host.env)
+    kubelet.wait_for_resource(GPU, count=count)
+
+
+@pytest.fixture
+def eight(short_tmp: Path) -> FakeGpuHost:
+    return FakeGpuHost(short_tmp / "gpus", eight_gpus())
+
+
+def test_discovery_allocation_topology_and_labels(
+    kubelet: KubeletHarness, eight: FakeGpuHost, short_tmp: Path
+) -> None:
+    features = short_tmp / "features.d" / "devplug"
+    serve(kubelet, eight, config(eight, features), 8)
+    devices = {d.id: d for d in kubelet.devices(GPU)}
+    assert sorted(devices) == sorted(gpu_uuid(i) for i in range(8))
+    assert [devices[gpu_uuid(i)].numa_nodes for i in (0, 3, 4, 7)] == [[0], [0], [1], [1]]
+
+    one = kubelet.admit({GPU: 1})
+    [uuid] = one.devices()[GPU]
+    index = int(uuid.split("-")[1], 16)
+    assert one.env()["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert set(one.device_nodes()) == {
+        f"/dev/nvidia{index}",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    }  # /dev/nvidia-modeset does not exist on this host: not passed
+    kubelet.delete(one)
+
+    # A 2-GPU pod gets an NVLink pair, not the two GPUs under one PCIe switch; the
+    # next gets the next pair.
+    first = kubelet.admit({GPU: 2})
+    assert sorted(first.devices()[GPU]) == [gpu_uuid(0), gpu_uuid(3)]
+    assert sorted(first.env()["NVIDIA_VISIBLE_DEVICES"].split(",")) == [gpu_uuid(0), gpu_uuid(3)]
+    second = kubelet.admit({GPU: 2})
+    assert sorted(second.devices()[GPU]) == [gpu_uuid(1), gpu_uuid(2)]
+
+    kubelet.wait_until(lambda: features.exists(), what="the feature file")
+    labels = parse_features(features.read_text())
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels["nvidia.com/gpu.count"] == "8"
+    assert labels["nvidia.com/gpu.memory"] == "81920"
+    assert (labels["nvidia.com/gpu.compute.major"], labels["nvidia.com/gpu.compute.minor"]) == (
+        "9",
+        "0",
+    )
+    assert labels["nvidia.com/gpu.family"] == "hopper"
+    assert labels["nvidia.com/gpu.replicas"] == "1"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
+    assert labels["nvidia.com/mig.capable"] == "false"
+    assert labels["nvidia.com/mig.strategy"] == "none"
+    assert labels["nvidia.com/cuda.driver-version.full"] == "550.54.15"
+    assert labels["nvidia.com/cuda.runtime-version.full"] == "12.4"
+
+
+def test_xid_turns_gpu_unhealthy_then_it_recovers(
+    kubelet: KubeletHarness, eight: FakeGpuHost
+) -> None:
+    serve(kubelet, eight, config(eight, recoverySeconds=2, ignoredXids=[13, 48]), 8)
+    eight.inject_xid(2, 13)  # application error: ignored
+    eight.inject_xid(4, 48)  # double-bit ECC error: critical, but ignored as configured
+    eight.inject_xid(3, 79)  # fallen off the bus
+    kubelet.wait_until(
+        lambda: kubelet.device_ids(GPU, healthy=False) == [gpu_uuid(3)], what="GPU 3 unhealthy"
+    )
+    # Events are handled in order: the ignored Xids came first and changed nothing.
+    assert {gpu_uuid(2), gpu_uuid(4)} <= set(kubelet.device_ids(GPU, healthy=True))
+    kubelet.wait_for_resource(GPU, count=8)  # recovery after 2 quiet seconds
+    assert kubelet.admit({GPU: 8}).admitted
+
+
+def test_lost_gpu_is_unhealthy_until_it_answers(
+    kubelet: KubeletHarness, eight: FakeGpuHost
+) -> None:
+    serve(kubelet, eight, config(eight, recoverySeconds=30), 8)
+    eight.set_lost(5, True)
+    kubelet.wait_until(
+        lambda: kubelet.device_ids(GPU, healthy=False) == [gpu_uuid(5)], what="GPU 5 unhealthy"
+    )
+    eight.set_lost(5, False)  # no critical Xid: healthy as soon as it answers
+    kubelet.wait_for_resource(GPU, count=8)
+
+
+def test_gpu_lost_at_start_joins_when_it_answers(
+    kubelet: KubeletHarness, eight: FakeGpuHost
+) -> None:
+    eight.set_lost(6, True)
+    serve(kubelet, eight, config(eight), 7)
+    assert gpu_uuid(6) not in kubelet.device_ids(GPU)
+    eight.set_lost(6, False)
+    kubelet.wait_for_resource(GPU, count=8)
+
+
+def test_no_gpu_at_start_registers_zero_devices_and_looks_again(
+    kubelet: KubeletHarness, eight: FakeGpuHost
+) -> None:
+    gpus = eight.description["gpus"]
+    eight.update(lambda d: d.__setitem__("gpus", []))
+    process = kubelet.start_serve(config(eight), env=eight.env)
+    kubelet.wait_for_resource(GPU, count=0, capacity=0)
+    assert "NVML sees no GPU" in process.output
+    eight.update(lambda d: d.__setitem__("gpus", gpus))  # the driver has come up
+    kubelet.wait_for_resource(GPU, count=8)
+
+
+def test_no_driver_registers_zero_devices_and_retries(
+    kubelet: KubeletHarness, eight: FakeGpuHost
+) -> None:
+    eight.set_driver(loaded=False)
+    text = config(eight).replace(
+        "resources:\n", "resources:\n- name: example.com/other\n  virtual: 2\n"
+    )
+    process = kubelet.start_serve(text, env=eight.env)
+    kubelet.wait_for_resource(GPU, count=0, capacity=0)
+    kubelet.wait_for_resource("example.com/other", count=2)
+    assert kubelet.admit({"example.com/other": 1}).admitted
+    eight.set_driver(loaded=True)
+    kubelet.wait_for_resource(GPU, count=8)
+    assert process.output.count("NVML is not usable") == 1
+
+
+def test_nvml_that_hangs_at_start_does_not_stop_serving(
+    kubelet: KubeletHarness, eight: FakeGpuHost
+) -> None:
+    eight.set_driver(hang=True)
+    kubelet.start_serve(config(eight, nvmlTimeoutSeconds=0.3), env=eight.env)
+    kubelet.wait_for_resource(GPU, count=0, capacity=0)
+    eight.set_driver(hang=False)
+    kubelet.wait_for_resource(GPU, count=8)
+    # NVML stops answering while serving: every GPU Unhealthy, and back when it answers.
+    eight.set_driver(hang=True)
+    kubelet.wait_for_resource(GPU, count=0, capacity=8)
+    eight.set_driver(hang=False)
+    kubelet.wait_for_resource(GPU, count=8)
+
+
+def test_without_the_driver_library(kubelet: KubeletHarness, short_tmp: Path) -> None:
+    """The real pynvml on this host, which has no NVIDIA driver: zero GPUs, one line."""
+    env = {"DEVPLUG_NVML_MODULE": ""}
+    process = kubelet.start_serve("resources:\n- nvidia: {}\n", env=env)
+    kubelet.wait_for_resource(GPU, count=0, capacity=0)
+    assert "NVML is not usable" in process.output
+
+
+def gpus_of(pod: PodAdmission, resource: str) -> list[str]:
+    return sorted({i.partition("::")[0] for i in pod.devices()[resource]})
+
+
+def test_time_slicing_spread_pack_and_one_replica_per_container(
+    kubelet: KubeletHarness, eight: FakeGpuHost, short_tmp: Path
+) -> None:
+    features = short_tmp / "features"
+    serve(kubelet, eight, config(eight, features, replicas=4), 32)
+    spread = kubelet.admit({GPU: 2})
+    assert gpus_of(spread, GPU) == [gpu_uuid(0), gpu_uuid(3)]  # two GPUs, an NVLink pair
+    kubelet.delete(spread)
+    kubelet.wait_until(features.exists, what="the feature file")
+    labels = parse_features(features.read_text())
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
+    assert labels["nvidia.com/gpu.replicas"] == "4"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert labels["nvidia.com/gpu.count"] == "8"  # GPUs, not replicas
+
+    kubelet.start_serve(
+        config(eight, replicas=4, replicaPolicy="pack").replace(
+            "- nvidia:", "- name: example.com/packed\n  nvidia:"
+        ),
+        env=eight.env,
+    )
+    kubelet.wait_for_resource("example.com/packed", count=32)
+    packed = kubelet.admit({"example.com/packed": 2})
+    assert gpus_of(packed, "example.com/packed") == [gpu_uuid(0)]
+    # Six replicas need two GPUs: GPU 0's last two and all of its NVLink peer's (GPU 3),
+    # rather than the next GPU by index, which shares a PCIe switch but no NVLink.
+    spanning = kubelet.admit({"example.com/packed": 6})
+    assert gpus_of(spanning, "example.com/packed") == [gpu_uuid(0), gpu_uuid(3)]
+
+    kubelet.start_serve(
+        config(eight, replicas=4, failRequestsGreaterThanOne=True).replace(
+            "- nvidia:", "- name: example.com/strict\n  nvidia:"
+        ),
+        env=eight.env,
+    )
+    kubelet.wait_for_resource("example.com/strict", count=32)
+    refused = kubelet.admit({"example.com/strict": 2})
+    assert not refused.admitted
+    assert "failRequestsGreaterThanOne" in refused.message
+    assert kubelet.admit({"example.com/strict": 1}).admitted
+
+
+def test_volume_mounts_and_cdi(kubelet: KubeletHarness, eight: FakeGpuHost) -> None:
+    text = config(eight, deviceListStrategy=["volume-mounts", "cdi"], passDeviceSpecs=False)
+    serve(kubelet, eight, text, 8)
+    pod = kubelet.admit({GPU: 1})
+    [uuid] = pod.devices()[GPU]
+    assert pod.env()["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
+    assert pod.mounts() == {f"/var/run/nvidia-container-devices/{uuid}": "/dev/null"}
+    assert pod.cdi_devices() == [f"nvidia.com/gpu={uuid}"]
+    assert pod.device_nodes() == {}
+
+
+def test_mig_mixed_serves_one_resource_per_profile(
+    kubelet: KubeletHarness, short_tmp: Path
+) -> None:
+    host = FakeGpuHost(short_tmp / "mig", mig_layout())
+    kubelet.start_serve(config(host, migStrategy="mixed"), env=host.env)
+    kubelet.wait_for_resource(GPU, count=1)  # GPU 2, MIG off
+    kubelet.wait_for_resource("nvidia.com/mig-1g.5gb", count=7)
+    kubelet.wait_for_resource("nvidia.com/mig-2g.10gb", count=2)
+    kubelet.wait_for_resource("nvidia.com/mig-3g.20gb", count=1)
+    pod = kubelet.admit({"nvidia.com/mig-3g.20gb": 1})
+    assert pod.devices()["nvidia.com/mig-3g.20gb"] == [mig_uuid(1, 0)]
+    assert pod.env()["NVIDIA_VISIBLE_DEVICES"] == mig_uuid(1, 0)
+    minors = (Path(host.host_root) / "proc/driver/nvidia-caps/mig-minors").read_text().split()
+    gi = minors[minors.index("gpu1/gi1/access") + 1]
+    ci = minors[minors.index("gpu1/gi1/ci0/access") + 1]
+    assert set(pod.device_nodes()) >= {
+        "/dev/nvidia1",
+        f"/dev/nvidia-caps/nvidia-cap{gi}",
+        f"/dev/nvidia-caps/nvidia-cap{ci}",
+        "/dev/nvidiactl",
+    }
+    # An Xid on one GPU instance turns only that MIG device Unhealthy.
+    host.inject_xid(1, 94, gi=2)
+    kubelet.wait_for_resource("nvidia.com/mig-2g.10gb", count=1)
+    assert kubelet.device_ids("nvidia.com/mig-2g.10gb", healthy=False) == [mig_uuid(1, 1)]
+    assert kubelet.device_ids("nvidia.com/mig-3g.20gb", healthy=True) == [mig_uuid(1, 0)]
+
+
+def test_xid_on_a_mig_instance_of_a_gpu_served_whole(
+    kubelet: KubeletHarness, short_tmp: Path
+) -> None:
+    host = FakeGpuHost(short_tmp / "mig", mig_layout())
+    serve(kubelet, host, config(host), 3)  # migStrategy none: GPUs 0 and 1 whole
+    host.inject_xid(1, 94, gi=2)
+    kubelet.wait_until(
+        lambda: kubelet.device_ids(GPU, healthy=False) == [gpu_uuid(1)], what="GPU 1 unhealthy"
+    )
+
+
+def test_mig_single_and_per_model_names(kubelet: KubeletHarness, short_tmp: Path) -> None:
+    a100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_gib": 40, "cc": (8, 0)}
+    single = FakeGpuHost(
+        short_tmp / "single",
+        {"gpus": [gpu(i, mig=[(1, 4864)] * 7, **a100) for i in range(2)]},  # type: ignore[arg-type]
+    )
+    features = short_tmp / "features"
+    kubelet.start_serve(config(single, features, migStrategy="single"), env=single.env)
+    kubelet.wait_for_resource(GPU, count=14)
+    assert kubelet.admit({GPU: 1}).env()["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+    kubelet.wait_until(features.exists, what="the feature file")
+    labels = parse_features(features.read_text())
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.memory"]) == ("14", "4864")
+    assert (labels["nvidia.com/mig.strategy"], labels["nvidia.com/mig.capable"]) == (
+        "single",
+        "true",
+    )
+
+    mixed_models = FakeGpuHost(
+        short_tmp / "models",
+        {"gpus": [gpu(0), gpu(1, **a100), gpu(2, name="NVIDIA L4", memory_gib=24)]},  # type: ignore[arg-type]
+    )
+    text = config(
+        mixed_models, perModelNames=True, resourceNames={"NVIDIA L4": "example.com/l4"}
+    ).replace("- nvidia:", "- name: example.com/gpu\n  nvidia:")
+    kubelet.start_serve(text, env=mixed_models.env, wait=False)
+    kubelet.wait_for_resource("example.com/gpu", count=0)
+    kubelet.wait_for_resource("example.com/gpu-h100-80gb-hbm3", count=1)
+    kubelet.wait_for_resource("example.com/gpu-a100-sxm4-40gb", count=1)
+    kubelet.wait_for_resource("example.com/l4", count=1)
+    pod = kubelet.admit({"example.com/gpu-a100-sxm4-40gb": 1})
+    assert pod.devices()["example.com/gpu-a100-sxm4-40gb"] == [gpu_uuid(1)]
+
+
+def devplug(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "devplug.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **env},
+    )
+
+
+def test_gpus_command(short_tmp: Path) -> None:
+    host = FakeGpuHost(short_tmp / "mig", mig_layout())
+    path = short_tmp / "gpus.yaml"
+    path.write_text(config(host, migStrategy="mixed"))
+    text = devplug("gpus", "--config", str(path), env=host.env)
+    assert text.returncode == 0, text.stderr
+    assert "driver 550.54.15, CUDA 12.4, 3 GPU(s)" in text.stdout
+    assert mig_uuid(0, 6) in text.stdout
+    assert "serves nvidia.com/mig-1g.5gb: 7 device(s)" in text.stdout
+    assert "nvidia.com/mig.strategy=mixed" in text.stdout
+    assert "nvidia.com/mig-2g.10gb.product=NVIDIA-A100-SXM4-40GB-MIG-2g.10gb" in text.stdout
+    assert "nvidia.com/mig-2g.10gb.count=2" in text.stdout
+
+    result = devplug("gpus", "--host-root", host.host_root, "--output", "json", env=host.env)
+    [report] = json.loads(result.stdout)["sources"]
+    assert [g["numaNode"] for g in report["nvml"]["gpus"]] == [0, 0, 0]
+    assert [g["mig"] for g in report["nvml"]["gpus"]] == ["on", "on", "capable"]
+    assert report["labels"]["nvidia.com/mig.capable"] == "true"
+
+    missing = devplug("gpus", env={"DEVPLUG_NVML_MODULE": ""})
+    assert missing.returncode == 1
+    assert "NVML is not usable" in missing.stdout
+
+
+def test_check_lists_gpus(short_tmp: Path) -> None:
+    host = FakeGpuHost(short_tmp / "gpus", eight_gpus())
+    path = short_tmp / "gpus.yaml"
+    path.write_text(config(host))
+    result = devplug("check", "--config", str(path), "--output", "json", env=host.env)
+    [resource] = json.loads(result.stdout)["resources"]
+    assert (resource["name"], resource["kind"], resource["count"]) == (GPU, "nvidia", 1)
+    assert [d["id"] for d in resource["devices"]] == [gpu_uuid(i) for i in range(8)]
+    # Time-sliced: the count is the replicas served of each GPU.
+    path.write_text(config(host, replicas=4))
+    text = devplug("check", "--config", str(path), env=host.env)
+    assert f"{GPU} (nvidia, count 4, env -): 32 device(s), 32 healthy" in text.stdout
+
+
+def test_nvml_binding_loads_with_a_gpu_resource(kubelet: KubeletHarness, short_tmp: Path) -> None:
+    """The counterpart of test_daemon_process's lean check: with an `nvidia:` resource the
+    binding is imported (here a `pynvml` that records its import and fails it)."""
+    poison = short_tmp / "poison"
+    poison.mkdir()
+    marker = short_tmp / "imported"
+    (poison / "pynvml.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise ImportError('poisoned')\n"
+    )
+    path = os.pathsep.join(filter(None, [str(poison), os.environ.get("PYTHONPATH")]))
+    env = {"PYTHONPATH": path, "DEVPLUG_NVML_MODULE": ""}
+    gpus = kubelet.start_serve("resources:\n- nvidia: {}\n", env=env)
+    kubelet.wait_for_resource(GPU, count=0)
+    assert marker.exists()
+    assert "poisoned" in gpus.output
+    assert not kubelet.admit(pod_manifest("p", {"main": {GPU: 1}})).admitted
+
+
+def test_gpu_check_script_runs_with_the_fake() -> None:
+    """The real-GPU check script, on the fake driver: every section prints."""
+    script = Path(__file__).resolve().parent.parent / "tools" / "gpu_check.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--fake"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for heading in ("== discovery: 8 device(s)", "== pod", "== labels file", "== Allocate latency"):
+        assert heading in result.stdout
+    assert f"env NVIDIA_VISIBLE_DEVICES={gpu_uuid(0)}" in result.stdout
+    assert "MISSING" not in result.stdout
