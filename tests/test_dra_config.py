@@ -221,3 +221,18 @@ def test_gpus_through_dra_carry_their_memory_as_a_capacity(short_tmp: Path) -> N
     first = devices[0]
     assert int(first["capacity"]["memory"]["value"]) >= 40 << 30
     assert {"uuid", "model", "computeCapability", "index"} <= set(first["attributes"])
+
+
+def test_driver_names_of_an_entry_with_several_resources() -> None:
+    from devplug.sources.draconfig import DraSpec, plugin_driver_name
+
+    named = DraSpec(driver="gpu.devplug.io")
+    assert plugin_driver_name("nvidia.com/gpu", "nvidia.com/gpu", None) == "gpu.nvidia.com"
+    assert plugin_driver_name("nvidia.com/gpu", "nvidia.com/gpu", named) == "gpu.devplug.io"
+    assert (
+        plugin_driver_name("nvidia.com/mig-1g.10gb", "nvidia.com/gpu", named)
+        == "mig-1g-10gb.gpu.devplug.io"
+    )
+    assert plugin_driver_name("example.com/fpga-u280", "example.com/fpga", None) == (
+        "fpga-u280.example.com"
+    )
