@@ -4,6 +4,7 @@ prepare with per-claim CDI specs, idempotence, unprepare, restarts, health, bad 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from pathlib import Path
@@ -265,3 +266,40 @@ def test_claims_that_cannot_be_prepared_get_an_error_each(dirs: NodeDirs) -> Non
                 daemon.stop()
 
     run(scenario())
+
+
+def test_node_plugin_serves_while_the_api_server_is_unreachable(dirs: NodeDirs) -> None:
+    """Slices that cannot be published are retried; the kubelet side works meanwhile."""
+    config = accelerator_config(dirs, MODELS)
+    kubeconfig = dirs.root / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    command = serve_command(dirs, config, kubeconfig=str(kubeconfig))
+    daemon = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+
+    async def scenario() -> None:
+        async with kubelet_for(dirs) as kubelet:
+            await kubelet.wait_for_registration(DRIVER)
+            assert daemon.stderr is not None
+            lines = iter(daemon.stderr.readline, "")
+            failed = await asyncio.to_thread(
+                next, (line for line in lines if "publishing slices failed" in line)
+            )
+            assert "retrying in" in failed
+            assert daemon.poll() is None
+
+    try:
+        run(scenario())
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=15)

@@ -58,6 +58,7 @@ class ApiClaims:
 
     def get(self, claim: ClaimRef) -> Mapping[str, Any]:
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         try:
             response = self._api.read_namespaced_resource_claim(
@@ -67,6 +68,10 @@ class ApiClaims:
             raise ClaimError(
                 f"cannot read ResourceClaim {claim.namespace}/{claim.name}: "
                 f"{error.status} {error.reason}"
+            ) from None
+        except (HTTPError, OSError) as error:
+            raise ClaimError(
+                f"cannot read ResourceClaim {claim.namespace}/{claim.name}: {error}"
             ) from None
         document: Mapping[str, Any] = json.loads(response.data)
         return document

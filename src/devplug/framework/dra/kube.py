@@ -3,6 +3,7 @@ only here and only when a resource is served through DRA."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -12,6 +13,10 @@ def api_client(kubeconfig: str | None = None) -> Any:
     ValueError with a one-line reason when neither can be used."""
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
+
+    # urllib3 logs each of its retries; the driver logs the failure once, with its own
+    # retry, so only urllib3's errors remain worth a line.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
     path = kubeconfig or os.environ.get("KUBECONFIG")
     configuration = client.Configuration()

@@ -32,6 +32,8 @@ class SlicePublisher:
         self._resource: Any = client.ResourceV1Api(api_client)
         self._core: Any = client.CoreV1Api(api_client)
         self.published_generation = 0  # the plugin generation last published
+        self._owner: dict[str, Any] | None = None
+        self._owner_known = False
         self.pool_generation = 0
         self._published = asyncio.Event()
 
@@ -41,10 +43,13 @@ class SlicePublisher:
             event = self._published
             await event.wait()
 
-    def _owner(self) -> dict[str, Any] | None:
-        """The Node as owner, so that slices go with their node; None if unreadable."""
+    def _node_owner(self) -> dict[str, Any] | None:
+        """The Node as owner, so that slices go with their node; None if the API server
+        refuses it (a connection failure is raised, and the next attempt asks again)."""
         from kubernetes.client.exceptions import ApiException
 
+        if self._owner_known:
+            return self._owner
         try:
             node = self._core.read_node(self.node)
         except ApiException as error:
@@ -54,8 +59,15 @@ class SlicePublisher:
                 self.node,
                 error.reason,
             )
-            return None
-        return {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": node.metadata.uid}
+        else:
+            self._owner = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node,
+                "uid": node.metadata.uid,
+            }
+        self._owner_known = True
+        return self._owner
 
     def _existing(self) -> dict[str, dict[str, Any]]:
         response = self._resource.list_resource_slice(
@@ -65,8 +77,9 @@ class SlicePublisher:
         items = json.loads(response.data).get("items") or []
         return {item["metadata"]["name"]: item for item in items}
 
-    def _sync(self, owner: dict[str, Any] | None) -> int:
+    def _sync(self) -> int:
         """Publish the current devices as the next pool generation; returns it."""
+        owner = self._node_owner()
         existing = self._existing()
         generation = max(
             [
@@ -92,16 +105,16 @@ class SlicePublisher:
 
     async def run(self) -> None:
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         plugin = self.driver.plugin
         await plugin.wait_published()
-        owner = await asyncio.to_thread(self._owner)
         retry = _RETRY_FIRST_S
         while True:
             seen = plugin.generation
             try:
-                generation = await asyncio.to_thread(self._sync, owner)
-            except (ApiException, OSError) as error:
+                generation = await asyncio.to_thread(self._sync)
+            except (ApiException, HTTPError, OSError) as error:
                 reason = getattr(error, "reason", None) or error
                 log.warning(
                     "%s: publishing slices failed (%s); retrying in %.1f s",
