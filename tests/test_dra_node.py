@@ -20,6 +20,7 @@ from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as healthgrpc
 from devplug.framework.channel import unix_channel
 from devplug.framework.dra.claims import FileClaims
 from devplug.simulator import Kubelet
+from devplug.simulator.report import node_text
 from devplug.simulator.results import REASON_FAILED_PREPARE
 from tests.dra_helpers import (
     DRIVER,
@@ -79,6 +80,14 @@ def test_pod_with_a_claim_gets_the_cdi_device_of_its_allocation(dirs: NodeDirs) 
                 nodes = device["containerEdits"]["deviceNodes"]
                 assert [n["hostPath"] for n in nodes] == [str(dirs.dev / "acc1")]
                 assert "DEVPLUG_EXAMPLE_COM_ACC=acc1" in spec["containerEdits"]["env"]
+                status = kubelet.node_status()
+                assert status.dra_drivers == {DRIVER: "v1.DRAPlugin"}
+                [prepared] = status.dra_claims
+                assert (prepared.name, prepared.uid) == ("claim-u280", "uid-1")
+                assert prepared.cdi_devices == {DRIVER: [f"{CDI_KIND}=uid-1-acc1"]}
+                text = node_text(status)
+                assert "DRA DRIVER" in text
+                assert f"default/claim-u280  {CDI_KIND}=uid-1-acc1" in text
 
                 # Idempotent: the same claim again gives the same answer.
                 async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:

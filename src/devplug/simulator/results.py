@@ -121,6 +121,16 @@ class PodSummary(msgspec.Struct, frozen=True):
     containers: list[ContainerResult]
 
 
+class DraClaimStatus(msgspec.Struct, frozen=True):
+    """A ResourceClaim prepared on the node: its CDI device IDs by driver."""
+
+    namespace: str
+    name: str
+    uid: str
+    cdi_devices: dict[str, list[str]]
+    pods: list[str]
+
+
 class NodeStatus(msgspec.Struct, frozen=True):
     resources: list[ResourceStatus]
     pods: list[PodSummary]
@@ -133,6 +143,9 @@ class NodeStatus(msgspec.Struct, frozen=True):
     topology_policy: str
     numa_nodes: list[int]
     checkpoint_problem: str | None = None
+    # DRA: registered drivers (name -> version) and prepared claims.
+    dra_drivers: dict[str, str] = msgspec.field(default_factory=dict)
+    dra_claims: list[DraClaimStatus] = msgspec.field(default_factory=list)
 
     def resource(self, name: str) -> ResourceStatus | None:
         return next((r for r in self.resources if r.name == name), None)
