@@ -82,6 +82,12 @@ class DraServicer:
                 )
                 entry.error = str(error)
                 continue
+            except OSError as error:  # the CDI spec or the checkpoint cannot be written
+                log.exception(
+                    "%s: claim %s/%s", self.preparer.driver.name, claim.namespace, claim.name
+                )
+                entry.error = f"cannot prepare: {error}"
+                continue
             entry.devices.extend(
                 self.pb.Device(
                     request_names=d.requests,
@@ -104,6 +110,11 @@ class DraServicer:
                 await self.preparer.unprepare(_claim_ref(claim))
             except ClaimError as error:
                 entry.error = str(error)
+            except OSError as error:
+                log.exception(
+                    "%s: claim %s/%s", self.preparer.driver.name, claim.namespace, claim.name
+                )
+                entry.error = f"cannot unprepare: {error}"
         return response
 
 

@@ -10,12 +10,10 @@ succeeds, as the kubelet expects after a restart in between.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -195,7 +193,3 @@ class Preparer:
             del self.prepared[claim.uid]
             self._save()
             log.info("%s: unprepared claim %s/%s", self.driver.name, claim.namespace, claim.name)
-
-    def status(self) -> dict[str, Any]:
-        """The prepared claims, for reports."""
-        return json.loads(msgspec.json.encode(self.prepared))  # type: ignore[no-any-return]
