@@ -312,3 +312,27 @@ def test_node_plugin_serves_while_the_api_server_is_unreachable(dirs: NodeDirs) 
     finally:
         daemon.terminate()
         daemon.wait(timeout=15)
+
+
+def test_a_spec_that_cannot_be_written_fails_the_claim(dirs: NodeDirs) -> None:
+    config = accelerator_config(dirs, MODELS)
+    write_claim(dirs, "claim-ok", "uid-ok", ["acc0"])
+    dirs.cdi.write_text("a file where the CDI folder should be")
+
+    async def scenario() -> None:
+        async with kubelet_for(dirs) as kubelet:
+            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+            try:
+                await kubelet.wait_for_registration(DRIVER)
+                [result] = await kubelet.apply(claim_pod("p4", "claim-ok"))
+                assert not result.admitted
+                assert result.reason == REASON_FAILED_PREPARE
+                assert "cannot prepare" in result.message
+                # The driver keeps serving: the same claim works once the folder is there.
+                dirs.cdi.unlink()
+                [result] = await kubelet.apply(claim_pod("p4", "claim-ok"))
+                assert result.admitted, result.message
+            finally:
+                daemon.stop()
+
+    run(scenario())
