@@ -51,4 +51,4 @@ build/devplug-image.tar: $(IMAGE_INPUTS) | image-deps $(STAMP)
 image: build/devplug-image.tar
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build .envtest

@@ -266,6 +266,9 @@ def main() -> int:
         from sysfs import bench_sysfs  # bench/sysfs.py
 
         report["sysfs_hotplug"] = bench_sysfs(root)
+        from dra import bench_dra  # bench/dra.py
+
+        report["dra"] = bench_dra(root)
     report["deploy"] = bench_deploy()
     from nvidia import bench_nvidia  # bench/nvidia.py
 

@@ -23,6 +23,14 @@ from devplug.framework.device import cdi_name_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
 from devplug.outputs.cdi import default_kind, kind_problem
 from devplug.sources import hardware
+from devplug.sources.draconfig import (
+    DraSpec,
+    Mode,
+    check_attributes,
+    check_dra,
+    driver_name,
+    serves_dra,
+)
 from devplug.sources.nvidia.config import DEFAULT_RESOURCE as NVIDIA_RESOURCE
 from devplug.sources.nvidia.config import NvidiaSpec, check_nvidia
 
@@ -80,6 +88,9 @@ class ResourceSpec(_Schema):
     health: hardware.HealthSpec | None = None
     cdi: hardware.CdiSpec | None = None
     split: hardware.SplitSpec | None = None
+    # How the resource is served: as a device plugin, a DRA driver, or both.
+    mode: Mode = "devicePlugin"
+    dra: DraSpec | None = None
     # NVIDIA GPUs through NVML (devplug.sources.nvidia).
     nvidia: NvidiaSpec | None = None
 
@@ -207,6 +218,7 @@ def _check(config: Config, source: str) -> None:
         fail("nodeFeatures.path", f"expected an absolute path, got {config.node_features.path!r}")
     seen: dict[str, int] = {}
     kinds: dict[str, str] = {}
+    drivers: dict[str, str] = {}
     for i, resource in enumerate(config.resources):
         at = f"resources[{i}]"
         if not resource.name and resource.nvidia is not None:
@@ -246,6 +258,19 @@ def _check(config: Config, source: str) -> None:
             fail(at, "both 'groups' and 'virtual' are set: a resource has exactly one of them")
         if resource.groups is None and resource.virtual is None:
             fail(at, "neither 'groups' nor 'virtual' is set: a resource has exactly one of them")
+        if resource.dra is not None:
+            check_dra(resource.dra, f"{at}.dra", fail)
+        if serves_dra(resource.mode):
+            if resource.split is not None and resource.dra and resource.dra.driver:
+                fail(
+                    f"{at}.dra.driver",
+                    "not allowed with 'split': each model's pool is a driver of its own, "
+                    "named after its resource ('<resource>-<model>')",
+                )
+            driver = driver_name(resource.name, resource.dra)
+            if driver in drivers:
+                fail(f"{at}.dra.driver", f"driver {driver!r} already serves {drivers[driver]}")
+            drivers[driver] = at
         if resource.virtual is not None:
             if problem := _int_problem(resource.virtual, 1, MAX_VIRTUAL):
                 fail(f"{at}.virtual", problem)
@@ -370,6 +395,7 @@ def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -
             fail(f"{at}.cdiDevices[{k}]", problem)
     if group.numa_node is not None and group.numa_node < 0:
         fail(f"{at}.numaNode", f"expected an integer >= 0, got {group.numa_node}")
+    check_attributes(group.attributes, f"{at}.attributes", fail)
 
 
 _Fail = Callable[[str, str], NoReturn]

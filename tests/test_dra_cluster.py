@@ -1,0 +1,373 @@
+"""DRA against a real control plane (etcd + kube-apiserver + kube-scheduler): the real
+daemon publishes slices, the real scheduler allocates claims and binds pods, the
+simulator's kubelet prepares them through the real node plugin.
+
+Skipped, saying how to provide them, where the control-plane binaries are absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devplug.framework.dra.claims import ApiClaims
+from devplug.framework.dra.kube import api_client
+from devplug.simulator import Kubelet
+from devplug.simulator.apipods import ApiPodFollower
+from devplug.testing.controlplane import ControlPlane, how_to_provide, watch_until
+from tests.dra_helpers import (
+    DRIVER,
+    NODE,
+    RESOURCE,
+    Daemon,
+    NodeDirs,
+    accelerator_config,
+    serve_command,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+WAIT_S = 30
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[str]:
+    plane = ControlPlane.find(ROOT)
+    if plane is None:
+        pytest.skip(how_to_provide(ROOT))
+    try:
+        yield plane.start()
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def api(kubeconfig: str) -> Iterator[Any]:
+    client = api_client(kubeconfig)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def node(api: Any) -> str:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    capacity = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    core.patch_node_status(NODE, {"status": {"capacity": capacity, "allocatable": capacity}})
+    core.patch_node(NODE, {"spec": {"taints": None}})
+    return NODE
+
+
+def slice_devices(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for d in obj["spec"].get("devices") or []}
+
+
+def our_slice(predicate: Callable[[dict[str, dict[str, Any]]], bool]) -> Callable[..., bool]:
+    def match(obj: dict[str, Any]) -> bool:
+        return obj["spec"]["driver"] == DRIVER and predicate(slice_devices(obj))
+
+    return match
+
+
+@pytest.fixture
+def namespace(api: Any) -> str:
+    from kubernetes import client
+
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+    return name
+
+
+def claim_body(name: str, model: str) -> dict[str, Any]:
+    expression = f'device.attributes["{DRIVER}"].model == "{model}"'
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "acc",
+                        "exactly": {
+                            "deviceClassName": DRIVER,
+                            "selectors": [{"cel": {"expression": expression}}],
+                        },
+                    }
+                ]
+            }
+        },
+    }
+
+
+def pod_body(name: str, claim: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "resourceClaims": [{"name": "acc", "resourceClaimName": claim}],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "registry.example/app:1",
+                    "resources": {"claims": [{"name": "acc"}]},
+                }
+            ],
+        },
+    }
+
+
+def test_scheduler_allocates_and_the_node_plugin_prepares(
+    kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
+) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    resource = client.ResourceV1Api(api)
+    dirs = NodeDirs(short_tmp)
+    dirs.make_device("acc0")
+    config = accelerator_config(
+        dirs, {"acc0": "u250", "acc1": "u280"}, mode="both", preferredAllocation=False
+    )
+    # A glob group for hot-plug: nothing matches yet.
+    text = config.read_text().replace(
+        "  groups:\n", f"  groups:\n  - paths:\n    - path: {dirs.dev}/hot*\n", 1
+    )
+    config.write_text(text)
+
+    async def scenario() -> None:
+        async with Kubelet(
+            dirs.plugin_dir,
+            dirs.state_dir,
+            control_socket=False,
+            dra_registry_dir=dirs.registry,
+            claims=ApiClaims(api),
+        ) as kubelet:
+            daemon = Daemon(
+                serve_command(dirs, config, kubeconfig=kubeconfig),
+                dirs.root / "daemon.log",
+            )
+            follower = asyncio.create_task(ApiPodFollower(kubelet, api, node).run())
+            try:
+                await kubelet.wait_for_registration(DRIVER, timeout=WAIT_S)
+                await kubelet.wait_for_resource(RESOURCE, count=2, timeout=WAIT_S)
+                published = await asyncio.to_thread(
+                    watch_until,
+                    api,
+                    resource.list_resource_slice,
+                    our_slice(lambda d: {"acc0", "acc1"} <= set(d)),
+                )
+                spec = published["spec"]
+                assert (spec["nodeName"], spec["pool"]["name"]) == (NODE, NODE)
+                acc1 = slice_devices(published)["acc1"]
+                assert acc1["attributes"]["model"] == {"string": "u280"}
+                assert acc1["attributes"]["vendor"] == {"string": "xilinx"}
+                assert acc1["capacity"]["memory"]["value"] == str(8 << 30)
+                owner = published["metadata"]["ownerReferences"][0]
+                assert (owner["kind"], owner["name"]) == ("Node", NODE)
+
+                resource.create_device_class(
+                    {
+                        "apiVersion": "resource.k8s.io/v1",
+                        "kind": "DeviceClass",
+                        "metadata": {"name": DRIVER},
+                        "spec": {
+                            "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
+                        },
+                    }
+                )
+                claim = resource.create_namespaced_resource_claim(
+                    namespace, claim_body("claim-u280", "u280")
+                )
+                core.create_namespaced_pod(namespace, pod_body("pod-u280", "claim-u280"))
+
+                def admitted() -> bool:
+                    pod = kubelet.pod("pod-u280", namespace)
+                    return pod is not None and pod.admitted
+
+                await kubelet.wait_for(admitted, timeout=WAIT_S, what="pod-u280 admitted")
+                pod = kubelet.pod("pod-u280", namespace)
+                assert pod is not None
+                cdi = f"{DRIVER}/claim={claim.metadata.uid}-acc1"
+                assert pod.containers[0].options.cdi_devices == [cdi]
+                allocated = resource.read_namespaced_resource_claim("claim-u280", namespace)
+                [result] = allocated.status.allocation.devices.results
+                assert (result.driver, result.pool, result.device) == (DRIVER, NODE, "acc1")
+                spec_file = dirs.cdi / f"{DRIVER}-{claim.metadata.uid}.json"
+                assert spec_file.exists()
+
+                # The pod deleted from the API server: the node unprepares its claim.
+                core.delete_namespaced_pod("pod-u280", namespace, grace_period_seconds=0)
+                await kubelet.wait_for(
+                    lambda: kubelet.pod("pod-u280", namespace) is None,
+                    timeout=WAIT_S,
+                    what="pod-u280 deleted",
+                )
+                assert not spec_file.exists()
+
+                # A claim no device meets: Pending, with the scheduler's reason.
+                resource.create_namespaced_resource_claim(
+                    namespace, claim_body("claim-u999", "u999")
+                )
+                core.create_namespaced_pod(namespace, pod_body("pod-u999", "claim-u999"))
+                pending = await asyncio.to_thread(
+                    watch_until,
+                    api,
+                    core.list_namespaced_pod,
+                    lambda p: (
+                        p["metadata"]["name"] == "pod-u999"
+                        and any(
+                            c.get("reason") == "Unschedulable"
+                            for c in (p.get("status") or {}).get("conditions") or []
+                        )
+                    ),
+                    namespace=namespace,
+                )
+                assert pending["status"]["phase"] == "Pending"
+                [condition] = [
+                    c for c in pending["status"]["conditions"] if c["type"] == "PodScheduled"
+                ]
+                assert "cannot allocate all claims" in condition["message"]
+
+                # Hot-plug: a new device node joins the slice; a removed one leaves it.
+                dirs.make_device("hot0")
+                await asyncio.to_thread(
+                    watch_until,
+                    api,
+                    resource.list_resource_slice,
+                    our_slice(lambda d: any("-hot0" in n for n in d)),
+                )
+                (dirs.dev / "acc0").unlink()
+                await asyncio.to_thread(
+                    watch_until,
+                    api,
+                    resource.list_resource_slice,
+                    our_slice(lambda d: "acc0" not in d and "acc1" in d and len(d) == 2),
+                )
+            finally:
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                    await follower
+                daemon.stop()
+
+    asyncio.run(scenario())
+
+
+def test_deploy_rbac_and_device_classes_on_the_api_server(api: Any) -> None:
+    """The component's RBAC grants the service account what the driver does and no
+    more; its DeviceClasses (CEL included) are accepted by the API server."""
+    import yaml
+    from kubernetes import client, utils
+
+    component = ROOT / "deploy" / "dra" / "component"
+    for name, dry_run in (("rbac.yaml", None), ("deviceclasses.yaml", "All")):
+        objects = list(yaml.safe_load_all((component / name).read_text()))
+        utils.create_from_yaml(api, yaml_objects=objects, dry_run=dry_run)
+    authz = client.AuthorizationV1Api(api)
+    user = "system:serviceaccount:devplug-system:devplug"
+
+    def allowed(group: str, resource: str, verb: str) -> bool:
+        review = authz.create_subject_access_review(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": user,
+                    "resourceAttributes": {"group": group, "resource": resource, "verb": verb},
+                },
+            }
+        )
+        return bool(review.status.allowed)
+
+    for verb in ("list", "create", "update", "delete"):
+        assert allowed("resource.k8s.io", "resourceslices", verb), verb
+    assert allowed("resource.k8s.io", "resourceclaims", "get")
+    assert allowed("", "nodes", "get")
+    assert not allowed("resource.k8s.io", "resourceclaims", "update")
+    assert not allowed("", "pods", "list")
+    assert not allowed("", "secrets", "get")
+
+
+def test_doc_examples_are_accepted_by_the_api_server(api: Any, namespace: str) -> None:
+    """The DeviceClasses, claims, templates and pods of docs/dra.md pass the API
+    server's validation (CEL compiled), in a dry run."""
+    from kubernetes import client
+
+    from tests.test_dra_docs import manifests
+
+    resource, core = client.ResourceV1Api(api), client.CoreV1Api(api)
+    create = {
+        "DeviceClass": lambda body: resource.create_device_class(body, dry_run="All"),
+        "ResourceClaim": lambda body: resource.create_namespaced_resource_claim(
+            namespace, body, dry_run="All"
+        ),
+        "ResourceClaimTemplate": lambda body: resource.create_namespaced_resource_claim_template(
+            namespace, body, dry_run="All"
+        ),
+        "Pod": lambda body: core.create_namespaced_pod(namespace, body, dry_run="All"),
+    }
+    objects = manifests()
+    assert {o["kind"] for o in objects} == set(create)
+    for body in objects:
+        create[body["kind"]](body)
+
+
+def test_kubelet_command_runs_the_pods_bound_to_its_node(
+    kubeconfig: str, api: Any, namespace: str, short_tmp: Path
+) -> None:
+    """`devplug kubelet --kubeconfig K --node-name N` admits the pods bound to N."""
+    import json
+    import subprocess
+
+    from kubernetes import client
+
+    from tests.sim_helpers import cli_command
+
+    dirs = NodeDirs(short_tmp)
+    kubelet = subprocess.Popen(
+        cli_command(
+            "kubelet",
+            "--plugin-dir",
+            str(dirs.plugin_dir),
+            "--state-dir",
+            str(dirs.state_dir),
+            "--registry-dir",
+            str(dirs.registry),
+            "--kubeconfig",
+            kubeconfig,
+            "--node-name",
+            "node-b",
+            "--output",
+            "json",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        body = {
+            "metadata": {"name": "bound"},
+            "spec": {"nodeName": "node-b", "containers": [{"name": "app", "image": "x"}]},
+        }
+        client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+        assert kubelet.stdout is not None
+        lines = iter(kubelet.stdout.readline, "")
+        result = json.loads(next(line for line in lines if line.startswith("{")))
+        assert (result["pod"], result["namespace"], result["admitted"]) == (
+            "bound",
+            namespace,
+            True,
+        )
+    finally:
+        kubelet.terminate()
+        kubelet.wait(timeout=15)
