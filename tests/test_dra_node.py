@@ -17,6 +17,8 @@ from devplug.api.dra.v1beta1 import api_pb2 as drapb
 from devplug.api.dra.v1beta1 import api_pb2_grpc as dragrpc
 from devplug.api.drahealth.v1alpha1 import api_pb2 as healthpb
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as healthgrpc
+from devplug.api.pluginregistration.v1 import api_pb2 as regpb
+from devplug.api.pluginregistration.v1 import api_pb2_grpc as reggrpc
 from devplug.framework.channel import unix_channel
 from devplug.framework.dra.claims import FileClaims
 from devplug.simulator import Kubelet
@@ -165,6 +167,11 @@ def test_health_stream_reports_a_device_that_went_away(dirs: NodeDirs) -> None:
             daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
             try:
                 await kubelet.wait_for_registration(DRIVER)
+                # The kubelet calls the health service only when GetInfo lists it.
+                async with unix_channel(dirs.registry / f"{DRIVER}-reg.sock") as channel:
+                    info = await reggrpc.RegistrationStub(channel).GetInfo(regpb.InfoRequest())
+                assert "v1alpha1.DRAResourceHealth" in info.supported_versions
+                assert "v1.DRAResourceHealth" in info.supported_versions
                 async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:
                     stub = healthgrpc.DRAResourceHealthStub(channel)
                     stream = stub.NodeWatchResources(healthpb.NodeWatchResourcesRequest())

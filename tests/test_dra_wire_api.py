@@ -148,7 +148,20 @@ def test_wire_bytes_match_the_kubelet_encoding() -> None:
 
 def test_constants() -> None:
     assert constants.DRA_PLUGIN_TYPE == "DRAPlugin"
-    assert constants.SUPPORTED_VERSIONS == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+    # "<last part of the proto package>.<service>", as the kubelet matches them (its
+    # DRAPluginService and DRAResourceHealthService constants).
+    modules = {
+        "v1.DRAPlugin": dra_v1,
+        "v1beta1.DRAPlugin": dra_v1beta1,
+        "v1.DRAResourceHealth": health_v1,
+        "v1beta1.DRAResourceHealth": health_v1beta1,
+        "v1alpha1.DRAResourceHealth": health_v1alpha1,
+    }
+    assert tuple(modules) == constants.SUPPORTED_VERSIONS
+    for name, module in modules.items():
+        package, _, service = name.partition(".")
+        assert module.DESCRIPTOR.package.rpartition(".")[2] == package
+        assert service in module.DESCRIPTOR.services_by_name
     assert constants.PLUGINS_REGISTRY_PATH == "/var/lib/kubelet/plugins_registry"
     assert constants.PLUGINS_PATH == "/var/lib/kubelet/plugins"
     assert constants.DRA_SOCKET == "dra.sock"

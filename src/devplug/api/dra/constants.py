@@ -6,11 +6,16 @@ PLUGINS_REGISTRY_PATH: Final = "/var/lib/kubelet/plugins_registry"
 PLUGINS_PATH: Final = "/var/lib/kubelet/plugins"
 CDI_PATH: Final = "/var/run/cdi"
 DRA_SOCKET: Final = "dra.sock"
-# PluginInfo.type of a DRA driver, and the service versions it can offer.
+# PluginInfo.type of a DRA driver. Its supported_versions name every gRPC service the
+# driver offers as "<proto package>.<service>": the kubelet picks the DRA service from
+# them, and calls the device health service only when one of its names is listed.
 DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 V1: Final = "v1.DRAPlugin"
 V1BETA1: Final = "v1beta1.DRAPlugin"
-SUPPORTED_VERSIONS: Final = (V1, V1BETA1)
+HEALTH_V1: Final = "v1.DRAResourceHealth"
+HEALTH_V1BETA1: Final = "v1beta1.DRAResourceHealth"
+HEALTH_V1ALPHA1: Final = "v1alpha1.DRAResourceHealth"
+SUPPORTED_VERSIONS: Final = (V1, V1BETA1, HEALTH_V1, HEALTH_V1BETA1, HEALTH_V1ALPHA1)
 # The resource.k8s.io API group and the limits of its objects.
 RESOURCE_GROUP: Final = "resource.k8s.io"
 RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"
