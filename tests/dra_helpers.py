@@ -118,11 +118,17 @@ def serve_command(dirs: NodeDirs, config: Path, *, kubeconfig: str | None = None
 class Daemon:
     """`devplug serve` as a process; stderr goes to a file read at the end."""
 
-    def __init__(self, command: Sequence[str], log: Path) -> None:
+    def __init__(
+        self, command: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+    ) -> None:
         self.log = log
         self._file = log.open("a")
         self.proc = subprocess.Popen(
-            list(command), stdin=subprocess.DEVNULL, stdout=self._file, stderr=self._file
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=self._file,
+            stderr=self._file,
+            env={**os.environ, **(env or {})},
         )
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
