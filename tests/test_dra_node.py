@@ -129,6 +129,14 @@ def test_pod_with_a_claim_gets_the_cdi_device_of_its_allocation(dirs: NodeDirs) 
                 await kubelet.wait_for_registration(DRIVER, after=seen)
                 checkpoint = dirs.plugins / DRIVER / "prepared-claims.json"
                 assert "uid-1" in json.loads(checkpoint.read_text())["claims"]
+                # The claim can no longer be read: the restarted driver answers from
+                # its checkpoint.
+                (dirs.claims / "claim-u280.yaml").unlink()
+                async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:
+                    again = await dragrpc.DRAPluginStub(channel).NodePrepareResources(
+                        request, timeout=10
+                    )
+                assert again == first
 
                 # Deleting the pod unprepares the claim: CDI spec and checkpoint entry go.
                 assert await kubelet.delete_pod("p1")
