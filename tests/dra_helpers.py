@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from tests.sim_helpers import stop_process
 
 DRIVER = "acc.example.com"
 RESOURCE = "example.com/acc"
@@ -115,6 +118,38 @@ def serve_command(dirs: NodeDirs, config: Path, *, kubeconfig: str | None = None
     return args
 
 
+def kubelet_process(dirs: NodeDirs, *args: str) -> subprocess.Popen[str]:
+    """`devplug kubelet` on the node's folders with JSON results on stdout; `args` say
+    where pods and claims come from."""
+    from tests.sim_helpers import cli_command
+
+    return subprocess.Popen(
+        cli_command(
+            "kubelet",
+            "--plugin-dir",
+            str(dirs.plugin_dir),
+            "--state-dir",
+            str(dirs.state_dir),
+            "--registry-dir",
+            str(dirs.registry),
+            *args,
+            "--output",
+            "json",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def first_result(kubelet: subprocess.Popen[str]) -> dict[str, Any]:
+    """The first pod result the kubelet process prints."""
+    assert kubelet.stdout is not None
+    lines = iter(kubelet.stdout.readline, "")
+    result: dict[str, Any] = json.loads(next(line for line in lines if line.startswith("{")))
+    return result
+
+
 class Daemon:
     """`devplug serve` as a process; stderr goes to a file read at the end."""
 
@@ -132,14 +167,9 @@ class Daemon:
         )
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout=15)
+            return stop_process(self.proc, sig, timeout=15)
         finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
             self._file.close()
 
     def output(self) -> str:

@@ -30,6 +30,8 @@ from tests.dra_helpers import (
     Daemon,
     NodeDirs,
     accelerator_config,
+    first_result,
+    kubelet_process,
     serve_command,
 )
 
@@ -353,7 +355,8 @@ def test_cel_capacity_selector_picks_the_gpu_with_enough_memory(
             spec = json.loads((dirs.cdi / f"{gpu_driver}-{uid}.json").read_text())
             [device] = spec["devices"]
             nodes = {n["path"] for n in device["containerEdits"]["deviceNodes"]}
-            assert "/dev/nvidia1" in nodes and "/dev/nvidia0" not in nodes
+            assert "/dev/nvidia1" in nodes
+            assert "/dev/nvidia0" not in nodes
             assert f"NVIDIA_VISIBLE_DEVICES={gpu_uuid(1)}" in spec["containerEdits"]["env"]
 
             # The 40 GiB GPU is taken; the 24 GiB one is free but does not qualify.
@@ -431,43 +434,17 @@ def test_kubelet_command_runs_the_pods_bound_to_its_node(
     kubeconfig: str, api: Any, namespace: str, short_tmp: Path
 ) -> None:
     """`devplug kubelet --kubeconfig K --node-name N` admits the pods bound to N."""
-    import json
-    import subprocess
-
     from kubernetes import client
 
-    from tests.sim_helpers import cli_command
-
     dirs = NodeDirs(short_tmp)
-    kubelet = subprocess.Popen(
-        cli_command(
-            "kubelet",
-            "--plugin-dir",
-            str(dirs.plugin_dir),
-            "--state-dir",
-            str(dirs.state_dir),
-            "--registry-dir",
-            str(dirs.registry),
-            "--kubeconfig",
-            kubeconfig,
-            "--node-name",
-            "node-b",
-            "--output",
-            "json",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    kubelet = kubelet_process(dirs, "--kubeconfig", kubeconfig, "--node-name", "node-b")
     try:
         body = {
             "metadata": {"name": "bound"},
             "spec": {"nodeName": "node-b", "containers": [{"name": "app", "image": "x"}]},
         }
         client.CoreV1Api(api).create_namespaced_pod(namespace, body)
-        assert kubelet.stdout is not None
-        lines = iter(kubelet.stdout.readline, "")
-        result = json.loads(next(line for line in lines if line.startswith("{")))
+        result = first_result(kubelet)
         assert (result["pod"], result["namespace"], result["admitted"]) == (
             "bound",
             namespace,

@@ -31,10 +31,12 @@ from tests.dra_helpers import (
     accelerator_config,
     allocated_claim,
     claim_pod,
+    first_result,
+    kubelet_process,
     serve_command,
 )
 from tests.hw_helpers import validate_cdi
-from tests.sim_helpers import cli_command, run
+from tests.sim_helpers import run
 
 MODELS = {"acc0": "u250", "acc1": "u280"}
 CDI_KIND = f"{DRIVER}/claim"
@@ -212,32 +214,11 @@ def test_kubelet_command_prepares_claims_from_a_folder(dirs: NodeDirs) -> None:
     pods = dirs.root / "pods.yaml"
     pods.write_text(yaml.safe_dump(claim_pod("p3", "claim-u250")))
     daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
-    kubelet = subprocess.Popen(
-        cli_command(
-            "kubelet",
-            "--plugin-dir",
-            str(dirs.plugin_dir),
-            "--state-dir",
-            str(dirs.state_dir),
-            "--registry-dir",
-            str(dirs.registry),
-            "--claims-dir",
-            str(dirs.claims),
-            "--wait-for",
-            DRIVER,
-            "--pods",
-            str(pods),
-            "--output",
-            "json",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    kubelet = kubelet_process(
+        dirs, "--claims-dir", str(dirs.claims), "--wait-for", DRIVER, "--pods", str(pods)
     )
     try:
-        assert kubelet.stdout is not None
-        lines = iter(kubelet.stdout.readline, "")
-        result = json.loads(next(line for line in lines if line.startswith("{")))
+        result = first_result(kubelet)
         assert result["admitted"], result
         assert result["options"]["cdi_devices"] == [f"{CDI_KIND}=uid-3-acc0"]
     finally:
