@@ -5,8 +5,10 @@ prepare with per-claim CDI specs, idempotence, unprepare, restarts, health, bad 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -50,6 +52,18 @@ def kubelet_for(dirs: NodeDirs) -> Kubelet:
         dra_registry_dir=dirs.registry,
         claims=FileClaims(dirs.claims),
     )
+
+
+@contextlib.asynccontextmanager
+async def serving(dirs: NodeDirs, config: Path) -> AsyncIterator[Kubelet]:
+    """The simulated kubelet with the real daemon serving `config`, its driver registered."""
+    async with kubelet_for(dirs) as kubelet:
+        daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+        try:
+            await kubelet.wait_for_registration(DRIVER)
+            yield kubelet
+        finally:
+            daemon.stop()
 
 
 def write_claim(dirs: NodeDirs, name: str, uid: str, devices: list[str]) -> None:
@@ -155,16 +169,11 @@ def test_a_claim_for_a_device_the_node_lacks_fails_to_prepare(dirs: NodeDirs) ->
     write_claim(dirs, "claim-x", "uid-2", ["acc9"])
 
     async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
-            try:
-                await kubelet.wait_for_registration(DRIVER)
-                [result] = await kubelet.apply(claim_pod("p2", "claim-x"))
-                assert not result.admitted
-                assert result.reason == REASON_FAILED_PREPARE
-                assert "device acc9 is not published by this node" in result.message
-            finally:
-                daemon.stop()
+        async with serving(dirs, config) as kubelet:
+            [result] = await kubelet.apply(claim_pod("p2", "claim-x"))
+            assert not result.admitted
+            assert result.reason == REASON_FAILED_PREPARE
+            assert "device acc9 is not published by this node" in result.message
 
     run(scenario())
 
@@ -173,37 +182,32 @@ def test_health_stream_reports_a_device_that_went_away(dirs: NodeDirs) -> None:
     config = accelerator_config(dirs, MODELS)
 
     async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
-            try:
-                await kubelet.wait_for_registration(DRIVER)
-                # The kubelet calls the health service only when GetInfo lists it.
-                async with unix_channel(dirs.registry / f"{DRIVER}-reg.sock") as channel:
-                    info = await reggrpc.RegistrationStub(channel).GetInfo(regpb.InfoRequest())
-                assert "v1alpha1.DRAResourceHealth" in info.supported_versions
-                assert "v1.DRAResourceHealth" in info.supported_versions
-                async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:
-                    stub = healthgrpc.DRAResourceHealthStub(channel)
-                    stream = stub.NodeWatchResources(healthpb.NodeWatchResourcesRequest())
-                    first = await stream.read()
-                    health = {d.device.device_name: d.health for d in first.devices}
-                    assert health == {"acc0": healthpb.HEALTHY, "acc1": healthpb.HEALTHY}
-                    (dirs.dev / "acc0").unlink()
-                    second = await stream.read()
-                    health = {d.device.device_name: d.health for d in second.devices}
-                    assert health == {"acc0": healthpb.UNHEALTHY, "acc1": healthpb.HEALTHY}
-                    assert {d.device.pool_name for d in second.devices} == {"node-a"}
-                    stream.cancel()
-                # The simulated kubelet follows the same stream (v1).
-                dra = kubelet.dra
-                assert dra is not None
-                await kubelet.wait_for(
-                    lambda: dra.device_health.get((DRIVER, "node-a", "acc0")) == "Unhealthy",
-                    what="acc0 unhealthy in the kubelet",
-                )
-                assert dra.device_health[(DRIVER, "node-a", "acc1")] == "Healthy"
-            finally:
-                daemon.stop()
+        async with serving(dirs, config) as kubelet:
+            # The kubelet calls the health service only when GetInfo lists it.
+            async with unix_channel(dirs.registry / f"{DRIVER}-reg.sock") as channel:
+                info = await reggrpc.RegistrationStub(channel).GetInfo(regpb.InfoRequest())
+            assert "v1alpha1.DRAResourceHealth" in info.supported_versions
+            assert "v1.DRAResourceHealth" in info.supported_versions
+            async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:
+                stub = healthgrpc.DRAResourceHealthStub(channel)
+                stream = stub.NodeWatchResources(healthpb.NodeWatchResourcesRequest())
+                first = await stream.read()
+                health = {d.device.device_name: d.health for d in first.devices}
+                assert health == {"acc0": healthpb.HEALTHY, "acc1": healthpb.HEALTHY}
+                (dirs.dev / "acc0").unlink()
+                second = await stream.read()
+                health = {d.device.device_name: d.health for d in second.devices}
+                assert health == {"acc0": healthpb.UNHEALTHY, "acc1": healthpb.HEALTHY}
+                assert {d.device.pool_name for d in second.devices} == {"node-a"}
+                stream.cancel()
+            # The simulated kubelet follows the same stream (v1).
+            dra = kubelet.dra
+            assert dra is not None
+            await kubelet.wait_for(
+                lambda: dra.device_health.get((DRIVER, "node-a", "acc0")) == "Unhealthy",
+                what="acc0 unhealthy in the kubelet",
+            )
+            assert dra.device_health[(DRIVER, "node-a", "acc1")] == "Healthy"
 
     run(scenario())
 
@@ -235,40 +239,37 @@ def test_claims_that_cannot_be_prepared_get_an_error_each(dirs: NodeDirs) -> Non
     (dirs.claims / "claim-pending.yaml").write_text(yaml.safe_dump(pending))
 
     async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
-            try:
-                await kubelet.wait_for_registration(DRIVER)
-                async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:
-                    stub = dragrpc.DRAPluginStub(channel)
-                    claims = [
-                        drapb.Claim(namespace="default", uid="uid-other", name="claim-ok"),
-                        drapb.Claim(namespace="default", uid="uid-p", name="claim-pending"),
-                        drapb.Claim(namespace="default", uid="uid-m", name="claim-missing"),
-                        drapb.Claim(namespace="default", uid="uid-ok", name="claim-ok"),
-                    ]
-                    answer = await stub.NodePrepareResources(
-                        drapb.NodePrepareResourcesRequest(claims=claims), timeout=10
-                    )
-                    errors = {uid: entry.error for uid, entry in answer.claims.items()}
-                    assert errors["uid-other"] == (
-                        "ResourceClaim default/claim-ok has UID uid-ok, not uid-other"
-                    )
-                    assert errors["uid-p"] == "ResourceClaim default/claim-pending is not allocated"
-                    assert "claim-missing not found" in errors["uid-m"]
-                    assert errors["uid-ok"] == ""
-                    assert [d.device_name for d in answer.claims["uid-ok"].devices] == ["acc0"]
-                    # Unprepare of a claim never prepared succeeds (a restart in between).
-                    undone = await stub.NodeUnprepareResources(
-                        drapb.NodeUnprepareResourcesRequest(claims=claims[2:]), timeout=10
-                    )
-                    assert {u: e.error for u, e in undone.claims.items()} == {
-                        "uid-m": "",
-                        "uid-ok": "",
-                    }
-                    assert not (dirs.cdi / f"{DRIVER}-uid-ok.json").exists()
-            finally:
-                daemon.stop()
+        async with (
+            serving(dirs, config),
+            unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel,
+        ):
+            stub = dragrpc.DRAPluginStub(channel)
+            claims = [
+                drapb.Claim(namespace="default", uid="uid-other", name="claim-ok"),
+                drapb.Claim(namespace="default", uid="uid-p", name="claim-pending"),
+                drapb.Claim(namespace="default", uid="uid-m", name="claim-missing"),
+                drapb.Claim(namespace="default", uid="uid-ok", name="claim-ok"),
+            ]
+            answer = await stub.NodePrepareResources(
+                drapb.NodePrepareResourcesRequest(claims=claims), timeout=10
+            )
+            errors = {uid: entry.error for uid, entry in answer.claims.items()}
+            assert errors["uid-other"] == (
+                "ResourceClaim default/claim-ok has UID uid-ok, not uid-other"
+            )
+            assert errors["uid-p"] == "ResourceClaim default/claim-pending is not allocated"
+            assert "claim-missing not found" in errors["uid-m"]
+            assert errors["uid-ok"] == ""
+            assert [d.device_name for d in answer.claims["uid-ok"].devices] == ["acc0"]
+            # Unprepare of a claim never prepared succeeds (a restart in between).
+            undone = await stub.NodeUnprepareResources(
+                drapb.NodeUnprepareResourcesRequest(claims=claims[2:]), timeout=10
+            )
+            assert {u: e.error for u, e in undone.claims.items()} == {
+                "uid-m": "",
+                "uid-ok": "",
+            }
+            assert not (dirs.cdi / f"{DRIVER}-uid-ok.json").exists()
 
     run(scenario())
 
@@ -316,19 +317,14 @@ def test_a_spec_that_cannot_be_written_fails_the_claim(dirs: NodeDirs) -> None:
     dirs.cdi.write_text("a file where the CDI folder should be")
 
     async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
-            try:
-                await kubelet.wait_for_registration(DRIVER)
-                [result] = await kubelet.apply(claim_pod("p4", "claim-ok"))
-                assert not result.admitted
-                assert result.reason == REASON_FAILED_PREPARE
-                assert "cannot prepare" in result.message
-                # The driver keeps serving: the same claim works once the folder is there.
-                dirs.cdi.unlink()
-                [result] = await kubelet.apply(claim_pod("p4", "claim-ok"))
-                assert result.admitted, result.message
-            finally:
-                daemon.stop()
+        async with serving(dirs, config) as kubelet:
+            [result] = await kubelet.apply(claim_pod("p4", "claim-ok"))
+            assert not result.admitted
+            assert result.reason == REASON_FAILED_PREPARE
+            assert "cannot prepare" in result.message
+            # The driver keeps serving: the same claim works once the folder is there.
+            dirs.cdi.unlink()
+            [result] = await kubelet.apply(claim_pod("p4", "claim-ok"))
+            assert result.admitted, result.message
 
     run(scenario())
