@@ -272,7 +272,8 @@ def test_scheduler_allocates_and_the_node_plugin_prepares(
             ]
             assert "cannot allocate all claims" in condition["message"]
 
-            # Hot-plug: a new device node joins the slice; a removed one leaves it.
+            # Hot-plug: a new device node joins the slice; a removed one turns Unhealthy
+            # and leaves it.
             dirs.make_device("hot0")
             grown = await asyncio.to_thread(
                 watch_until,
