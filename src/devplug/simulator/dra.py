@@ -46,6 +46,7 @@ from devplug.framework.dra.claims import ClaimError, ClaimSource
 from devplug.framework.dra.driver import ClaimRef
 from devplug.framework.dra.names import driver_name_problem
 from devplug.simulator.pods import PodSpec
+from devplug.simulator.results import DraClaimStatus
 
 log = logging.getLogger("devplug.simulator.dra")
 
@@ -431,8 +432,22 @@ class DraManager:
             if answer is not None and answer.error:
                 log.warning("%s: unprepare of %s: %s", name, state.name, answer.error)
 
-    def prepared_claims(self) -> list[PreparedClaimState]:
-        return list(self._state.claims.values())
+    def driver_versions(self) -> dict[str, str]:
+        """The registered drivers and the DRA service version each is called with."""
+        return {d.name: d.version for d in self.drivers.values()}
+
+    def claim_status(self) -> list[DraClaimStatus]:
+        """The prepared claims as the node status shows them: CDI devices per driver."""
+        return [
+            DraClaimStatus(
+                c.namespace,
+                c.name,
+                c.uid,
+                {d: sorted({i for ids in r.values() for i in ids}) for d, r in c.cdi.items()},
+                list(c.pods),
+            )
+            for c in self._state.claims.values()
+        ]
 
 
 def _cancel(driver: RegisteredDriver) -> None:

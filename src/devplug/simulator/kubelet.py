@@ -69,7 +69,6 @@ from devplug.simulator.results import (
     WAITING,
     ContainerResult,
     DeviceStatus,
-    DraClaimStatus,
     NodeStatus,
     PodResult,
     PodSummary,
@@ -767,19 +766,8 @@ class Kubelet:
             topology_policy=self.topology_policy,
             numa_nodes=manager.numa_nodes if manager is not None else list(self._numa_nodes or []),
             checkpoint_problem=self.checkpoint_problem,
-            dra_drivers=(
-                {d.name: d.version for d in self.dra.drivers.values()} if self.dra else {}
-            ),
-            dra_claims=[
-                DraClaimStatus(
-                    c.namespace,
-                    c.name,
-                    c.uid,
-                    {d: sorted({i for ids in r.values() for i in ids}) for d, r in c.cdi.items()},
-                    list(c.pods),
-                )
-                for c in (self.dra.prepared_claims() if self.dra else [])
-            ],
+            dra_drivers=self.dra.driver_versions() if self.dra else {},
+            dra_claims=self.dra.claim_status() if self.dra else [],
         )
 
     def metrics_text(self) -> str:
