@@ -104,7 +104,7 @@ def test_check_shows_the_slices(short_tmp: Path) -> None:
     assert f"DRA driver {DRIVER}, slice node-a-acc-example-com-0 (node node-a): 2 device(s)" in (
         result.stdout
     )
-    assert "acc1: model=u280 vendor=xilinx memory=8589934592" in result.stdout
+    assert "acc1: model=u280 vendor=xilinx capacity memory=8589934592" in result.stdout
     report = json.loads(
         devplug("check", "--config", config, "--node-name", "node-a", "--output", "json").stdout
     )

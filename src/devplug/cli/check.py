@@ -121,7 +121,11 @@ def _print_slices(resource: dict[str, Any]) -> None:
             values = [
                 f"{k}={next(iter(v.values()))}" for k, v in device.get("attributes", {}).items()
             ]
-            values += [f"{k}={v['value']}" for k, v in device.get("capacity", {}).items()]
+            # Capacities apart: a CEL selector reads them as device.capacity[...], not
+            # device.attributes[...].
+            capacity = [f"{k}={v['value']}" for k, v in device.get("capacity", {}).items()]
+            if capacity:
+                values += ["capacity", *capacity]
             print(f"    {device['name']}: {' '.join(values) or '-'}")
 
 
