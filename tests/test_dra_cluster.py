@@ -192,6 +192,12 @@ def unschedulable(api: Any, name: str, namespace: str) -> dict[str, Any]:
     )
 
 
+def scheduled_message(pod: dict[str, Any]) -> str:
+    """The scheduler's reason on the pod's PodScheduled condition."""
+    [condition] = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+    return str(condition["message"])
+
+
 def test_scheduler_allocates_and_the_node_plugin_prepares(
     kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
 ) -> None:
@@ -267,10 +273,7 @@ def test_scheduler_allocates_and_the_node_plugin_prepares(
             core.create_namespaced_pod(namespace, pod_body("pod-u999", "claim-u999"))
             pending = await asyncio.to_thread(unschedulable, api, "pod-u999", namespace)
             assert pending["status"]["phase"] == "Pending"
-            [condition] = [
-                c for c in pending["status"]["conditions"] if c["type"] == "PodScheduled"
-            ]
-            assert "cannot allocate all claims" in condition["message"]
+            assert "cannot allocate all claims" in scheduled_message(pending)
 
             # Hot-plug: a new device node joins the slice; a removed one turns Unhealthy
             # and leaves it.
@@ -365,6 +368,7 @@ def test_cel_capacity_selector_picks_the_gpu_with_enough_memory(
             core.create_namespaced_pod(namespace, gpu_pod("pod-second-gpu", "second-gpu"))
             pending = await asyncio.to_thread(unschedulable, api, "pod-second-gpu", namespace)
             assert pending["status"]["phase"] == "Pending"
+            assert "cannot allocate all claims" in scheduled_message(pending)
 
     try:
         asyncio.run(scenario())
