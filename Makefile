@@ -55,4 +55,4 @@ soak: $(STAMP)
 	$(BIN)/python tests/soak.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build .envtest

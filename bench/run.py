@@ -266,6 +266,9 @@ def main() -> int:
         from sysfs import bench_sysfs  # bench/sysfs.py
 
         report["sysfs_hotplug"] = bench_sysfs(root)
+        from dra import bench_dra  # bench/dra.py
+
+        report["dra"] = bench_dra(root)
         from startup import bench_startup  # bench/startup.py
 
         report["startup"] = bench_startup(root)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,29 @@ def roots(tree: FakeSysfs) -> str:
 
 def exists(path: Path) -> bool:
     return os.path.lexists(path)
+
+
+SERIAL = "example.com/serial"
+WEBCAM = "example.com/webcam"
+
+
+def hardware_config(tree: FakeSysfs, extra: str = "") -> str:
+    return (
+        roots(tree)
+        + textwrap.dedent(
+            f"""\
+        resources:
+          - name: {SERIAL}
+            groups:
+              - usb: {{vendor: "0403", product: ["6010", "6011"]}}
+          - name: {WEBCAM}
+            groups:
+              - usb: {{interfaceClass: "0x0e"}}
+          - name: example.com/fpga
+            groups:
+              - pci: {{vendor: "10ee", class: "0x1200/0xff00"}}
+            split: {{by: productID, models: {{"0x500c": u250, "0x500d": u280}}}}
+        """
+        )
+        + extra
+    )

@@ -100,6 +100,21 @@ def plugin(resource: str, devices: Sequence[Mapping[str, Any]], **extra: Any) ->
     return {"resource": resource, "devices": list(devices), **extra}
 
 
+def stop_process(
+    proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10
+) -> int:
+    """Signal a process and reap it; killed if it outlives `timeout` (then the
+    TimeoutExpired goes on, failing the test)."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 class PluginProcess:
     """Device plugins served by a real `devplug.run` process."""
 
@@ -118,14 +133,7 @@ class PluginProcess:
         )
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout=10)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
+        return stop_process(self.proc, sig)
 
     def kill(self) -> None:
         self.stop(signal.SIGKILL)

@@ -4,6 +4,7 @@ and the image really offer."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -106,6 +107,16 @@ def test_the_daemonset_runs_devplug_as_the_node_expects(variant: str) -> None:
         assert host[path] == path
         assert mounts[path]["readOnly"] is True
     assert args.metrics_pod_resources.startswith("/var/lib/kubelet/pod-resources/")
+    # The host's sysfs where usb/pci selectors read it (/sys unless --sysfs-root says).
+    assert host[args.sysfs_root or "/sys"] == "/sys"
+    # Written by the daemon, read by the runtime and node-feature-discovery.
+    for path in ("/var/run/cdi", "/etc/kubernetes/node-feature-discovery/features.d"):
+        assert host[path] == path
+        assert not mounts[path].get("readOnly", False)
+    assert args.feature_file == "/etc/kubernetes/node-feature-discovery/features.d/devplug"
+    # The kernel's uevents (USB/PCI hot-plug) reach the host's network namespace only.
+    assert pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     # Only what is needed: no privilege, no capability.
     security = container["securityContext"]
     assert security["privileged"] is False
@@ -124,10 +135,37 @@ def test_the_manifests_use_the_image_that_make_image_builds() -> None:
     assert container["image"] == f"devplug/devplug:{version['newTag']}"
 
 
-def test_the_gpu_overlay_selects_gpu_nodes_and_mounts_cdi_specs() -> None:
+def test_the_gpu_overlay_selects_gpu_nodes_and_asks_for_nvml() -> None:
     daemonset = by_kind(render("overlays/gpu"), "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["nodeSelector"]["feature.node.kubernetes.io/pci-10de.present"] == "true"
-    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    assert "/var/run/cdi" in mounts
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
     assert daemonset["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "gpu"
+
+
+def test_the_gpu_overlay_config_serves_gpus_through_nvml(short_tmp: Path) -> None:
+    """`devplug check` on the overlay's ConfigMap, with the fake NVML driver of an
+    8-GPU host: the `nvidia:` block finds every GPU."""
+    from devplug.testing.fakenvml import FakeGpuHost, eight_gpus
+
+    text = by_kind(render("overlays/gpu"), "ConfigMap")["data"]["config.yaml"]
+    host = FakeGpuHost(short_tmp / "host", eight_gpus())
+    # The overlay reads the host at /; the fake host is elsewhere.
+    config = yaml.safe_load(text)
+    (entry,) = config["resources"]
+    assert entry["nvidia"].get("hostRoot", "/") == "/"
+    entry["nvidia"]["hostRoot"] = str(host.host_root)
+    path = short_tmp / "gpu.yaml"
+    path.write_text(yaml.safe_dump(config))
+    check = subprocess.run(
+        [sys.executable, "-m", "devplug.cli.main", "check", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **host.env},
+        timeout=60,
+    )
+    assert check.returncode == 0, check.stderr
+    assert "nvidia.com/gpu (nvidia" in check.stdout
+    assert "8 device(s), 8 healthy" in check.stdout

@@ -21,6 +21,7 @@ import pytest
 from serve_helpers import free_port, http_get, wait_for_path
 
 from devplug.testing import KubeletHarness
+from devplug.testing.harness import PluginProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHIVE = ROOT / "build" / "devplug-image.tar"
@@ -100,29 +101,39 @@ def test_image_prints_its_version_and_checks_the_default_config(image: Unpacked)
     assert "devplug.io/null" in check.stdout
 
 
+def serve_in_image(
+    kubelet: KubeletHarness, image: Unpacked, args: list[str], resources: list[str]
+) -> PluginProcess:
+    """`args` run in the image as the DaemonSet runs it: the host's /dev and /sys, a /proc
+    and the kubelet's plugin folder mounted in, in a mount namespace of its own."""
+    rootfs = image.rootfs
+    mountpoint = rootfs / "var/lib/kubelet/device-plugins"
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    kubelet.plugin_dir.mkdir(parents=True, exist_ok=True)
+    setup = " && ".join(
+        [
+            f"mount --rbind /dev {shlex.quote(str(rootfs / 'dev'))}",
+            f"mount --rbind /sys {shlex.quote(str(rootfs / 'sys'))}",
+            f"mount -t proc proc {shlex.quote(str(rootfs / 'proc'))}",
+            f"mount --bind {shlex.quote(str(kubelet.plugin_dir))} {shlex.quote(str(mountpoint))}",
+            "exec " + shlex.join(in_image(image, *args)),
+        ]
+    )
+    return kubelet.start_command(
+        ["unshare", "--mount", "sh", "-c", setup], name="image", wait_for=resources
+    )
+
+
 def test_image_serves_and_registers_through_a_bind_mounted_plugin_folder(
     image: Unpacked,
 ) -> None:
     from devplug.sources import load_config
 
     resources = [r.name for r in load_config(ROOT / "src/devplug/sources/default.yaml").resources]
-    rootfs = image.rootfs
-    mountpoint = rootfs / "var/lib/kubelet/device-plugins"
-    mountpoint.mkdir(parents=True, exist_ok=True)
     port = free_port()
     with KubeletHarness() as kubelet:
-        # As the DaemonSet mounts them: the host's /dev and the kubelet's plugin folder.
-        setup = " && ".join(
-            [
-                f"mount --rbind /dev {shlex.quote(str(rootfs / 'dev'))}",
-                f"mount --bind {shlex.quote(str(kubelet.plugin_dir))} "
-                f"{shlex.quote(str(mountpoint))}",
-                "exec " + shlex.join(in_image(image, *image.args, "--metrics-port", str(port))),
-            ]
-        )
-        kubelet.plugin_dir.mkdir(parents=True, exist_ok=True)
-        served = kubelet.start_command(
-            ["unshare", "--mount", "sh", "-c", setup], name="image", wait_for=resources
+        served = serve_in_image(
+            kubelet, image, [*image.args, "--metrics-port", str(port)], resources
         )
         pod = kubelet.admit({"devplug.io/zero": 1})
         assert pod.admitted, pod
@@ -133,6 +144,45 @@ def test_image_serves_and_registers_through_a_bind_mounted_plugin_folder(
         assert 'devplug_allocations_total{resource="devplug.io/zero"} 1.0' in text
         assert served.stop() == 0
         assert not list(kubelet.plugin_dir.glob("devplug-*.sock"))
+
+
+def test_image_listens_to_uevents_for_devices_selected_in_the_hosts_sysfs(
+    image: Unpacked,
+) -> None:
+    """pyudev and libudev are in the image: PCI/USB hot-plug through the kernel's
+    uevents, not only /dev (a warning says so when they are missing)."""
+    config = image.rootfs / "etc/devplug/pci.yaml"
+    # Any PCI device of this host (a class mask of 0), found in the mounted /sys.
+    config.write_text(
+        "resources:\n  - name: example.com/pci\n    groups:\n"
+        '      - pci: {class: "0x000000/0x000000"}\n'
+    )
+    with KubeletHarness() as kubelet:
+        served = serve_in_image(
+            kubelet,
+            image,
+            ["devplug", "serve", "--config", "/etc/devplug/pci.yaml"],
+            ["example.com/pci"],
+        )
+        assert served.stop() == 0
+        output = served.output
+    assert "serving example.com/pci" in output  # the log is there to read
+    assert "hot-plug is seen through /dev only" not in output, output
+
+
+def test_image_checks_the_gpu_overlay_config_with_nvml(image: Unpacked) -> None:
+    """The GPU overlay's config in the image: the NVML binding is there and only the
+    driver's library is missing (on a GPU node the container toolkit mounts it)."""
+    config = image.rootfs / "etc/devplug/gpu.yaml"
+    shutil.copy(ROOT / "deploy/overlays/gpu/config.yaml", config)
+    check = subprocess.run(
+        in_image(image, "devplug", "check", "--config", "/etc/devplug/gpu.yaml"),
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stderr
+    assert "nvidia.com/gpu (nvidia" in check.stdout
+    assert "NVMLError_LibraryNotFound" in check.stdout + check.stderr
 
 
 def test_the_archive_loads_into_podman_and_containerd(image: Unpacked, short_tmp: Path) -> None:

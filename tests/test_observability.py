@@ -65,6 +65,10 @@ def test_metrics_probes_and_pod_labels_follow_what_happens(nodes: Path) -> None:
         assert 'devplug_listandwatch_streams_open{resource="example.com/fake"} 1.0' in (
             metric_lines(port, "devplug_listandwatch_streams_open")
         )
+        assert metric_lines(port, "devplug_registered") == [
+            'devplug_registered{resource="example.com/widget"} 1.0',
+            'devplug_registered{resource="example.com/fake"} 1.0',
+        ]
 
         pod = kubelet.admit({"example.com/widget": 1}, name="user")
         assert pod.admitted, pod
@@ -119,6 +123,10 @@ def test_metrics_probes_and_pod_labels_follow_what_happens(nodes: Path) -> None:
         status, body = http_get(port, "/readyz")
         assert status == 503
         assert "example.com/fake: not registered with the kubelet" in body
+        assert metric_lines(port, "devplug_registered") == [
+            'devplug_registered{resource="example.com/widget"} 0.0',
+            'devplug_registered{resource="example.com/fake"} 0.0',
+        ]
         assert http_get(port, "/healthz") == (200, "ok\n")
         assert http_get(port, "/nothing")[0] == 404
         assert serve.stop() == 0

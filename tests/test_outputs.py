@@ -11,7 +11,7 @@ from hw_helpers import validate_cdi, wait_file
 
 from devplug.framework.device import Device
 from devplug.outputs.cdi import qualified_name, spec_document
-from devplug.outputs.nfd import device_labels, label_value, parse_features
+from devplug.outputs.nfd import device_labels, label_name_problem, label_value, parse_features
 from devplug.sources.config import path_device_id
 from devplug.testing import KubeletHarness
 from devplug.testing.sysfs import make_node as mknod
@@ -130,6 +130,10 @@ def test_labels_and_specs_of_any_devices() -> None:
         "example.com/fpga.numa-nodes": "0_1",
     }
     assert label_value(" Alveo U280 (rev 2) ") == "Alveo-U280-rev-2"
+    assert label_name_problem("example.com/fpga-u280.numa-nodes") is None
+    assert label_name_problem("fpga.count") is None
+    assert label_name_problem(f"example.com/{'x' * 53}.numa-nodes") is not None
+    assert label_name_problem("Example.com/fpga.count") is not None
     assert len(label_value("x" * 100)) == 63
     document = spec_document("example.com/fpga", devices)
     validate_cdi(document)
@@ -152,7 +156,9 @@ def test_services_work_for_any_plugin(short_tmp: Path) -> None:
 
     class Widgets(Plugin):
         def node_labels(self) -> dict[str, str]:
-            return {"example.com/widget.count": str(len(self.devices))}
+            # The second name is too long for a label: left out, not written for NFD.
+            count = str(len(self.devices))
+            return {"example.com/widget.count": count, f"example.com/{'w' * 60}.count": count}
 
     features = short_tmp / "features"
     cdi = short_tmp / "cdi"

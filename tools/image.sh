@@ -42,15 +42,16 @@ if ! bah inspect --type image "$base" >/dev/null 2>&1; then
     bah commit --quiet --rm "$c" "$base" >/dev/null
 fi
 
-echo "image: wheels for devplug[metrics]" >&2
+echo "image: wheels for devplug[metrics,udev]" >&2
 rm -rf build/wheels/devplug-*.whl build/lib build/bdist.*  # no stale file in the wheel
 "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --find-links build/wheels \
-    -w build/wheels '.[metrics]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    -w build/wheels '.[metrics,udev]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
 ls build/wheels/devplug-*.whl >/dev/null
 
 echo "image: building $NAME" >&2
+# Pushed by image ID: other checkouts may build and tag the same name in this store.
 bah bud --quiet --isolation chroot --pull=never --layers --build-arg "BASE=$base" \
-    -t "$NAME" -f Dockerfile . >/dev/null
+    --iidfile build/image.id -t "$NAME" -f Dockerfile . >/dev/null
 rm -f "$OUT"
-bah push --quiet "$NAME" "oci-archive:$OUT:$NAME"
+bah push --quiet "$(cat build/image.id)" "oci-archive:$OUT:$NAME"
 echo "image: $OUT ($NAME, $(du -m "$OUT" | cut -f1) MiB archive)" >&2

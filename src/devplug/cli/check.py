@@ -24,6 +24,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dev-root", metavar="DIR", help="where device nodes are (default: the config's, or /dev)"
     )
+    parser.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="the node whose DRA slices to show (default: $NODE_NAME, else the host name)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
             load_config(args.config), sysfs_root=args.sysfs_root, dev_root=args.dev_root
         )
         report = [_resource_report(p) for p in plugins]
+        _add_dra_reports(args, plugins, report)
     except (ConfigError, ValueError) as e:
         problem = str(e) if isinstance(e, ConfigError) else f"{args.config}: {e}"
         print(problem, file=sys.stderr)
@@ -49,9 +55,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
-    from devplug.sources import VirtualPlugin
+    from devplug.sources import HostDevicePlugin, VirtualPlugin
 
-    devices = plugin.discover()
+    if isinstance(plugin, HostDevicePlugin) and plugin.spec.health is not None:
+        import asyncio
+
+        devices = asyncio.run(plugin.checked_devices())
+    else:
+        devices = plugin.discover()
     return {
         "name": plugin.resource_name,
         "kind": getattr(plugin, "kind", "virtual" if isinstance(plugin, VirtualPlugin) else "host"),
@@ -70,6 +81,52 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
         ],
         "warnings": list(plugin.warnings),
     }
+
+
+def _add_dra_reports(
+    args: argparse.Namespace, plugins: list[SourcePlugin], report: list[dict[str, Any]]
+) -> None:
+    """The mode of each resource and, for those served through DRA, the ResourceSlices
+    the daemon would publish for this node now."""
+    from devplug.sources.draconfig import plugin_driver_name, serves_dra
+
+    for plugin, entry in zip(plugins, report, strict=True):
+        spec = plugin.spec
+        entry["mode"] = spec.mode
+        if not serves_dra(spec.mode):
+            continue
+        from devplug.cli.serve import node_name
+        from devplug.framework.dra.driver import Driver
+        from devplug.framework.dra.slices import slice_bodies
+
+        driver = Driver(
+            plugin,
+            plugin_driver_name(plugin.resource_name, spec.name, spec.dra),
+            spec.dra.attributes if spec.dra else {},
+            spec.dra.attribute_names if spec.dra else {},
+        )
+        plugin.publish(plugin.discover())
+        entry["draDriver"] = driver.name
+        entry["slices"] = slice_bodies(driver, node_name(args), generation=1)
+
+
+def _print_slices(resource: dict[str, Any]) -> None:
+    for body in resource.get("slices", []):
+        spec = body["spec"]
+        print(
+            f"  DRA driver {spec['driver']}, slice {body['metadata']['name']} "
+            f"(node {spec['nodeName']}): {len(spec['devices'])} device(s)"
+        )
+        for device in spec["devices"]:
+            values = [
+                f"{k}={next(iter(v.values()))}" for k, v in device.get("attributes", {}).items()
+            ]
+            # Capacities apart: a CEL selector reads them as device.capacity[...], not
+            # device.attributes[...].
+            capacity = [f"{k}={v['value']}" for k, v in device.get("capacity", {}).items()]
+            if capacity:
+                values += ["capacity", *capacity]
+            print(f"    {device['name']}: {' '.join(values) or '-'}")
 
 
 def _print_text(config: str, report: list[dict[str, Any]]) -> None:
@@ -94,5 +151,6 @@ def _print_text(config: str, report: list[dict[str, Any]]) -> None:
         ]
         for line in table(None, rows, indent="  "):
             print(line)
+        _print_slices(resource)
         for warning in resource["warnings"]:
             print(f"  warning: {warning}")

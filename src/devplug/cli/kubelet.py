@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from devplug.api.constants import (
     DEVICE_PLUGIN_PATH,
@@ -49,7 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="RESOURCE[=N]",
-        help="before applying --pods, wait until RESOURCE is registered (with N healthy devices)",
+        help="before applying --pods, wait until RESOURCE is registered (with N healthy devices); "
+        "a name without '/' is a DRA driver",
     )
     parser.add_argument(
         "--control", metavar="SOCKET", help="control socket (default: STATE_DIR/control.sock)"
@@ -69,6 +71,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="how long Register waits to reach the plugin (default: 10, the kubelet's)",
     )
     parser.add_argument("--output", choices=["table", "json"], default="table")
+    dra = parser.add_argument_group("DRA (the kubelet's plugin watcher and claims)")
+    dra.add_argument(
+        "--registry-dir",
+        metavar="DIR",
+        help="register DRA drivers whose sockets appear in DIR (plugins_registry); "
+        "claims come from --claims-dir or --kubeconfig",
+    )
+    dra.add_argument(
+        "--claims-dir", metavar="DIR", help="allocated ResourceClaims as YAML files in DIR"
+    )
+    dra.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="read claims from this API server, and run the pods bound to --node-name",
+    )
+    dra.add_argument("--node-name", metavar="NAME", help="the node whose pods to run")
 
 
 def parse_wait(spec: str) -> tuple[str, int | None]:
@@ -106,10 +124,17 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(
     args: argparse.Namespace, manifests: list[str], waits: list[tuple[str, int | None]]
 ) -> int:
+    import asyncio
+
     from devplug.framework.signals import stop_on_signals
-    from devplug.simulator import Kubelet, ManifestError
+    from devplug.simulator import Kubelet, ManifestError, PodResult
     from devplug.simulator.report import json_lines, results_text
 
+    def show(results: list[PodResult]) -> None:
+        out = json_lines(results) if args.output == "json" else [results_text(results)]
+        print("\n".join(out), flush=True)
+
+    claims, api = _dra_sources(args)
     kubelet = Kubelet(
         args.plugin_dir,
         args.state_dir,
@@ -118,6 +143,8 @@ async def _serve(
         grace_period=args.grace_period,
         dial_timeout=args.dial_timeout,
         control_socket=args.control,
+        dra_registry_dir=args.registry_dir,
+        claims=claims,
     )
     code = EXIT_OK
     with stop_on_signals() as stop:
@@ -132,6 +159,9 @@ async def _serve(
                 print(f"checkpoint not used: {kubelet.checkpoint_problem}", file=sys.stderr)
             for resource, count in waits:
                 try:
+                    if "/" not in resource:  # a DRA driver's name
+                        await kubelet.wait_for_registration(resource, timeout=60)
+                        continue
                     await kubelet.wait_for_resource(resource, count=count, timeout=60)
                 except TimeoutError as error:
                     log.error("%s", error)
@@ -142,9 +172,45 @@ async def _serve(
                     print(f"devplug kubelet: --pods: {error}", file=sys.stderr)
                     code = EXIT_INVALID
                     continue
-                out = json_lines(results) if args.output == "json" else [results_text(results)]
-                print("\n".join(out), flush=True)
-            await stop.wait()
+                show(results)
+            if api is not None:
+                from devplug.simulator.apipods import ApiPodFollower
+
+                follower = asyncio.create_task(
+                    ApiPodFollower(kubelet, api, args.node_name, lambda r: show([r])).run()
+                )
+                stopping = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({follower, stopping}, return_when="FIRST_COMPLETED")
+                stopping.cancel()
+                if follower.done():
+                    follower.result()  # a failure (the API server gone) is raised
+                follower.cancel()
+            else:
+                await stop.wait()
         finally:
             await kubelet.stop()
+            if api is not None:
+                api.close()
     return code
+
+
+def _dra_sources(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The claim source of the DRA options (and the API client, when there is one)."""
+    if args.registry_dir is None:
+        if args.claims_dir or args.kubeconfig:
+            raise ValueError("--claims-dir and --kubeconfig need --registry-dir")
+        return None, None
+    if bool(args.claims_dir) == bool(args.kubeconfig):
+        raise ValueError("--registry-dir needs one of --claims-dir and --kubeconfig")
+    from devplug.framework.dra.claims import ApiClaims, FileClaims
+
+    if args.claims_dir:
+        return FileClaims(args.claims_dir), None
+    if not args.node_name:
+        raise ValueError("--kubeconfig needs --node-name: the node whose pods to run")
+    if sys.modules.get("ssl", False) is None:
+        del sys.modules["ssl"]
+    from devplug.framework.dra.kube import api_client
+
+    api = api_client(args.kubeconfig)
+    return ApiClaims(api), api

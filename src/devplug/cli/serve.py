@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH
 
@@ -60,6 +61,55 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="add devplug_pod_device_info (device -> pod, container) from the kubelet's "
         "PodResources socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock",
     )
+    add_dra_options(parser)
+
+
+def add_dra_options(parser: argparse.ArgumentParser) -> None:
+    """Options of the resources served through DRA (`mode: dra` or `both`)."""
+    from devplug.api.dra import constants as dra
+
+    group = parser.add_argument_group("DRA (resources with mode dra or both)")
+    group.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="this node's name, the pool of its slices (default: $NODE_NAME, else the host name)",
+    )
+    group.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig of the API server (default: $KUBECONFIG, else in-cluster)",
+    )
+    group.add_argument(
+        "--registry-dir",
+        default=dra.PLUGINS_REGISTRY_PATH,
+        metavar="DIR",
+        help=f"the kubelet's plugin registration folder (default: {dra.PLUGINS_REGISTRY_PATH})",
+    )
+    group.add_argument(
+        "--plugins-dir",
+        default=dra.PLUGINS_PATH,
+        metavar="DIR",
+        help=f"the kubelet's plugins folder, for dra.sock (default: {dra.PLUGINS_PATH})",
+    )
+    group.add_argument(
+        "--cdi-dir",
+        default=dra.CDI_PATH,
+        metavar="DIR",
+        help=f"where the CDI specs of prepared claims go (default: {dra.CDI_PATH})",
+    )
+    group.add_argument(
+        "--claims-dir",
+        metavar="DIR",
+        help="read claims from YAML files in DIR instead of the API server; publish no slices",
+    )
+
+
+def node_name(args: argparse.Namespace) -> str:
+    import os
+    import socket
+
+    name: str = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    return name
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,20 +125,35 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config) if args.config else load_default_config()
         plugins = build(config)
-        services = build_services(config, plugins, feature_file=args.feature_file)
+        services = build_services(config, feature_file=args.feature_file)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return EXIT_INVALID
+    from devplug.sources.draconfig import serves_device_plugin, serves_dra
+
+    device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
+    services = list(services)
+    if any(serves_dra(p.spec.mode) for p in plugins):
+        try:
+            services.append(_dra_service(args, plugins))
+        except Exception as e:
+            print(f"devplug serve: DRA: {e}", file=sys.stderr)
+            return EXIT_INVALID
     log.info(
         "serving %s from %s in %s",
         ", ".join(p.resource_name for p in plugins),
         args.config or "the packaged default config",
         args.plugin_dir,
     )
-    services += reload_and_metrics(args, config, build)
+
+    def build_device_plugins(config: Config) -> list[SourcePlugin]:
+        # A reload swaps device plugins only; DRA drivers take changes at a restart.
+        return [p for p in build(config) if serves_device_plugin(p.spec.mode)]
+
+    services += reload_and_metrics(args, config, build_device_plugins)
     try:
         services += _debug_services()
-        asyncio.run(serve(plugins, args.plugin_dir, services=services))
+        asyncio.run(serve(device_plugins, args.plugin_dir, services=services))
     except Exception:
         log.exception("stopped on a failure")
         return EXIT_FAILED
@@ -112,6 +177,38 @@ def reload_and_metrics(
             MetricsServer(args.metrics_port, args.metrics_address, args.metrics_pod_resources)
         )
     return services
+
+
+def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
+    """The DRA service of the resources with mode dra or both (imports the
+    Kubernetes client, which needs the ssl module `devplug serve` leaves out)."""
+    from pathlib import Path
+
+    if sys.modules.get("ssl", False) is None:
+        del sys.modules["ssl"]
+    from devplug.framework.dra.driver import Driver
+    from devplug.framework.dra.service import DraService, DraSettings
+    from devplug.sources.draconfig import plugin_driver_name, serves_dra
+
+    drivers = [
+        Driver(
+            plugin,
+            plugin_driver_name(plugin.resource_name, plugin.spec.name, plugin.spec.dra),
+            plugin.spec.dra.attributes if plugin.spec.dra else {},
+            plugin.spec.dra.attribute_names if plugin.spec.dra else {},
+        )
+        for plugin in plugins
+        if serves_dra(plugin.spec.mode)
+    ]
+    settings = DraSettings(
+        node_name=node_name(args),
+        registry_dir=Path(args.registry_dir),
+        plugins_dir=Path(args.plugins_dir),
+        cdi_dir=Path(args.cdi_dir),
+        kubeconfig=args.kubeconfig,
+        claims_dir=Path(args.claims_dir) if args.claims_dir else None,
+    )
+    return DraService(drivers, settings)
 
 
 def _debug_services() -> list[Service]:

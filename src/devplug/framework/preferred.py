@@ -74,8 +74,6 @@ def prefer_numa_local(
 
 # -- policies by name ------------------------------------------------------------------
 
-POLICY_NAMES = ("numa", "pack", "spread", "pci")
-
 
 def prefer_spread(
     available: Sequence[Device], must_include: Sequence[Device], size: int

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from devplug.framework.device import ContainerEdits, Device, merge_edits
+from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import physical_id
 from devplug.outputs.files import remove_quietly, write_atomic
 from devplug.outputs.follow import follow
@@ -140,43 +141,59 @@ def apply_mode(
     return replace(edits, cdi_devices=list(names))
 
 
-class CdiSpecs:
-    """A daemon service writing one CDI spec per resource into `folder`, kept in step
-    with each plugin's device list, removed on shutdown.
+# Where a plugin's CDI spec goes: (kind, folder), or None for no spec.
+SpecPlace = Callable[[Plugin], "tuple[str, Path] | None"]
 
-    `kinds` maps the resource names to serve to their CDI kinds; resources not in it
-    get no spec.
+
+class CdiSpecs:
+    """A daemon service writing one CDI spec per resource, kept in step with each
+    plugin's device list and with the served plugins (a spec whose plugin is no longer
+    served is removed), removed on shutdown.
+
+    `kinds` maps the resource names to serve to their CDI kinds (specs in `folder`), or
+    is a function giving a plugin's kind and folder, asked again whenever the plugin set
+    changes (a reload may add resources with specs of their own).
     """
 
-    def __init__(self, kinds: Mapping[str, str], folder: Path | str = DEFAULT_CDI_DIR) -> None:
-        for kind in kinds.values():
-            if problem := kind_problem(kind):
-                raise ValueError(problem)
-        self.kinds = dict(kinds)
-        self.folder = Path(folder)
-
-    def path(self, resource_name: str) -> Path:
-        return self.folder / spec_file_name(self.kinds[resource_name])
+    def __init__(
+        self, kinds: Mapping[str, str] | SpecPlace, folder: Path | str = DEFAULT_CDI_DIR
+    ) -> None:
+        if callable(kinds):
+            self.place: SpecPlace = kinds
+        else:
+            for kind in kinds.values():
+                if problem := kind_problem(kind):
+                    raise ValueError(problem)
+            fixed, where = dict(kinds), Path(folder)
+            self.place = lambda p: (
+                (fixed[p.resource_name], where) if p.resource_name in fixed else None
+            )
+        self.written: set[Path] = set()
 
     async def run(self, daemon: Daemon) -> None:
-        plugins = [p for p in daemon.plugins if p.resource_name in self.kinds]
-
-        def update() -> None:
+        def update(plugins: Sequence[Plugin]) -> None:
+            wanted: dict[Path, tuple[Plugin, str]] = {}
             for plugin in plugins:
-                kind = self.kinds[plugin.resource_name]
+                if (place := self.place(plugin)) is not None:
+                    kind, folder = place
+                    wanted[Path(folder) / spec_file_name(kind)] = (plugin, kind)
+            for path in self.written - wanted.keys():
+                remove_quietly(path)
+            self.written &= wanted.keys()
+            for path, (plugin, kind) in wanted.items():
                 document = spec_document(kind, plugin.devices.values())
-                path = self.path(plugin.resource_name)
                 try:  # logged, not fatal: the next change tries again
                     if write_spec(path, document):
                         log.info("%s: CDI spec written to %s", plugin.resource_name, path)
+                    self.written.add(path)
                 except OSError as e:
                     log.warning(
                         "%s: cannot write the CDI spec %s: %s", plugin.resource_name, path, e
                     )
 
         try:
-            if plugins:
-                await follow(plugins, update)
+            await follow(daemon, update, lambda p: self.place(p) is not None)
         finally:
-            for plugin in plugins:
-                remove_quietly(self.path(plugin.resource_name))
+            for path in self.written:
+                remove_quietly(path)
+            self.written.clear()

@@ -28,6 +28,8 @@ log = logging.getLogger("devplug.outputs.nfd")
 DEFAULT_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/devplug"
 MAX_LABEL_VALUE = 63
 _VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
+_LABEL_PREFIX = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 def label_value(text: str) -> str:
@@ -56,12 +58,25 @@ def device_labels(resource_name: str, devices: Iterable[Device]) -> dict[str, st
     return labels
 
 
-def feature_text(plugins: Sequence[Plugin]) -> str:
-    """The feature file's content: every plugin's `node_labels()`, sorted by name."""
+def label_name_problem(name: str) -> str | None:
+    """Why `name` is not a label key ('example.com/fpga.count'), or None: NFD drops
+    such a label, so it is left out (a long resource name plus '.numa-nodes' can pass
+    the 63 characters of the part after '/')."""
+    prefix, slash, short = name.rpartition("/")
+    if not _LABEL_NAME.match(short) or (slash and not _LABEL_PREFIX.match(prefix)):
+        return (
+            f"{name!r} is not a label name: 1-63 characters of [A-Za-z0-9-_.] after an "
+            "optional DNS prefix and '/', starting and ending with a letter or digit"
+        )
+    return None
+
+
+def feature_labels(plugins: Sequence[Plugin]) -> dict[str, str]:
+    """Every plugin's `node_labels()`, sorted by name."""
     labels: dict[str, str] = {}
     for plugin in plugins:
         labels.update(plugin.node_labels())
-    return "".join(f"{name}={value}\n" for name, value in sorted(labels.items()))
+    return dict(sorted(labels.items()))
 
 
 def parse_features(text: str) -> Mapping[str, str]:
@@ -81,18 +96,27 @@ class FeatureFile:
         self.path = Path(path)
 
     async def run(self, daemon: Daemon) -> None:
-        plugins = daemon.plugins
+        refused: set[str] = set()
 
-        def update() -> None:
+        def update(plugins: Sequence[Plugin]) -> None:
+            lines = []
+            for name, value in feature_labels(plugins).items():
+                if problem := label_name_problem(name):
+                    if name not in refused:  # said once
+                        refused.add(name)
+                        log.warning("label left out of the node features: %s", problem)
+                    continue
+                lines.append(f"{name}={value}\n")
+            text = "".join(lines)
             # A file that cannot be written is logged, not fatal: the devices are still
             # served, and the next change tries again.
             try:
-                if write_atomic(self.path, feature_text(plugins)):
+                if write_atomic(self.path, text):
                     log.info("node features written to %s", self.path)
             except OSError as e:
                 log.warning("cannot write node features to %s: %s", self.path, e)
 
         try:
-            await follow(plugins, update)
+            await follow(daemon, update)
         finally:
             remove_quietly(self.path)

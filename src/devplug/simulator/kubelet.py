@@ -29,7 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from devplug.api.constants import (
     CHECKPOINT_FILE,
@@ -61,6 +63,7 @@ from devplug.simulator.registration import (
 from devplug.simulator.results import (
     CREATE_CONTAINER_CONFIG_ERROR,
     REASON_ALREADY_EXISTS,
+    REASON_FAILED_PREPARE,
     REASON_INVALID,
     STARTED,
     WAITING,
@@ -70,7 +73,12 @@ from devplug.simulator.results import (
     PodResult,
     PodSummary,
     ResourceStatus,
+    RuntimeOptions,
 )
+
+if TYPE_CHECKING:
+    from devplug.framework.dra.claims import ClaimSource
+    from devplug.simulator.dra import DraManager
 
 log = logging.getLogger("devplug.simulator.kubelet")
 
@@ -143,6 +151,8 @@ class Kubelet:
         grace_period: float = ENDPOINT_GRACE_PERIOD_S,
         dial_timeout: float = REGISTER_DIAL_TIMEOUT_S,
         control_socket: Path | str | bool | None = None,
+        dra_registry_dir: Path | str | None = None,
+        claims: ClaimSource | None = None,
     ) -> None:
         if topology_policy not in topology.POLICIES:
             choices = ", ".join(topology.POLICIES)
@@ -177,6 +187,12 @@ class Kubelet:
             self.control_socket = Path(control_socket)
         # Why the checkpoint could not be used at the last start, if it could not.
         self.checkpoint_problem: str | None = None
+        # DRA: the plugin watcher's folder and where claims are read (both or neither).
+        if (dra_registry_dir is None) != (claims is None):
+            raise ValueError("DRA needs both dra_registry_dir and claims")
+        self.dra_registry_dir = Path(dra_registry_dir) if dra_registry_dir is not None else None
+        self._claims = claims
+        self.dra: DraManager | None = None
 
         self._manager: DeviceManager | None = None
         self._pods: dict[tuple[str, str], _Pod] = {}
@@ -289,8 +305,25 @@ class Kubelet:
             ),
         )
         await self._pod_resources_server.start()
+        if self.dra_registry_dir is not None and self._claims is not None:
+            from devplug.simulator.dra import DraManager
+
+            self.dra = DraManager(
+                self.dra_registry_dir, self.state_dir, self._claims, on_event=self._dra_event
+            )
+            await self.dra.start()
+
+    def _dra_event(self, kind: str, driver: str, detail: str) -> None:
+        from devplug.simulator.dra import DRIVER_REGISTERED
+
+        if kind == DRIVER_REGISTERED:
+            self._registrations[driver] += 1
+        self._emit(kind, resource=driver, detail=detail)
 
     async def _stop_node(self) -> None:
+        if self.dra is not None:
+            await self.dra.stop()
+            self.dra = None
         if self._registration_server is not None:
             await self._registration_server.stop(grace=0)
             self._registration_server = None
@@ -518,7 +551,18 @@ class Kubelet:
             return self._rejected(
                 item.name, item.namespace, item.uid, rejection.reason, rejection.message
             )
-        containers = await self._start_containers(manager, item)
+        cdi: dict[str, list[str]] = {}
+        if self.dra is not None:
+            from devplug.simulator.dra import PrepareError
+
+            try:
+                cdi = await self.dra.prepare_pod(item)
+            except PrepareError as error:
+                manager.remove_pod(item.uid)
+                return self._rejected(
+                    item.name, item.namespace, item.uid, REASON_FAILED_PREPARE, str(error)
+                )
+        containers = await self._start_containers(manager, item, cdi)
         result = PodResult(item.name, item.namespace, item.uid, True, containers=containers)
         self._pods[item.key] = _Pod(item, result)
         self._save_pods()
@@ -534,7 +578,7 @@ class Kubelet:
         return PodResult(name, namespace, uid, False, reason, message)
 
     async def _start_containers(
-        self, manager: DeviceManager, pod: PodSpec
+        self, manager: DeviceManager, pod: PodSpec, cdi: Mapping[str, list[str]]
     ) -> list[ContainerResult]:
         """Start the containers in order: PreStartContainer where the plugin asks for it,
         then the runtime options of the CRI CreateContainer request."""
@@ -542,7 +586,9 @@ class Kubelet:
         blocked = False
         for container in pod.all_containers:
             devices = self._container_devices(manager, pod.uid, container.name)
-            options = manager.run_options(pod.uid, container.name)
+            options = _with_cdi(
+                manager.run_options(pod.uid, container.name), cdi.get(container.name, [])
+            )
             if blocked:
                 results.append(
                     ContainerResult(
@@ -590,13 +636,14 @@ class Kubelet:
     def _restored_result(self, spec: PodSpec) -> PodResult:
         manager = self._manager
         assert manager is not None
+        cdi = self.dra.container_cdi(spec) if self.dra is not None else {}
         containers = [
             ContainerResult(
                 c.name,
                 c.init,
                 STARTED,
                 self._container_devices(manager, spec.uid, c.name),
-                manager.run_options(spec.uid, c.name),
+                _with_cdi(manager.run_options(spec.uid, c.name), cdi.get(c.name, [])),
             )
             for c in spec.all_containers
         ]
@@ -610,6 +657,8 @@ class Kubelet:
             if entry is None:
                 return False
             manager.remove_pod(entry.spec.uid)
+            if self.dra is not None:
+                await self.dra.unprepare_pod(entry.spec)
             self._save_pods()
         log.info("pod %s/%s deleted", namespace, name)
         self._emit(POD_DELETED, pod=f"{namespace}/{name}")
@@ -717,6 +766,8 @@ class Kubelet:
             topology_policy=self.topology_policy,
             numa_nodes=manager.numa_nodes if manager is not None else list(self._numa_nodes or []),
             checkpoint_problem=self.checkpoint_problem,
+            dra_drivers=self.dra.driver_versions() if self.dra else {},
+            dra_claims=self.dra.claim_status() if self.dra else [],
         )
 
     def metrics_text(self) -> str:
@@ -746,3 +797,11 @@ class Kubelet:
             name: [d for d in state.devices.values() if d.id in state.healthy]
             for name, state in manager.resources.items()
         }
+
+
+def _with_cdi(options: RuntimeOptions, cdi: Sequence[str]) -> RuntimeOptions:
+    """The options with the CDI devices of the container's prepared claims added."""
+    if not cdi:
+        return options
+    merged = list(dict.fromkeys([*options.cdi_devices, *cdi]))
+    return msgspec.structs.replace(options, cdi_devices=merged)

@@ -182,6 +182,17 @@ def node_text(status: NodeStatus) -> str:
             for name, h in status.alloc_duration.items()
         ]
         lines += table(["RESOURCE", "ALLOCATE CALLS", "MEAN DURATION"], rows)
+    if status.dra_drivers:
+        lines.append("")
+        rows = [[name, version] for name, version in sorted(status.dra_drivers.items())]
+        lines += table(["DRA DRIVER", "VERSION"], rows)
+    if status.dra_claims:
+        lines.append("")
+        rows = [
+            [f"{c.namespace}/{c.name}", " ".join(i for ids in c.cdi_devices.values() for i in ids)]
+            for c in status.dra_claims
+        ]
+        lines += table(["CLAIM", "CDI DEVICES"], rows)
     return "\n".join(lines)
 
 

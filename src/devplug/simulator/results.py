@@ -14,6 +14,8 @@ REASON_UNEXPECTED_ADMISSION = "UnexpectedAdmissionError"
 REASON_TOPOLOGY_AFFINITY = "TopologyAffinityError"
 REASON_INVALID = "Invalid"
 REASON_ALREADY_EXISTS = "AlreadyExists"
+# A claim of the pod could not be prepared by its DRA driver.
+REASON_FAILED_PREPARE = "FailedPrepareDynamicResources"
 
 # Container states in the simulator.
 STARTED = "Started"
@@ -119,6 +121,16 @@ class PodSummary(msgspec.Struct, frozen=True):
     containers: list[ContainerResult]
 
 
+class DraClaimStatus(msgspec.Struct, frozen=True):
+    """A ResourceClaim prepared on the node: its CDI device IDs by driver."""
+
+    namespace: str
+    name: str
+    uid: str
+    cdi_devices: dict[str, list[str]]
+    pods: list[str]
+
+
 class NodeStatus(msgspec.Struct, frozen=True):
     resources: list[ResourceStatus]
     pods: list[PodSummary]
@@ -131,6 +143,9 @@ class NodeStatus(msgspec.Struct, frozen=True):
     topology_policy: str
     numa_nodes: list[int]
     checkpoint_problem: str | None = None
+    # DRA: registered drivers (name -> version) and prepared claims.
+    dra_drivers: dict[str, str] = msgspec.field(default_factory=dict)
+    dra_claims: list[DraClaimStatus] = msgspec.field(default_factory=list)
 
     def resource(self, name: str) -> ResourceStatus | None:
         return next((r for r in self.resources if r.name == name), None)

@@ -7,11 +7,14 @@ await devplug.framework.daemon.serve(plugins, plugin_dir)
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import msgspec
 
+from devplug.framework.names import resource_name_problem
 from devplug.outputs.cdi import default_kind
+from devplug.outputs.nfd import label_value
 from devplug.sources.config import (
     Config,
     ConfigError,
@@ -21,9 +24,11 @@ from devplug.sources.config import (
     parse_config,
 )
 from devplug.sources.hostdev import HostDevicePlugin
-from devplug.sources.sysfs.select import Pool
+from devplug.sources.sysfs.select import Pool, selected_devices
 from devplug.sources.sysfs.tree import Sysfs
 from devplug.sources.virtual import VirtualPlugin
+
+log = logging.getLogger("devplug.sources")
 
 # Every kind offers `discover()` (the devices to serve now, without publishing) and
 # `warnings` (one-line messages, e.g. a glob that matches nothing).
@@ -51,12 +56,16 @@ __all__ = [
 
 
 def resource_names(config: Config) -> list[str]:
-    """The resources a config serves: one per entry, one per model of a split entry."""
-    return [
-        f"{spec.name}-{model}" if spec.split else spec.name
-        for spec in config.resources
-        for model in (spec.split.models.values() if spec.split else [""])
-    ]
+    """The resources a config serves: one per entry, one per model of a split entry
+    (without `models`: per value found in sysfs now)."""
+    sysfs = Sysfs(config.sysfs_root, config.dev_root)
+    names: list[str] = []
+    for spec in config.resources:
+        if spec.split is None:
+            names.append(spec.name)
+        else:
+            names += [f"{spec.name}-{pool.model}" for pool in pools(spec, sysfs)]
+    return names
 
 
 def build_plugin(spec: ResourceSpec, sysfs: Sysfs | None = None) -> SourcePlugin:
@@ -84,14 +93,37 @@ def build_plugins(
         if spec.split is None:
             plugins.append(build_plugin(spec, sysfs))
             continue
-        for value, model in spec.split.models.items():
-            name = f"{spec.name}-{model}"
+        for pool in pools(spec, sysfs):
+            name = f"{spec.name}-{pool.model}"
             cdi = spec.cdi
             if cdi is not None and cdi.kind is not None:
-                cdi = msgspec.structs.replace(cdi, kind=default_kind(f"{cdi.kind}-{model}"))
+                cdi = msgspec.structs.replace(cdi, kind=default_kind(f"{cdi.kind}-{pool.model}"))
             pool_spec = msgspec.structs.replace(spec, name=name, split=None, cdi=cdi)
-            plugins.append(HostDevicePlugin(pool_spec, sysfs, Pool(spec.split.by, value, model)))
+            plugins.append(HostDevicePlugin(pool_spec, sysfs, pool))
     limits = config.limits.to_limits()
     for plugin in plugins:
         plugin.limits = limits
     return plugins
+
+
+def pools(spec: ResourceSpec, sysfs: Sysfs) -> list[Pool]:
+    """The models of a split resource: those of `models`, or one per value of the
+    attribute among the devices in sysfs now. The kubelet learns a plugin's resource
+    when it registers, so a value first seen later is served after a restart."""
+    assert spec.split is not None
+    assert spec.groups is not None
+    by = spec.split.by
+    if spec.split.models is not None:
+        return [Pool(by, (value,), model) for value, model in spec.split.models.items()]
+    found: dict[str, dict[str, None]] = {}
+    for group in spec.groups:
+        for selected in selected_devices(sysfs, group, None):
+            if (value := selected.attributes.get(by)) is not None:
+                model = label_value(str(value))
+                if resource_name_problem(f"{spec.name}-{model}"):
+                    log.warning("%s: %s %r gives no valid resource name", spec.name, by, value)
+                    continue
+                found.setdefault(model, {})[str(value)] = None
+    if not found:
+        log.warning("%s: no device to split by %s: nothing served", spec.name, by)
+    return [Pool(by, tuple(values), model) for model, values in sorted(found.items())]

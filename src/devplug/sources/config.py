@@ -23,6 +23,14 @@ from devplug.framework.device import cdi_name_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
 from devplug.outputs.cdi import default_kind, kind_problem
 from devplug.sources import hardware
+from devplug.sources.draconfig import (
+    DraSpec,
+    Mode,
+    check_attributes,
+    check_dra,
+    driver_name,
+    serves_dra,
+)
 from devplug.sources.limits import LimitsSpec, check_limits
 from devplug.sources.nvidia.config import DEFAULT_RESOURCE as NVIDIA_RESOURCE
 from devplug.sources.nvidia.config import NvidiaSpec, check_nvidia
@@ -81,6 +89,9 @@ class ResourceSpec(_Schema):
     health: hardware.HealthSpec | None = None
     cdi: hardware.CdiSpec | None = None
     split: hardware.SplitSpec | None = None
+    # How the resource is served: as a device plugin, a DRA driver, or both.
+    mode: Mode = "devicePlugin"
+    dra: DraSpec | None = None
     # NVIDIA GPUs through NVML (devplug.sources.nvidia).
     nvidia: NvidiaSpec | None = None
 
@@ -158,6 +169,7 @@ _TYPES = {
     "bool": "true or false",
     "float": "a number",
     "null": "nothing (null)",
+    "str | array | null": 'a string or a list (quote hex IDs: "0403")',
 }
 _AT = re.compile(r"^(?P<problem>.*) - at `(?P<path>[^`]*)`$", re.DOTALL)
 _AT_KEY = re.compile(r"^(?P<problem>.*) - at `key` in `(?P<path>[^`]*)`$", re.DOTALL)
@@ -217,6 +229,7 @@ def _check(config: Config, source: str) -> None:
         fail("nodeFeatures.path", f"expected an absolute path, got {config.node_features.path!r}")
     seen: dict[str, int] = {}
     kinds: dict[str, str] = {}
+    drivers: dict[str, str] = {}
     for i, resource in enumerate(config.resources):
         at = f"resources[{i}]"
         if not resource.name and resource.nvidia is not None:
@@ -235,7 +248,7 @@ def _check(config: Config, source: str) -> None:
                 f"duplicate resource {resource.name!r}, see resources[{seen[resource.name]}]",
             )
         seen[resource.name] = i
-        for model in resource.split.models.values() if resource.split else ():
+        for model in (resource.split.models or {}).values() if resource.split else ():
             pool = f"{resource.name}-{model}"
             if pool in seen:
                 fail(f"{at}.split.models", f"resource {pool!r} is already served")
@@ -256,6 +269,19 @@ def _check(config: Config, source: str) -> None:
             fail(at, "both 'groups' and 'virtual' are set: a resource has exactly one of them")
         if resource.groups is None and resource.virtual is None:
             fail(at, "neither 'groups' nor 'virtual' is set: a resource has exactly one of them")
+        if resource.dra is not None:
+            check_dra(resource.dra, f"{at}.dra", fail)
+        if serves_dra(resource.mode):
+            if resource.split is not None and resource.dra and resource.dra.driver:
+                fail(
+                    f"{at}.dra.driver",
+                    "not allowed with 'split': each model's pool is a driver of its own, "
+                    "named after its resource ('<resource>-<model>')",
+                )
+            driver = driver_name(resource.name, resource.dra)
+            if driver in drivers:
+                fail(f"{at}.dra.driver", f"driver {driver!r} already serves {drivers[driver]}")
+            drivers[driver] = at
         if resource.virtual is not None:
             if problem := _int_problem(resource.virtual, 1, MAX_VIRTUAL):
                 fail(f"{at}.virtual", problem)
@@ -305,7 +331,8 @@ def _cdi_kinds(resource: ResourceSpec) -> list[str]:
     kind = resource.cdi.kind or resource.name
     if resource.split is None:
         return [default_kind(kind)]
-    return [default_kind(f"{kind}-{model}") for model in resource.split.models.values()]
+    # Without `models`, the kinds depend on the devices found at start.
+    return [default_kind(f"{kind}-{model}") for model in (resource.split.models or {}).values()]
 
 
 def _check_hardware(resource: ResourceSpec, at: str, fail: _Fail) -> None:
@@ -325,17 +352,9 @@ def _check_hardware(resource: ResourceSpec, at: str, fail: _Fail) -> None:
     if resource.split is not None:
         if not all(is_selector(g) for g in groups):
             fail(f"{at}.split", "needs every group to have a 'usb' or 'pci' selector")
-        ids: list[tuple[str, list[str]]] = []
-        for j, group in enumerate(groups):
-            if resource.split.by == "productID":
-                field, value = ("pci.device", group.pci.device) if group.pci else ("", None)
-                if group.usb is not None:
-                    field, value = "usb.product", group.usb.product
-                ids.append((f"groups[{j}].{field}", hardware.values(value)))
-        if any(not found for _, found in ids):
-            ids = []  # a group that selects any ID can supply every model
-        hardware.check_split(resource.split, f"{at}.split", ids, fail)
-        for model in resource.split.models.values():
+        selectors = [(g.usb, g.pci) for g in groups]
+        hardware.check_split(resource.split, f"{at}.split", selectors, fail)
+        for model in (resource.split.models or {}).values():
             if problem := resource_name_problem(f"{resource.name}-{model}"):
                 fail(f"{at}.split.models", problem)
 
@@ -396,6 +415,7 @@ def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -
             fail(f"{at}.cdiDevices[{k}]", problem)
     if group.numa_node is not None and group.numa_node < 0:
         fail(f"{at}.numaNode", f"expected an integer >= 0, got {group.numa_node}")
+    check_attributes(group.attributes, f"{at}.attributes", fail)
 
 
 _Fail = Callable[[str, str], NoReturn]

@@ -24,8 +24,9 @@ DEFAULT_DEV_ROOT = "/dev"
 MAX_HEALTH_TIMEOUT_S = 300.0
 Policy = Literal["numa", "pack", "spread", "pci"]
 POLICIES: tuple[Policy, ...] = ("numa", "pack", "spread", "pci")
-# The attributes a pool can split a resource by.
+# The attributes a pool can split a resource by; those that are hex IDs.
 SPLIT_KEYS = ("productID", "vendorID", "pciClass", "driver", "model", "usbInterfaceClass")
+HEX_KEYS = ("productID", "vendorID", "pciClass", "usbInterfaceClass")
 # Placeholders allowed in selector paths and health checks: '{pciAddress}', '{id}'...
 PLACEHOLDERS = ("id", "pciAddress", "iommuGroup", "serial", "vendorID", "productID", "driver")
 
@@ -79,8 +80,9 @@ class CdiSpec(_Schema):
 
 class SplitSpec(_Schema):
     by: str
-    # Attribute value -> model name; each model becomes '<resource>-<model>'.
-    models: dict[str, str]
+    # Attribute value -> model name; each model becomes '<resource>-<model>'. Without
+    # it, one resource per value among the devices there at start ('<resource>-0x500c').
+    models: dict[str, str] | None = None
 
 
 class NodeFeaturesSpec(_Schema):
@@ -112,6 +114,12 @@ def class_filter(text: str) -> tuple[int, int, int]:
     value = int(value_text, 16)
     mask = int(mask_text, 16) if mask_text else full
     return value, mask, shift
+
+
+def class_matches(pci_class: str, text: str) -> bool:
+    """Whether a class code ('0x030200') passes a `class` filter ('0x0300/0xff00')."""
+    wanted, mask, shift = class_filter(text)
+    return (int(pci_class, 16) >> shift) & mask == wanted & mask
 
 
 def mode_of(spec: CdiSpec | None) -> CdiMode:
@@ -233,29 +241,80 @@ def check_cdi(cdi: CdiSpec, at: str, fail: Fail) -> None:
         fail(f"{at}.dir", f"expected an absolute path, got {cdi.dir!r}")
 
 
+def _kind_problem(by: str, is_pci: bool) -> str | None:
+    """Why no device of the kind (PCI or USB) has the attribute `by`."""
+    if by in ("pciClass", "driver") and not is_pci:
+        return f"a USB device has no {by}"  # a USB device's drivers are per interface
+    if by == "usbInterfaceClass" and is_pci:
+        return "a PCI device has no usbInterfaceClass"
+    return None
+
+
+# The selector field that constrains each split key: (attribute, name in the config).
+_PCI_SPLIT_FIELDS = {
+    "productID": ("device", "device"),
+    "vendorID": ("vendor", "vendor"),
+    "pciClass": ("class_", "class"),
+    "driver": ("driver", "driver"),
+}
+_USB_SPLIT_FIELDS = {
+    "productID": ("product", "product"),
+    "vendorID": ("vendor", "vendor"),
+    "usbInterfaceClass": ("interface_class", "interfaceClass"),
+}
+
+
+def never_selected(
+    by: str, value: str, usb: UsbSelector | None, pci: PciSelector | None
+) -> str | None:
+    """Why a group with these selectors can never select a device whose attribute `by`
+    is `value` (None: it may)."""
+    if problem := _kind_problem(by, pci is not None):
+        return problem
+    selector: UsbSelector | PciSelector | None = pci if pci is not None else usb
+    kind, fields = ("pci", _PCI_SPLIT_FIELDS) if pci is not None else ("usb", _USB_SPLIT_FIELDS)
+    if by not in fields:
+        return None
+    attribute, name = fields[by]
+    choices = values(getattr(selector, attribute))
+    if not choices:
+        return None
+    if by == "pciClass":
+        ok = any(class_matches(value, c) for c in choices)
+    elif by == "driver":
+        ok = value in choices
+    else:
+        ok = any(hex_value(value) == hex_value(c) for c in choices)
+    return None if ok else f"{kind}.{name} selects only {', '.join(choices)}"
+
+
 def check_split(
-    split: SplitSpec, at: str, selectors: list[tuple[str, list[str]]], fail: Fail
+    split: SplitSpec,
+    at: str,
+    groups: list[tuple[UsbSelector | None, PciSelector | None]],
+    fail: Fail,
 ) -> None:
-    """`selectors`: (field, IDs) of the resource's selectors for the split key, so that
-    a model no selected device can have is refused."""
+    """`groups`: the selectors of the resource's groups, so that a model no group can
+    select is refused."""
     if split.by not in SPLIT_KEYS:
         fail(f"{at}.by", f"expected one of {', '.join(SPLIT_KEYS)}, got {split.by!r}")
+    if groups and all(kinds := [_kind_problem(split.by, pci is not None) for _, pci in groups]):
+        fail(f"{at}.by", f"{split.by!r} splits nothing: {kinds[0]}")
+    if split.models is None:
+        return
     if not split.models:
-        fail(f"{at}.models", "expected at least one value: model name")
+        fail(f"{at}.models", "expected at least one value: model name (or no 'models')")
     seen: dict[str, str] = {}
     for value, model in split.models.items():
+        where = f"{at}.models.{value}"
         if not re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", model):
-            fail(f"{at}.models.{value}", f"model {model!r} is not usable in a resource name")
+            fail(where, f"model {model!r} is not usable in a resource name")
         if model in seen:
-            fail(f"{at}.models.{value}", f"model {model!r} is already the model of {seen[model]!r}")
+            fail(where, f"model {model!r} is already the model of {seen[model]!r}")
         seen[model] = value
-        if split.by in ("productID", "vendorID", "pciClass", "usbInterfaceClass") and (
-            problem := _hex_problem(value, 6)
-        ):
-            fail(f"{at}.models", problem)
-        for field, ids in selectors:
-            if ids and not any(hex_value(value) == hex_value(i) for i in ids):
-                fail(
-                    f"{at}.models.{value}",
-                    f"can never match: {field} selects only {', '.join(ids)}",
-                )
+        if split.by in HEX_KEYS and (problem := _hex_problem(value, 6)):
+            fail(where, problem)
+        reasons = [never_selected(split.by, value, usb, pci) for usb, pci in groups]
+        if groups and (first := reasons[0]) and all(reasons):
+            field = "groups[0]." if first.startswith(("pci.", "usb.")) else ""
+            fail(where, f"can never match: {field}{first}")

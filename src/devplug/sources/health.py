@@ -2,8 +2,9 @@
 
 Each check is one of: a sysfs attribute of the device that must have a value, a file
 that must exist, a command (an argument list, never a shell) that must exit 0 within
-its timeout. Every `interval` seconds each device seen and present is checked; a
-failing check turns it Unhealthy, a passing round Healthy again.
+its timeout. Every `interval` seconds each device seen and present is checked, and a
+device that comes is checked before it is listed; a failing check turns it Unhealthy,
+a passing round Healthy again.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ async def run_checks(
             changed()
 
 
-async def check_round(plugin: HostDevicePlugin, health: hardware.HealthSpec) -> bool:
-    """Check every device seen once; True when a verdict changed."""
-    bases = plugin.present_bases()
+async def check_round(
+    plugin: HostDevicePlugin, health: hardware.HealthSpec, bases: list[_Base] | None = None
+) -> bool:
+    """Check `bases` (default: every device there) once; True when a verdict changed."""
+    bases = plugin.present_bases() if bases is None else bases
     results = await asyncio.gather(*(device_healthy(b, health) for b in bases))
     return plugin.set_checks({b.id: ok for b, ok in zip(bases, results, strict=True)})
 

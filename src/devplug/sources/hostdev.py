@@ -40,7 +40,7 @@ from devplug.sources.config import (
     path_device_id,
     replica_ids,
 )
-from devplug.sources.sysfs.select import Pool, selected_devices
+from devplug.sources.sysfs.select import Pool, selected_devices, vfio_env
 from devplug.sources.sysfs.tree import Sysfs
 
 log = logging.getLogger("devplug.sources.hostdev")
@@ -54,11 +54,10 @@ class _Base:
     order: tuple[int, int, str]  # group, glob path (-1: none; -2: selector), matched path
     nodes: tuple[DeviceNode, ...]
     group: GroupSpec
-    # From sysfs, for selected devices: what it is, its NUMA node, env, sysfs folder and
-    # PCI path (the bridges above it, for the 'pci' policy).
+    # From sysfs, for selected devices: what it is, its NUMA node, sysfs folder and PCI
+    # path (the bridges above it, for the 'pci' policy).
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
     numa_nodes: tuple[int, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
     sysfs: Path | None = None
     pci_path: tuple[str, ...] = ()
 
@@ -83,7 +82,10 @@ class HostDevicePlugin(Plugin):
         self.cdi_kind = (spec.cdi.kind if spec.cdi else None) or default_kind(spec.name)
         self.uses_sysfs = any(is_selector(g) for g in self.groups)
         self._present: set[str] = set()  # selected devices in sysfs now
-        self._checks_ok: dict[str, bool] = {}  # health-check verdicts by base ID
+        # Health-check verdicts by base ID; with checks, a device without one (new, or
+        # back after going away) is Unhealthy until checked.
+        self._checks_ok: dict[str, bool] = {}
+        self._there: set[str] = set()  # checked devices there (nodes too) at the last look
         # Globs that match nothing now and paths that clash on an ID, as one-line
         # messages; refreshed by discover().
         self.warnings: list[str] = []
@@ -103,7 +105,7 @@ class HostDevicePlugin(Plugin):
         self._present = set()
         for g, group in enumerate(self.groups):
             if is_selector(group):
-                for selected in selected_devices(self.sysfs, self.spec, g, group, self.pool):
+                for selected in selected_devices(self.sysfs, group, self.pool):
                     device_id = selected.id
                     if device_id in self._present:
                         # Two devices with one serial: the second is known by its port.
@@ -119,7 +121,6 @@ class HostDevicePlugin(Plugin):
                         group,
                         selected.attributes,
                         selected.numa_nodes,
-                        selected.env,
                         selected.sysfs,
                         selected.pci_path,
                     )
@@ -153,9 +154,9 @@ class HostDevicePlugin(Plugin):
         self._health = {}
         for base in sorted(self._known.values(), key=lambda b: b.order):
             healthy = (
-                all(os.path.exists(n.host_path) for n in base.nodes)
+                _nodes_exist(base)
                 and (base.order[1] != -2 or base.id in self._present)
-                and self._checks_ok.get(base.id, True)
+                and self._checks_ok.get(base.id, self.spec.health is None)
             )
             self._health[base.id] = healthy
             group = base.group
@@ -169,7 +170,7 @@ class HostDevicePlugin(Plugin):
                         numa_nodes=numa,
                         nodes=base.nodes,
                         mounts=mounts,
-                        env={**base.env, **group.env},
+                        env=group.env,
                         annotations=group.annotations,
                         cdi_devices=tuple(group.cdi_devices),
                         attributes={**base.attributes, **group.attributes},
@@ -285,14 +286,11 @@ class HostDevicePlugin(Plugin):
             if not self._rewatch(watcher):
                 dirty.set()
             if self.spec.health is not None:
-                from devplug.sources.health import check_round, run_checks
+                from devplug.sources.health import run_checks
 
-                # Checked before the first list: no pod gets a device that fails them.
-                self.discover()
-                await check_round(self, self.spec.health)
                 helpers.append(asyncio.create_task(run_checks(self, self.spec.health, dirty.set)))
                 helpers[-1].add_done_callback(lambda _: dirty.set())
-            self._publish_now()
+            await self._look()
             while True:
                 await dirty.wait()
                 if events.done():
@@ -306,7 +304,7 @@ class HostDevicePlugin(Plugin):
                 before = watcher.folders
                 if not self._rewatch(watcher):
                     dirty.set()
-                self._publish_now()
+                await self._look()
                 if self._rewatch(watcher) and watcher.folders != before:
                     dirty.set()  # folders of new nodes: look once more, now watched
         finally:
@@ -318,9 +316,36 @@ class HostDevicePlugin(Plugin):
             if udev is not None:
                 udev.close()
 
+    async def _look(self) -> None:
+        """Publish the devices now. With health checks, a device that has just come (or
+        come back) is checked first: no pod gets a device that fails its checks."""
+        if self.spec.health is not None:
+            from devplug.sources.health import check_round
+
+            self.discover()
+            present = [b for b in self.present_bases() if _nodes_exist(b)]
+            new = [b for b in present if b.id not in self._there]
+            now = {b.id for b in present}
+            for gone in self._there - now:
+                self._checks_ok.pop(gone, None)
+            self._there = now
+            if new:
+                await check_round(self, self.spec.health, new)
+        self._publish_now()
+
+    async def checked_devices(self) -> list[Device]:
+        """The devices now, with their health checks run once (what `devplug check`
+        shows: without a verdict, a device with checks would read Unhealthy)."""
+        self.discover()
+        if self.spec.health is not None:
+            from devplug.sources.health import check_round
+
+            await check_round(self, self.spec.health)
+        return self.discover()
+
     def set_checks(self, verdicts: Mapping[str, bool]) -> bool:
         """Record health-check verdicts by device; True when one changed."""
-        changed = any(self._checks_ok.get(k, True) != v for k, v in verdicts.items())
+        changed = any(self._checks_ok.get(k) != v for k, v in verdicts.items())
         self._checks_ok.update(verdicts)
         return changed
 
@@ -328,16 +353,24 @@ class HostDevicePlugin(Plugin):
 
     async def allocate(self, devices: Sequence[Device]) -> ContainerEdits:
         edits = await super().allocate(devices)
+        if self.uses_sysfs:
+            edits.env.update(vfio_env(self.resource_name, devices))
         return apply_mode(edits, devices, self.cdi_kind, self.cdi_mode)
 
     async def preferred(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
     ) -> Sequence[str]:
-        paths = {b.id: b.pci_path for b in self._known.values()}
+        paths = (
+            {b.id: b.pci_path for b in self._known.values()} if self.spec.preferred == "pci" else {}
+        )
         return pick(self.spec.preferred, available, must_include, size, paths)
 
     def node_labels(self) -> Mapping[str, str]:
         return device_labels(self.resource_name, self.devices.values())
+
+
+def _nodes_exist(base: _Base) -> bool:
+    return all(os.path.exists(n.host_path) for n in base.nodes)
 
 
 def _existing(folder: Path) -> Path:

@@ -7,7 +7,7 @@ and only a changed text (or SIGHUP) goes further. The new config is checked in f
 before anything changes; a bad one is refused with its one-line error and the running
 config keeps serving. Resources are compared by their spec: an unchanged one keeps its
 socket and streams, a removed one stops, an added one is served, a changed one is
-served again from its new spec.
+served again from its new spec (all of them when `sysfsRoot` or `devRoot` changes).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from asyncinotify import Mask
 from devplug.framework import observe
 from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
 from devplug.framework.unixserver import socket_path_problem
-from devplug.sources import Config, ConfigError, ResourceSpec, build_plugins, parse_config
+from devplug.sources import Config, ConfigError, build_plugins, parse_config
 
 if TYPE_CHECKING:
     from devplug.framework.daemon import Daemon
@@ -54,7 +54,6 @@ class ConfigReloader:
         self.config = config
         self.build = build  # the same as at start-up, so a reload serves what a start would
         self._text = read_text(self.path)
-        self.reloads = 0  # applied reloads, for tests and status
 
     async def run(self, daemon: Daemon) -> None:
         wake = asyncio.Event()
@@ -112,19 +111,23 @@ class ConfigReloader:
             )
             return False
         self._text = text
-        old = _by_name(self.config.resources)
-        new = _by_name(config.resources)
-        served = [e.name for e in daemon.endpoints]
+        served = {p.resource_name: _built_from(p) for p in daemon.plugins}
         removed = [n for n in served if n not in plugins]
         added = [n for n in plugins if n not in served]
-        changed = [n for n in plugins if n in served and new.get(n) != old.get(n)]
-        kept = [n for n in plugins if n in served and new.get(n) == old.get(n)]
+        # Other roots: every resource may see other devices, so each is served again.
+        moved = (config.sysfs_root, config.dev_root) != (
+            self.config.sysfs_root,
+            self.config.dev_root,
+        )
+        changed = [
+            n for n in plugins if n in served and (moved or _built_from(plugins[n]) != served[n])
+        ]
+        kept = [n for n in plugins if n in served and n not in changed]
         for name in removed + changed:
             await daemon.remove(name)
         for name in changed + added:
             daemon.add(plugins[name])
         self.config = config
-        self.reloads += 1
         summary = ", ".join(
             f"{what} {', '.join(names)}"
             for what, names in (("added", added), ("removed", removed), ("changed", changed))
@@ -143,5 +146,8 @@ class ConfigReloader:
         return True
 
 
-def _by_name(specs: list[ResourceSpec]) -> dict[str, ResourceSpec]:
-    return {spec.name: spec for spec in specs}
+def _built_from(plugin: Plugin) -> tuple[object, object]:
+    """What a plugin is built from: its resource's spec, and for one model of a split
+    resource its pool (a per-model or NVML-derived resource has a spec of its own, so it
+    is compared as itself, not by its entry's name)."""
+    return getattr(plugin, "spec", None), getattr(plugin, "pool", None)

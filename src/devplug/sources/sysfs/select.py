@@ -1,5 +1,5 @@
 """Selecting sysfs devices by what they are (the `usb` and `pci` keys of a group), and
-what each selected device becomes: ID, nodes, NUMA node, attributes, env.
+what each selected device becomes: ID, nodes, NUMA node, attributes.
 
 The fields follow what operators know from the SR-IOV network device plugin's
 selectors (vendors, devices, drivers, pciAddresses; any listed value matches, all
@@ -11,13 +11,13 @@ from __future__ import annotations
 import posixpath
 import re
 import string
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from devplug.framework.device import Attribute, DeviceNode
+from devplug.framework.device import Attribute, Device, DeviceNode
 from devplug.sources import hardware
-from devplug.sources.config import GroupSpec, ResourceSpec
+from devplug.sources.config import GroupSpec
 from devplug.sources.sysfs.tree import VFIO_DRIVER, SysDevice, Sysfs
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
@@ -25,10 +25,11 @@ _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 
 @dataclass(frozen=True, slots=True)
 class Pool:
-    """One model of a resource split by `split`: devices whose `key` is `value`."""
+    """One model of a resource split by `split`: devices whose `key` is one of
+    `values`."""
 
     key: str
-    value: str
+    values: tuple[str, ...]
     model: str
 
 
@@ -39,7 +40,6 @@ class Selected:
     nodes: tuple[DeviceNode, ...]
     attributes: Mapping[str, Attribute]
     numa_nodes: tuple[int, ...]
-    env: Mapping[str, str]
     sysfs: Path
     pci_path: tuple[str, ...]
 
@@ -48,6 +48,20 @@ def pci_resource_env(resource_name: str) -> str:
     """KubeVirt's variable for the PCI addresses of a resource:
     'example.com/fpga-u280' -> 'PCI_RESOURCE_EXAMPLE_COM_FPGA-U280'."""
     return "PCI_RESOURCE_" + resource_name.upper().replace("/", "_").replace(".", "_")
+
+
+def vfio_env(resource_name: str, devices: Iterable[Device]) -> dict[str, str]:
+    """The PCI addresses of the allocated vfio-pci devices, comma-separated, for KubeVirt.
+    Set per allocation rather than per device, so that a CDI spec (which sets a device's
+    env, the last device's winning) never cuts the list to one address."""
+    addresses = [
+        str(d.attributes["pciAddress"])
+        for d in devices
+        if d.attributes.get("driver") == VFIO_DRIVER and "pciAddress" in d.attributes
+    ]
+    if not addresses:
+        return {}
+    return {pci_resource_env(resource_name): ",".join(dict.fromkeys(addresses))}
 
 
 def device_id(device: SysDevice) -> str:
@@ -103,76 +117,58 @@ def pci_matches(pci: hardware.PciSelector, device: SysDevice) -> bool:
     ):
         return False
     classes = hardware.values(pci.class_)
-    if classes:
-        have = int(str(a.get("pciClass", "0x0")), 16)
-        return any(
-            (have >> shift) & mask == wanted & mask
-            for wanted, mask, shift in map(hardware.class_filter, classes)
-        )
-    return True
+    have = str(a.get("pciClass", "0x0"))
+    return not classes or any(hardware.class_matches(have, c) for c in classes)
 
 
-def selected_devices(
-    sysfs: Sysfs, spec: ResourceSpec, index: int, group: GroupSpec, pool: Pool | None
-) -> list[Selected]:
-    """The devices group `index` of `spec` selects in sysfs now."""
+def selected_devices(sysfs: Sysfs, group: GroupSpec, pool: Pool | None) -> list[Selected]:
+    """The devices `group` selects in sysfs now (of one model, with `pool`)."""
     found: list[Selected] = []
     if group.usb is not None:
         for device in sysfs.usb_devices():
             interfaces = usb_matches(group.usb, device)
             if interfaces is None:
                 continue
-            names = [*device.nodes.get("", ()), *(n for i in interfaces for n in device.nodes[i])]
+            names = sysfs.devnames(device, interfaces)
             attributes = dict(device.attributes)
             if interfaces and group.usb.interface_class is not None:
                 attributes["usbInterfaceClass"] = device.interfaces[interfaces[0]]
-            found.append(_selected(sysfs, spec, group, device, names, attributes, {}))
+            found.append(_selected(sysfs, group, device, names, attributes))
     if group.pci is not None:
         for device in sysfs.pci_devices():
             if not pci_matches(group.pci, device):
                 continue
-            env: dict[str, str] = {}
-            names = list(device.nodes.get("", ()))
             group_id = device.attributes.get("iommuGroup")
             if device.attributes.get("driver") == VFIO_DRIVER and group_id is not None:
-                # KubeVirt's way: the vfio container and the device's IOMMU group.
+                # KubeVirt's way: the vfio container and the device's IOMMU group (the
+                # addresses go in PCI_RESOURCE_<RESOURCE> at Allocate: `vfio_env`).
                 names = ["vfio/vfio", f"vfio/{group_id}"]
-                env[pci_resource_env(spec.name)] = device.name
-            found.append(_selected(sysfs, spec, group, device, names, device.attributes, env))
+            else:
+                names = sysfs.devnames(device)
+            found.append(_selected(sysfs, group, device, names, device.attributes))
     if pool is not None:
-        found = [s for s in found if _pool_value(s.attributes.get(pool.key), pool.value, pool.key)]
         found = [
-            Selected(
-                s.id,
-                s.sort_key,
-                s.nodes,
-                {**s.attributes, "model": pool.model},
-                s.numa_nodes,
-                s.env,
-                s.sysfs,
-                s.pci_path,
-            )
+            replace(s, attributes={**s.attributes, "model": pool.model})
             for s in found
+            if _in_pool(s.attributes.get(pool.key), pool)
         ]
     return found
 
 
-def _pool_value(have: Attribute | None, value: str, key: str) -> bool:
+def _in_pool(have: Attribute | None, pool: Pool) -> bool:
     if have is None:
         return False
-    if key in ("productID", "vendorID", "pciClass", "usbInterfaceClass"):
-        return _same_hex(str(have), value)
-    return str(have) == value
+    if pool.key in hardware.HEX_KEYS:
+        return any(_same_hex(str(have), value) for value in pool.values)
+    return str(have) in pool.values
 
 
 def _selected(
     sysfs: Sysfs,
-    spec: ResourceSpec,
     group: GroupSpec,
     device: SysDevice,
     devnames: list[str],
     attributes: Mapping[str, Attribute],
-    env: Mapping[str, str],
 ) -> Selected:
     the_id = device_id(device)
     nodes: dict[str, DeviceNode] = {}
@@ -193,7 +189,6 @@ def _selected(
         tuple(nodes.values()),
         attributes,
         () if device.numa_node is None else (device.numa_node,),
-        env,
         device.path,
         device.pci_path,
     )

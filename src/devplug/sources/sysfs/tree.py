@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from devplug.framework.device import Attribute
 _USB_DEVICE = re.compile(r"^\d+-[\d.]+$")
 _USB_INTERFACE = re.compile(r"^\d+-[\d.]+:\d+\.\d+$")
 _PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_PCI_ROOT_BUS = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
+_USB_ROOT_HUB = re.compile(r"^usb\d+$")
 VFIO_DRIVER = "vfio-pci"
 
 
@@ -30,12 +33,10 @@ class SysDevice:
     name: str  # its name in sysfs: '1-1.2', '0000:3b:00.0'
     path: Path  # its sysfs folder, resolved
     attributes: dict[str, Attribute]
-    # /dev node names relative to /dev ('ttyUSB0', 'bus/usb/001/004'), per interface for
-    # USB ('' for the device itself).
-    nodes: dict[str, tuple[str, ...]] = field(default_factory=dict)
     interfaces: dict[str, str] = field(default_factory=dict)  # USB interface -> class
     numa_node: int | None = None
-    pci_path: tuple[str, ...] = ()  # PCI addresses from the root bus down to the device
+    # The root bus ('pci0000:3a') and the PCI addresses from it down to the device.
+    pci_path: tuple[str, ...] = ()
 
 
 class Sysfs:
@@ -82,15 +83,13 @@ class Sysfs:
             if value := _read(path / file):
                 attributes[key] = value
         interfaces: dict[str, str] = {}
-        nodes: dict[str, tuple[str, ...]] = {"": tuple(_devnames(path, own_only=True))}
         for entry in sorted(_names(path)):
             if _USB_INTERFACE.match(entry) and (path / entry).is_dir():
                 interfaces[entry] = _hex(_read(path / entry / "bInterfaceClass"), 2)
-                nodes[entry] = tuple(_devnames(path / entry))
         numa = _numa_of(path, self.root)
         if numa is not None:
             attributes["numaNode"] = numa
-        return SysDevice("usb", name, path, attributes, nodes, interfaces, numa)
+        return SysDevice("usb", name, path, attributes, interfaces, numa)
 
     # -- PCI ---------------------------------------------------------------------------
 
@@ -120,9 +119,20 @@ class Sysfs:
         numa = _numa_of(path, self.root)
         if numa is not None:
             attributes["numaNode"] = numa
-        nodes = {"": tuple(_devnames(path))}
-        pci_path = tuple(part for part in path.parts if _PCI_ADDRESS.match(part))
-        return SysDevice("pci", name, path, attributes, nodes, {}, numa, pci_path)
+        pci_path = tuple(p for p in path.parts if _PCI_ADDRESS.match(p) or _PCI_ROOT_BUS.match(p))
+        return SysDevice("pci", name, path, attributes, {}, numa, pci_path)
+
+    # -- nodes -------------------------------------------------------------------------
+
+    def devnames(self, device: SysDevice, interfaces: Iterable[str] = ()) -> list[str]:
+        """The /dev names of a device's nodes, relative to /dev ('ttyUSB0',
+        'bus/usb/001/004'): a USB device's own and those of its `interfaces`, a PCI
+        device's all. Walked only for the devices a selector keeps (the walk is the
+        costly part of a look at sysfs)."""
+        if device.kind == "usb":
+            own = _devnames(device.path, own_only=True)
+            return [*own, *(n for i in interfaces for n in _devnames(device.path / i))]
+        return _devnames(device.path)
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -197,7 +207,8 @@ def _numa_of(path: Path, root: Path) -> int | None:
 
 def _devnames(folder: Path, own_only: bool = False) -> list[str]:
     """The DEVNAMEs of the `uevent` files in `folder` and the class devices below it,
-    not descending into other USB devices, USB interfaces (`own_only`) or PCI devices."""
+    not descending into other USB devices, root hubs (below a USB controller), USB
+    interfaces (`own_only`) or PCI devices."""
     names: list[str] = []
     for current, dirs, files in os.walk(folder, followlinks=False):
         here = Path(current)
@@ -207,6 +218,7 @@ def _devnames(folder: Path, own_only: bool = False) -> list[str]:
             d
             for d in dirs
             if not _USB_DEVICE.match(d)
+            and not _USB_ROOT_HUB.match(d)
             and not _PCI_ADDRESS.match(d)
             and not (own_only and _USB_INTERFACE.match(d))
             and d not in ("power", "subsystem", "driver", "firmware_node")

@@ -1,0 +1,27 @@
+"""Fixed names and paths of the kubelet's DRA and plugin-registration APIs."""
+
+from typing import Final
+
+PLUGINS_REGISTRY_PATH: Final = "/var/lib/kubelet/plugins_registry"
+PLUGINS_PATH: Final = "/var/lib/kubelet/plugins"
+CDI_PATH: Final = "/var/run/cdi"
+DRA_SOCKET: Final = "dra.sock"
+# PluginInfo.type of a DRA driver. Its supported_versions name every gRPC service the
+# driver offers as "<proto package>.<service>": the kubelet picks the DRA service from
+# them, and calls the device health service only when one of its names is listed.
+DRA_PLUGIN_TYPE: Final = "DRAPlugin"
+V1: Final = "v1.DRAPlugin"
+V1BETA1: Final = "v1beta1.DRAPlugin"
+HEALTH_V1: Final = "v1.DRAResourceHealth"
+HEALTH_V1BETA1: Final = "v1beta1.DRAResourceHealth"
+HEALTH_V1ALPHA1: Final = "v1alpha1.DRAResourceHealth"
+SUPPORTED_VERSIONS: Final = (V1, V1BETA1, HEALTH_V1, HEALTH_V1BETA1, HEALTH_V1ALPHA1)
+# The resource.k8s.io API group and the limits of its objects.
+RESOURCE_GROUP: Final = "resource.k8s.io"
+RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE: Final = 128
+MAX_ATTRIBUTES_AND_CAPACITIES: Final = 32
+MAX_ATTRIBUTE_NAME_LENGTH: Final = 32
+MAX_STRING_ATTRIBUTE_LENGTH: Final = 64
+HEALTHY: Final = "Healthy"
+UNHEALTHY: Final = "Unhealthy"

@@ -1,0 +1,104 @@
+"""Where the node plugin reads a claim's allocation: the API server, or a folder of
+claim documents (for the kubelet simulator without an API server).
+
+Both give the claim as the API server's JSON form (a dict); `allocated_devices`
+picks the results that belong to one driver's pool.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+
+from devplug.framework.dra.driver import AllocatedDevice, ClaimRef
+
+
+class ClaimError(Exception):
+    """The claim cannot be prepared; the message goes to the kubelet."""
+
+
+class ClaimSource(Protocol):
+    def get(self, claim: ClaimRef) -> Mapping[str, Any]:
+        """The claim's object (blocking: called in a thread); raises ClaimError."""
+        ...
+
+
+def allocated_devices(
+    claim: ClaimRef, obj: Mapping[str, Any], driver: str, pool: str
+) -> list[AllocatedDevice]:
+    """The allocation results of `obj` for `driver` in `pool`, after checking that
+    `obj` is the claim the kubelet named (same UID) and that it is allocated."""
+    uid = (obj.get("metadata") or {}).get("uid")
+    if uid != claim.uid:
+        raise ClaimError(
+            f"ResourceClaim {claim.namespace}/{claim.name} has UID {uid}, not {claim.uid}"
+        )
+    allocation = (obj.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} is not allocated")
+    results = (allocation.get("devices") or {}).get("results") or []
+    return [
+        AllocatedDevice(str(r.get("request", "")), str(r["pool"]), str(r["device"]))
+        for r in results
+        if r.get("driver") == driver and r.get("pool") == pool
+    ]
+
+
+class ApiClaims:
+    """Claims read from the API server through the `kubernetes` client."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self._api: Any = client.ResourceV1Api(api_client)
+
+    def get(self, claim: ClaimRef) -> Mapping[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            response = self._api.read_namespaced_resource_claim(
+                claim.name, claim.namespace, _preload_content=False
+            )
+        except ApiException as error:
+            raise ClaimError(
+                f"cannot read ResourceClaim {claim.namespace}/{claim.name}: "
+                f"{error.status} {error.reason}"
+            ) from None
+        except (HTTPError, OSError) as error:
+            raise ClaimError(
+                f"cannot read ResourceClaim {claim.namespace}/{claim.name}: {error}"
+            ) from None
+        document: Mapping[str, Any] = json.loads(response.data)
+        return document
+
+
+class FileClaims:
+    """Claims kept as YAML or JSON documents (kind ResourceClaim) in a folder: the
+    simulator's stand-in for the API server, as its pod list is."""
+
+    def __init__(self, folder: Path | str) -> None:
+        self.folder = Path(folder)
+
+    def get(self, claim: ClaimRef) -> Mapping[str, Any]:
+        for path in sorted(self.folder.glob("*")):
+            if path.suffix not in (".yaml", ".yml", ".json"):
+                continue
+            try:
+                documents = list(yaml.safe_load_all(path.read_text()))
+            except (OSError, yaml.YAMLError):
+                continue
+            for doc in documents:
+                if not isinstance(doc, Mapping) or doc.get("kind") != "ResourceClaim":
+                    continue
+                meta = doc.get("metadata") or {}
+                if (meta.get("namespace") or "default", meta.get("name")) == (
+                    claim.namespace,
+                    claim.name,
+                ):
+                    return doc
+        raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} not found in {self.folder}")

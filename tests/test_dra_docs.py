@@ -1,0 +1,57 @@
+"""The examples of docs/dra.md are valid as written (the Kubernetes objects are checked
+against a real API server in test_dra_cluster.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devplug.sources import build_plugins, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "dra.md"
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOC.read_text(), re.S)
+
+
+def manifests() -> list[dict[str, Any]]:
+    """The Kubernetes objects of the doc's YAML blocks."""
+    docs = [d for b in blocks("yaml") for d in yaml.safe_load_all(b) if d]
+    return [d for d in docs if "apiVersion" in d]
+
+
+def test_config_example_is_valid() -> None:
+    [config] = [b for b in blocks("yaml") if b.startswith("resources:")]
+    [plugin] = build_plugins(parse_config(config, "docs/dra.md"))
+    assert plugin.resource_name == "example.com/fpga"
+
+
+def test_driver_example_defines_a_driver(tmp_path: Path) -> None:
+    [code] = blocks("python")
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/dra.md", "exec"), namespace)
+    widgets = namespace["Widgets"]()
+    assert widgets.driver_name == "widget.example.com"
+
+
+def test_manifests_ask_for_a_u280_and_a_40gib_gpu() -> None:
+    kinds = [(m["kind"], m["metadata"]["name"]) for m in manifests()]
+    assert ("ResourceClaim", "one-u280") in kinds
+    assert ("ResourceClaimTemplate", "gpu-40gib") in kinds
+    assert ("DeviceClass", "gpu-40gib.devplug.io") in kinds
+
+
+def test_readme_dra_example_is_valid() -> None:
+    text = (ROOT / "README.md").read_text()
+    [block] = [
+        b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "driver: fpga.example.com" in b
+    ]
+    config = parse_config(block, "README.md")
+    assert [(r.mode, r.dra and r.dra.driver) for r in config.resources] == [
+        ("both", "fpga.example.com")
+    ]
