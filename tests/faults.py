@@ -535,12 +535,16 @@ async def flapping(root: Path, flips: int) -> Outcome:
             for i in range(flips):
                 nodes[0].unlink()
                 if i % 10 == 0:
-                    # Every tenth removal is seen through, so that the stream carries
-                    # real changes, not only the lists between bursts.
+                    # Every tenth flip is seen through, both ways, so that the stream
+                    # carries real changes, not only the lists between bursts.
                     await watcher.wait(
                         lambda lists: not any(lists[-1][d] for d in flapping_ids), f"flip {i}"
                     )
                 os.mknod(nodes[0], stat.S_IFCHR | 0o666, NULL_DEV)
+                if i % 10 == 0:
+                    await watcher.wait(
+                        lambda lists: all(lists[-1][d] for d in flapping_ids), f"flip {i} back"
+                    )
             # A marker node made after the last flip: the first list that has it comes
             # from a look at the folder after every flip, so from there on all is healthy.
             os.mknod(dev / "fault4", stat.S_IFCHR | 0o666, NULL_DEV)
