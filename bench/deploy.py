@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from common import percentiles, rss_mib
+
 ROOT = Path(__file__).resolve().parent.parent
 ARCHIVE = ROOT / "build" / "devplug-image.tar"
 SCRAPES = 200
@@ -46,13 +48,6 @@ def _free_port() -> int:
         return port
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise KeyError("VmRSS")
-
-
 def metrics_cost() -> dict[str, Any]:
     """`devplug serve --metrics-port`: RSS once serving, /metrics scrape times, RSS after."""
     port = _free_port()
@@ -72,26 +67,27 @@ def metrics_cost() -> dict[str, Any]:
             url = f"http://127.0.0.1:{port}/metrics"
             with urllib.request.urlopen(url, timeout=5) as answer:
                 size = len(answer.read())
-            rss_serving = _rss_mib(proc.pid)
+            rss_serving = rss_mib(proc.pid)
             samples = []
             for _ in range(SCRAPES):
                 started = time.perf_counter()
                 with urllib.request.urlopen(url, timeout=5) as answer:
                     answer.read()
                 samples.append(time.perf_counter() - started)
-            rss_after = _rss_mib(proc.pid)
+            rss_after = rss_mib(proc.pid)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
-    ordered = sorted(samples)
-
-    def ms(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
-
+    scrape = percentiles(samples)
     return {
         "rss_metrics_on_mib": rss_serving,
         "rss_after_scrapes_mib": rss_after,
-        "scrape": {"p50_ms": ms(0.5), "p99_ms": ms(0.99), "n": SCRAPES, "bytes": size},
+        "scrape": {
+            "p50_ms": scrape["p50_ms"],
+            "p99_ms": scrape["p99_ms"],
+            "n": SCRAPES,
+            "bytes": size,
+        },
         "devices": DEVICES,
     }
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import yaml
+from common import percentiles, rss_mib
 
 from devplug.api.dra.v1 import api_pb2 as dra
 from devplug.api.dra.v1 import api_pb2_grpc as dra_grpc
@@ -50,7 +51,6 @@ def bench_dra(root: Path) -> dict[str, Any]:
 
 def _bench(root: Path, kubeconfig: str) -> dict[str, Any]:
     from kubernetes import client
-    from run import percentiles, rss_mib  # bench/run.py
 
     from devplug.framework.dra.kube import api_client
 
