@@ -55,13 +55,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def serve_command(
+    config: Path | None, plugin_dir: Path, *flags: str, log_level: str | None = "warning"
+) -> list[str]:
+    """The argument list of `devplug serve` (`config` None: the packaged default)."""
+    command = [sys.executable, "-m", "devplug.cli.main"]
+    command += ["--log-level", log_level] if log_level else []
+    command += ["serve", "--plugin-dir", str(plugin_dir)]
+    command += ["--config", str(config)] if config is not None else []
+    return [*command, *flags]
+
+
 @contextmanager
 def daemon(
     config: Path, plugin_dir: Path, env: Mapping[str, str] | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`devplug serve` on `config`, logging warnings only; stopped with SIGTERM."""
-    command = [sys.executable, "-m", "devplug.cli.main", "--log-level", "warning", "serve"]
-    command += ["--config", str(config), "--plugin-dir", str(plugin_dir)]
+    command = serve_command(config, plugin_dir)
     proc = subprocess.Popen(command, env=None if env is None else {**os.environ, **env})
     try:
         yield proc

@@ -6,14 +6,13 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from common import percentiles, rss_mib
+from common import percentiles, rss_mib, serve_command
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHIVE = ROOT / "build" / "devplug-image.tar"
@@ -54,8 +53,8 @@ def metrics_cost() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="devplug-bench-metrics-") as tmp:
         config = Path(tmp) / "metrics.yaml"
         config.write_text(f"resources:\n  - name: bench.devplug.io/m\n    virtual: {DEVICES}\n")
-        command = [sys.executable, "-m", "devplug.cli.main", "serve", "--config", str(config)]
-        command += ["--plugin-dir", f"{tmp}/plugins", "--metrics-port", str(port)]
+        plugin_dir = Path(tmp) / "plugins"
+        command = serve_command(config, plugin_dir, "--metrics-port", str(port), log_level=None)
         proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stderr is not None

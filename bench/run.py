@@ -27,6 +27,7 @@ from common import (
     daemon,
     percentiles,
     rss_mib,
+    serve_command,
     stub_for,
     timed_calls,
     wait_for_health,
@@ -219,10 +220,7 @@ async def _async_benches(root: Path) -> dict[str, Any]:
     virtual: 4
 """
     )
-    command = ["--log-level", "warning", "serve", "--config", str(config)]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devplug.cli.main", *command, "--plugin-dir", str(plugin_dir)
-    )
+    proc = await asyncio.create_subprocess_exec(*serve_command(config, plugin_dir))
     results: dict[str, Any] = {}
     try:
         async with Kubelet(plugin_dir, root / "sim-state", control_socket=False) as kubelet:
