@@ -6,12 +6,13 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from common import percentiles, rss_mib, serve_command
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHIVE = ROOT / "build" / "devplug-image.tar"
@@ -46,21 +47,14 @@ def _free_port() -> int:
         return port
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    raise KeyError("VmRSS")
-
-
 def metrics_cost() -> dict[str, Any]:
     """`devplug serve --metrics-port`: RSS once serving, /metrics scrape times, RSS after."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="devplug-bench-metrics-") as tmp:
         config = Path(tmp) / "metrics.yaml"
         config.write_text(f"resources:\n  - name: bench.devplug.io/m\n    virtual: {DEVICES}\n")
-        command = [sys.executable, "-m", "devplug.cli.main", "serve", "--config", str(config)]
-        command += ["--plugin-dir", f"{tmp}/plugins", "--metrics-port", str(port)]
+        plugin_dir = Path(tmp) / "plugins"
+        command = serve_command(config, plugin_dir, "--metrics-port", str(port), log_level=None)
         proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stderr is not None
@@ -72,26 +66,27 @@ def metrics_cost() -> dict[str, Any]:
             url = f"http://127.0.0.1:{port}/metrics"
             with urllib.request.urlopen(url, timeout=5) as answer:
                 size = len(answer.read())
-            rss_serving = _rss_mib(proc.pid)
+            rss_serving = rss_mib(proc.pid)
             samples = []
             for _ in range(SCRAPES):
                 started = time.perf_counter()
                 with urllib.request.urlopen(url, timeout=5) as answer:
                     answer.read()
                 samples.append(time.perf_counter() - started)
-            rss_after = _rss_mib(proc.pid)
+            rss_after = rss_mib(proc.pid)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
-    ordered = sorted(samples)
-
-    def ms(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
-
+    scrape = percentiles(samples)
     return {
         "rss_metrics_on_mib": rss_serving,
         "rss_after_scrapes_mib": rss_after,
-        "scrape": {"p50_ms": ms(0.5), "p99_ms": ms(0.99), "n": SCRAPES, "bytes": size},
+        "scrape": {
+            "p50_ms": scrape["p50_ms"],
+            "p99_ms": scrape["p99_ms"],
+            "n": SCRAPES,
+            "bytes": size,
+        },
         "devices": DEVICES,
     }
 

@@ -12,7 +12,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import grpc
 import yaml
+from common import percentiles, rss_mib, serve_command
 
 from devplug.api.dra.v1 import api_pb2 as dra
 from devplug.api.dra.v1 import api_pb2_grpc as dra_grpc
@@ -50,7 +50,6 @@ def bench_dra(root: Path) -> dict[str, Any]:
 
 def _bench(root: Path, kubeconfig: str) -> dict[str, Any]:
     from kubernetes import client
-    from run import percentiles, rss_mib  # bench/run.py
 
     from devplug.framework.dra.kube import api_client
 
@@ -92,16 +91,11 @@ def _bench(root: Path, kubeconfig: str) -> dict[str, Any]:
 
     report: dict[str, Any] = {}
     started = time.monotonic()
-    folders = {
-        "--plugin-dir": "dp",
-        "--registry-dir": "reg",
-        "--plugins-dir": "pl",
-        "--cdi-dir": "cdi",
-    }
+    folders = {"--registry-dir": "reg", "--plugins-dir": "pl", "--cdi-dir": "cdi"}
     args = [item for flag, name in folders.items() for item in (flag, str(root / name))]
-    command = [sys.executable, "-m", "devplug.cli.main", "serve", "--config", str(config)]
+    args += ["--node-name", NODE, "--kubeconfig", kubeconfig]
     proc = subprocess.Popen(
-        [*command, *args, "--node-name", NODE, "--kubeconfig", kubeconfig],
+        serve_command(config, root / "dp", *args, log_level=None),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -7,15 +7,21 @@ the time from an Xid event to the Unhealthy device in ListAndWatch (and back).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+from common import (
+    allocate_request,
+    daemon,
+    percentiles,
+    rss_mib,
+    stub_for,
+    timed_calls,
+    wait_for_health,
+)
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid
@@ -26,8 +32,6 @@ RECOVERY_S = 0.05
 
 
 def bench_nvidia() -> dict[str, Any]:
-    from run import percentiles, rss_mib, stub_for, timed_calls, wait_for_health
-
     with tempfile.TemporaryDirectory(prefix="devplug-bench-gpu-") as tmp:
         root = Path(tmp)
         host = FakeGpuHost(root / "gpus", eight_gpus())
@@ -35,14 +39,11 @@ def bench_nvidia() -> dict[str, Any]:
         nvidia = {"hostRoot": host.host_root, "recoverySeconds": RECOVERY_S, "probeSeconds": 1}
         config.write_text(yaml.safe_dump({"resources": [{"nvidia": nvidia}]}))
         plugin_dir = root / "plugins"
-        command = [sys.executable, "-m", "devplug.cli.main", "--log-level", "warning", "serve"]
-        command += ["--config", str(config), "--plugin-dir", str(plugin_dir)]
-        proc = subprocess.Popen(command, env={**os.environ, **host.env})
-        try:
+        with daemon(config, plugin_dir, env=host.env) as proc:
             channel, stub = stub_for(plugin_dir, "nvidia.com/gpu")
             with channel:
-                one = _request([gpu_uuid(0)])
-                two = _request([gpu_uuid(0), gpu_uuid(3)])
+                one = allocate_request([gpu_uuid(0)])
+                two = allocate_request([gpu_uuid(0), gpu_uuid(3)])
                 timed_calls(lambda: stub.Allocate(one), 200)  # warm-up
                 allocate_one = timed_calls(lambda: stub.Allocate(one), ALLOCATE_CALLS)
                 allocate_two = timed_calls(lambda: stub.Allocate(two), ALLOCATE_CALLS)
@@ -69,9 +70,6 @@ def bench_nvidia() -> dict[str, Any]:
                     up.append(time.perf_counter() - started)
                 stream.cancel()
             rss = rss_mib(proc.pid)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
     return {
         "gpus": 8,
         "rss_mib": rss,
@@ -83,10 +81,5 @@ def bench_nvidia() -> dict[str, Any]:
     }
 
 
-def _request(ids: list[str]) -> pb.AllocateRequest:
-    return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
-
-
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     print(json.dumps(bench_nvidia(), indent=2))

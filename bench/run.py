@@ -13,22 +13,31 @@ import json
 import os
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import grpc
+from common import (
+    allocate_request,
+    cpu_seconds,
+    daemon,
+    percentiles,
+    rss_mib,
+    serve_command,
+    stub_for,
+    timed_calls,
+    wait_for_health,
+)
+from dra import bench_dra
+from nvidia import bench_nvidia
+from sysfs import bench_sysfs
 
-from deploy import bench_deploy  # bench/deploy.py, beside this script
+from deploy import bench_deploy
 from devplug.api.v1beta1 import api_pb2 as pb
-from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.channel import FAST_RECONNECT
 
 SEQUENTIAL_CALLS = 3000
 CONCURRENT_CLIENTS = 8
@@ -49,31 +58,6 @@ TARGETS = {
 }
 
 
-def percentiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-
-    def pick(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 3)
-
-    return {"p50_ms": pick(0.50), "p99_ms": pick(0.99), "max_ms": pick(1.0), "n": len(ordered)}
-
-
-def proc_status(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise KeyError(key)
-
-
-def rss_mib(pid: int) -> float:
-    return round(proc_status(pid, "VmRSS") / 1024, 1)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def write_config(root: Path, nodes: Path) -> Path:
     config = root / "bench.yaml"
     config.write_text(
@@ -90,55 +74,9 @@ def write_config(root: Path, nodes: Path) -> Path:
     return config
 
 
-@contextmanager
-def daemon(config: Path, plugin_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "devplug.cli.main",
-            "--log-level",
-            "warning",
-            "serve",
-            "--config",
-            str(config),
-            "--plugin-dir",
-            str(plugin_dir),
-        ],
-    )
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def stub_for(plugin_dir: Path, resource: str) -> tuple[grpc.Channel, pb_grpc.DevicePluginStub]:
-    socket = plugin_dir / ("devplug-" + resource.replace("/", "-") + ".sock")
-    channel = grpc.insecure_channel(f"unix://{socket}", options=FAST_RECONNECT)
-    stub = pb_grpc.DevicePluginStub(channel)
-    stub.GetDevicePluginOptions(pb.Empty(), wait_for_ready=True, timeout=30)
-    return channel, stub
-
-
-def allocate_request() -> pb.AllocateRequest:
-    return pb.AllocateRequest(
-        container_requests=[pb.ContainerAllocateRequest(devices_ids=["alloc-1", "alloc-2"])]
-    )
-
-
-def timed_calls(call: Callable[[], object], count: int) -> list[float]:
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - started)
-    return samples
-
-
 def bench_allocate(plugin_dir: Path) -> dict[str, Any]:
     channel, stub = stub_for(plugin_dir, "bench.devplug.io/alloc")
-    request = allocate_request()
+    request = allocate_request(["alloc-1", "alloc-2"])
     with channel:
         timed_calls(lambda: stub.Allocate(request), 300)  # warm-up
         sequential = timed_calls(lambda: stub.Allocate(request), SEQUENTIAL_CALLS)
@@ -169,13 +107,6 @@ def bench_allocate(plugin_dir: Path) -> dict[str, Any]:
     }
 
 
-def wait_for_health(stream: Any, device: str, health: str) -> None:
-    for message in stream:
-        if any(device == d.ID and d.health == health for d in message.devices):
-            return
-    raise RuntimeError("stream ended")
-
-
 def bench_health(plugin_dir: Path, nodes: Path) -> dict[str, Any]:
     channel, stub = stub_for(plugin_dir, "bench.devplug.io/node")
     node = nodes / "bench0"
@@ -204,11 +135,8 @@ def bench_big_list(plugin_dir: Path) -> dict[str, Any]:
     unknown = [f"nope-{i}" for i in range(BIG_LIST)]
 
     def allocate(devices: list[str]) -> None:
-        request = pb.AllocateRequest(
-            container_requests=[pb.ContainerAllocateRequest(devices_ids=devices)]
-        )
         try:
-            stub.Allocate(request, timeout=30)
+            stub.Allocate(allocate_request(devices), timeout=30)
         except grpc.RpcError as error:
             if error.code() != grpc.StatusCode.INVALID_ARGUMENT:
                 raise
@@ -263,18 +191,12 @@ def main() -> int:
             report["list_and_watch_10k"] = bench_big_list(root / "big-plugins")
             report["list_and_watch_10k"]["rss_mib"] = rss_mib(proc.pid)
         report.update(run_async_benches(root))
-        from sysfs import bench_sysfs  # bench/sysfs.py
-
         report["sysfs_hotplug"] = bench_sysfs(root)
-        from dra import bench_dra  # bench/dra.py
-
         report["dra"] = bench_dra(root)
         from startup import bench_startup  # bench/startup.py
 
         report["startup"] = bench_startup(root)
     report["deploy"] = bench_deploy()
-    from nvidia import bench_nvidia  # bench/nvidia.py
-
     report["nvidia"] = bench_nvidia()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
@@ -301,10 +223,7 @@ async def _async_benches(root: Path) -> dict[str, Any]:
     virtual: 4
 """
     )
-    command = ["--log-level", "warning", "serve", "--config", str(config)]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "devplug.cli.main", *command, "--plugin-dir", str(plugin_dir)
-    )
+    proc = await asyncio.create_subprocess_exec(*serve_command(config, plugin_dir))
     results: dict[str, Any] = {}
     try:
         async with Kubelet(plugin_dir, root / "sim-state", control_socket=False) as kubelet:

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import daemon, percentiles, stub_for, wait_for_health
+
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.testing.sysfs import FakeSysfs, Node, UsbInterface
 
@@ -15,8 +17,6 @@ ROUNDS = 10
 
 
 def bench_sysfs(root: Path) -> dict[str, Any]:
-    from run import daemon, percentiles, stub_for, wait_for_health
-
     tree = FakeSysfs(root / "hw")
     config = root / "sysfs.yaml"
     config.write_text(

@@ -46,3 +46,37 @@ def test_readme_hardware_example_is_valid() -> None:
     [block] = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "split:" in b]
     plugins = build_plugins(parse_config(block, "README.md"))
     assert [p.resource_name for p in plugins] == ["example.com/fpga-u250", "example.com/fpga-u280"]
+
+
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings (code blocks hold none)."""
+    seen: set[str] = set()
+    for heading in re.findall(r"^#+ (.+)$", FENCE.sub("", markdown), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n, anchor = 0, slug
+        while anchor in seen:  # a repeated heading gets -1, -2...
+            n += 1
+            anchor = f"{slug}-{n}"
+        seen.add(anchor)
+    return seen
+
+
+def test_relative_links_point_at_files_and_headings_that_exist() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in LINK.findall(FENCE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text()):
+                broken.append(f"{page.relative_to(ROOT)}: {target}: no such heading")
+    assert len(pages) > 5
+    assert not broken, "\n".join(broken)

@@ -23,15 +23,12 @@ import contextlib
 import logging
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
 from devplug.simulator.pods import ManifestError
 from devplug.simulator.results import NodeStatus, PodResult, PodSummary, ResourceStatus
-
-if TYPE_CHECKING:
-    from devplug.simulator.kubelet import Kubelet
 
 log = logging.getLogger("devplug.simulator.control")
 
@@ -43,8 +40,26 @@ class ControlError(Exception):
     """The simulator answered the request with an error."""
 
 
+class Controlled(Protocol):
+    """What the control socket asks of the simulated kubelet it serves."""
+
+    async def apply(self, manifests: str) -> list[PodResult]: ...
+    async def delete_pod(self, name: str, namespace: str = "default") -> bool: ...
+    def pods(self) -> list[PodSummary]: ...
+    def node_status(self) -> NodeStatus: ...
+    def metrics_text(self) -> str: ...
+    async def wait_for_resource(
+        self, name: str, *, count: int | None = None, timeout: float = 10.0
+    ) -> ResourceStatus: ...
+    def registrations(self, resource: str) -> int: ...
+    async def restart(self) -> None: ...
+    async def wait_for_registration(
+        self, resource: str, *, after: int = 0, timeout: float = 10.0
+    ) -> int: ...
+
+
 class ControlServer:
-    def __init__(self, kubelet: Kubelet, path: Path) -> None:
+    def __init__(self, kubelet: Controlled, path: Path) -> None:
         self.kubelet = kubelet
         self.path = path
         self._server: asyncio.Server | None = None

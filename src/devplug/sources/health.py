@@ -13,39 +13,48 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
 
+from devplug.framework.device import Attribute
 from devplug.sources import hardware
 from devplug.sources.sysfs.select import fill
-
-if TYPE_CHECKING:
-    from devplug.sources.hostdev import HostDevicePlugin, _Base
 
 log = logging.getLogger("devplug.sources.health")
 
 
+class Checked(Protocol):
+    """What the checks read of a device: its ID, attributes and sysfs folder."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def attributes(self) -> Mapping[str, Attribute]: ...
+
+    @property
+    def sysfs(self) -> Path | None: ...
+
+
 async def run_checks(
-    plugin: HostDevicePlugin, health: hardware.HealthSpec, changed: Callable[[], None]
+    check_round: Callable[[], Awaitable[bool]], interval: float, changed: Callable[[], None]
 ) -> None:
-    """Check every device every `health.interval` seconds; call `changed()` when a
-    verdict changes. Runs until cancelled."""
+    """Run `check_round()` every `interval` seconds; call `changed()` when it says a
+    verdict changed. Runs until cancelled."""
     while True:
-        await asyncio.sleep(health.interval)
-        if await check_round(plugin, health):
+        await asyncio.sleep(interval)
+        if await check_round():
             changed()
 
 
-async def check_round(
-    plugin: HostDevicePlugin, health: hardware.HealthSpec, bases: list[_Base] | None = None
-) -> bool:
-    """Check `bases` (default: every device there) once; True when a verdict changed."""
-    bases = plugin.present_bases() if bases is None else bases
-    results = await asyncio.gather(*(device_healthy(b, health) for b in bases))
-    return plugin.set_checks({b.id: ok for b, ok in zip(bases, results, strict=True)})
+async def verdicts(devices: Sequence[Checked], health: hardware.HealthSpec) -> dict[str, bool]:
+    """Check every device once, side by side: healthy or not, by device ID."""
+    results = await asyncio.gather(*(device_healthy(d, health) for d in devices))
+    return {d.id: ok for d, ok in zip(devices, results, strict=True)}
 
 
-async def device_healthy(base: _Base, health: hardware.HealthSpec) -> bool:
+async def device_healthy(base: Checked, health: hardware.HealthSpec) -> bool:
     values = {"id": base.id, **{k: str(v) for k, v in base.attributes.items()}}
     for check in health.checks:
         problem = await check_problem(check, base, values)
@@ -56,7 +65,7 @@ async def device_healthy(base: _Base, health: hardware.HealthSpec) -> bool:
 
 
 async def check_problem(
-    check: hardware.CheckSpec, base: _Base, values: dict[str, str]
+    check: hardware.CheckSpec, base: Checked, values: dict[str, str]
 ) -> str | None:
     if check.attribute is not None:
         if base.sysfs is None:

@@ -40,6 +40,7 @@ from devplug.sources.config import (
     path_device_id,
     replica_ids,
 )
+from devplug.sources.health import run_checks, verdicts
 from devplug.sources.sysfs.select import Pool, selected_devices, vfio_env
 from devplug.sources.sysfs.tree import Sysfs
 
@@ -286,9 +287,8 @@ class HostDevicePlugin(Plugin):
             if not self._rewatch(watcher):
                 dirty.set()
             if self.spec.health is not None:
-                from devplug.sources.health import run_checks
-
-                helpers.append(asyncio.create_task(run_checks(self, self.spec.health, dirty.set)))
+                interval = self.spec.health.interval
+                helpers.append(asyncio.create_task(run_checks(self._check, interval, dirty.set)))
                 helpers[-1].add_done_callback(lambda _: dirty.set())
             await self._look()
             while True:
@@ -320,8 +320,6 @@ class HostDevicePlugin(Plugin):
         """Publish the devices now. With health checks, a device that has just come (or
         come back) is checked first: no pod gets a device that fails its checks."""
         if self.spec.health is not None:
-            from devplug.sources.health import check_round
-
             self.discover()
             present = [b for b in self.present_bases() if _nodes_exist(b)]
             new = [b for b in present if b.id not in self._there]
@@ -330,7 +328,7 @@ class HostDevicePlugin(Plugin):
                 self._checks_ok.pop(gone, None)
             self._there = now
             if new:
-                await check_round(self, self.spec.health, new)
+                await self._check(new)
         self._publish_now()
 
     async def checked_devices(self) -> list[Device]:
@@ -338,15 +336,16 @@ class HostDevicePlugin(Plugin):
         shows: without a verdict, a device with checks would read Unhealthy)."""
         self.discover()
         if self.spec.health is not None:
-            from devplug.sources.health import check_round
-
-            await check_round(self, self.spec.health)
+            await self._check()
         return self.discover()
 
-    def set_checks(self, verdicts: Mapping[str, bool]) -> bool:
-        """Record health-check verdicts by device; True when one changed."""
-        changed = any(self._checks_ok.get(k) != v for k, v in verdicts.items())
-        self._checks_ok.update(verdicts)
+    async def _check(self, bases: Sequence[_Base] | None = None) -> bool:
+        """Run the health checks of `bases` (default: every device there) once and
+        record the verdicts; True when one changed."""
+        assert self.spec.health is not None
+        found = await verdicts(self.present_bases() if bases is None else bases, self.spec.health)
+        changed = any(self._checks_ok.get(k) != v for k, v in found.items())
+        self._checks_ok.update(found)
         return changed
 
     # -- hooks ----------------------------------------------------------------------
