@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from common import cpu_seconds, serve_command
 
 STARTUP_RUNS = 10
 
@@ -36,19 +36,10 @@ async def _startup(root: Path, runs: int) -> dict[str, Any]:
         for _ in range(runs):
             after = kubelet.last_event_seq
             started = time.time()
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "devplug.cli.main",
-                "--log-level",
-                "warning",
-                "serve",
-                "--plugin-dir",
-                str(plugin_dir),
-            )
+            proc = await asyncio.create_subprocess_exec(*serve_command(None, plugin_dir))
             try:
                 resources = await _all_listed(kubelet, after)
-                cpu.append(_cpu_ms(proc.pid))
+                cpu.append(cpu_seconds(proc.pid) * 1000)
             finally:
                 proc.terminate()
                 await proc.wait()
@@ -71,12 +62,6 @@ async def _startup(root: Path, runs: int) -> dict[str, Any]:
         # CPU the daemon used until then: the same work, whatever else the machine runs.
         "cpu_to_listed_ms": _stats(cpu),
     }
-
-
-def _cpu_ms(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime + stime
-    return ticks * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 async def _all_listed(kubelet: Any, after: int) -> set[str]:
