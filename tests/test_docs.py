@@ -1,11 +1,19 @@
-"""The examples in the README are valid as written."""
+"""The docs are true: their config examples parse, every config key and command is documented,
+and every command line they show uses options that exist."""
 
 from __future__ import annotations
 
+import argparse
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+import yaml
+
+from devplug.cli.main import build_parser
 from devplug.sources import build_plugins, parse_config
+from devplug.sources.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,3 +88,105 @@ def test_relative_links_point_at_files_and_headings_that_exist() -> None:
                 broken.append(f"{page.relative_to(ROOT)}: {target}: no such heading")
     assert len(pages) > 5
     assert not broken, "\n".join(broken)
+
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+YAML_BLOCK = re.compile(r"```ya?ml\n(.*?)```", re.S)
+
+
+def test_every_yaml_example_parses_as_a_config_or_kubernetes_objects() -> None:
+    configs = 0
+    for page in PAGES:
+        name = str(page.relative_to(ROOT))
+        for block in YAML_BLOCK.findall(page.read_text()):
+            if re.search(r"^apiVersion:", block, re.M):
+                assert all(doc.get("kind") for doc in yaml.safe_load_all(block)), name
+            else:  # anything else shown as YAML is a devplug config, or its top level
+                if not re.search(r"^resources:", block, re.M):
+                    block += "resources: [{name: example.com/fake, virtual: 1}]\n"
+                parse_config(block, name)
+                configs += 1
+    assert configs >= 20
+
+
+def schema_keys(tp: msgspec.inspect.Type, at: str = "") -> Iterator[tuple[str, str]]:
+    """(path, key) for every key a config may hold, as written in YAML."""
+    if isinstance(tp, msgspec.inspect.StructType):
+        for field in tp.fields:
+            yield f"{at}.{field.encode_name}", field.encode_name
+            yield from schema_keys(field.type, f"{at}.{field.encode_name}")
+    elif isinstance(tp, msgspec.inspect.ListType):
+        yield from schema_keys(tp.item_type, f"{at}[]")
+    elif isinstance(tp, msgspec.inspect.DictType):
+        yield from schema_keys(tp.value_type, f"{at}{{}}")
+    elif isinstance(tp, msgspec.inspect.UnionType):
+        for member in tp.types:
+            yield from schema_keys(member, at)
+
+
+def test_every_config_key_is_in_the_reference() -> None:
+    keys = list(schema_keys(msgspec.inspect.type_info(Config)))
+    rows = "\n".join(
+        line
+        for line in (ROOT / "docs" / "config.md").read_text().splitlines()
+        if line.startswith("|")
+    )
+    missing = [path for path, key in keys if f"`{key}`" not in rows]
+    assert len(keys) > 60
+    assert not missing, f"docs/config.md has no table row for: {', '.join(missing)}"
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(actions[0].choices) if actions else {}
+
+
+def options(parser: argparse.ArgumentParser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+def test_every_command_and_option_is_documented() -> None:
+    parser = build_parser()
+    docs = "\n".join(page.read_text() for page in PAGES)
+    missing = [o for o in options(parser) - {"--help"} if o.startswith("--") and o not in docs]
+    for name, sub in subcommands(parser).items():
+        if f"devplug {name}" not in docs:
+            missing.append(f"devplug {name}")
+        for option in options(sub) - {"--help"}:
+            if option.startswith("--") and not re.search(re.escape(option) + r"(?![\w-])", docs):
+                missing.append(f"devplug {name} {option}")
+    assert len(subcommands(parser)) >= 10
+    assert not missing, f"not in README.md or docs/: {', '.join(missing)}"
+
+
+# `devplug [global options] COMMAND ...` up to the end of the code span or line.
+COMMAND_LINE = re.compile(
+    r"\bdevplug((?:\s+--?[\w-]+(?:[ =][^\s`-][^\s`]*)?)*)\s+([a-z][a-z-]+)([^`\n]*)"
+)
+
+
+def test_command_lines_in_the_docs_use_options_that_exist() -> None:
+    parser = build_parser()
+    commands = subcommands(parser)
+    files = [
+        *PAGES,
+        *sorted((ROOT / "examples").iterdir()),
+        *sorted((ROOT / "deploy").rglob("*.yaml")),
+    ]
+    seen, wrong = 0, []
+    for page in files:
+        for match in COMMAND_LINE.finditer(page.read_text()):
+            before, name, after = match.groups()
+            if name not in commands:
+                continue
+            seen += 1
+            sub = commands[name]
+            words = after.split()
+            if words and words[0] in subcommands(sub):  # devplug pods apply ...
+                sub = subcommands(sub)[words[0]]
+            known = options(sub) | options(parser)
+            for option in re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", f"{before} {after}"):
+                if option not in known:
+                    wrong.append(f"{page.relative_to(ROOT)}: {option} in {match.group(0).strip()}")
+    assert seen > 50
+    assert not wrong, "\n".join(wrong)
