@@ -21,7 +21,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="a config file: its `nvidia:` resources (default: one `nvidia: {}` resource)",
     )
     parser.add_argument(
-        "--host-root", default="/", metavar="DIR", help="where the host's /dev, /proc, /sys are"
+        "--host-root",
+        default="/",
+        metavar="DIR",
+        help="where the host's /dev, /proc, /sys are (a --config sets nvidia.hostRoot instead)",
     )
     parser.add_argument(
         "--output", choices=["text", "json"], default="text", help="report format (text)"
