@@ -190,3 +190,17 @@ def test_command_lines_in_the_docs_use_options_that_exist() -> None:
                     wrong.append(f"{page.relative_to(ROOT)}: {option} in {match.group(0).strip()}")
     assert seen > 50
     assert not wrong, "\n".join(wrong)
+
+
+def test_measurements_are_quoted_only_in_the_readme_table() -> None:
+    """docs/ point at the README's Performance table (or `make bench`) rather than quote
+    numbers that go stale when the table is measured again."""
+    measured = re.compile(r"\b(?:p50|p99|median)\b \d|\d(?: ?ms| µs| calls/s| pods/s)\b")
+    quoted = [
+        f"{page.relative_to(ROOT)}:{n}: {line.strip()}"
+        for page in sorted((ROOT / "docs").glob("*.md"))
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if measured.search(line)
+    ]
+    assert measured.search((ROOT / "README.md").read_text())
+    assert not quoted, "\n".join(quoted)
