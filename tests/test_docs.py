@@ -109,11 +109,14 @@ def test_every_yaml_example_parses_as_a_config_or_kubernetes_objects() -> None:
     assert configs >= 20
 
 
-def schema_keys(tp: msgspec.inspect.Type, at: str = "") -> Iterator[tuple[str, str]]:
-    """(path, key) for every key a config may hold, as written in YAML."""
+def schema_keys(tp: msgspec.inspect.Type, at: str = "") -> Iterator[tuple[str, str, object]]:
+    """(path, key, default) for every key a config may hold, as written in YAML."""
     if isinstance(tp, msgspec.inspect.StructType):
         for field in tp.fields:
-            yield f"{at}.{field.encode_name}", field.encode_name
+            default = field.default
+            if field.default_factory is not msgspec.NODEFAULT:
+                default = field.default_factory()
+            yield f"{at}.{field.encode_name}", field.encode_name, default
             yield from schema_keys(field.type, f"{at}.{field.encode_name}")
     elif isinstance(tp, msgspec.inspect.ListType):
         yield from schema_keys(tp.item_type, f"{at}[]")
@@ -124,16 +127,34 @@ def schema_keys(tp: msgspec.inspect.Type, at: str = "") -> Iterator[tuple[str, s
             yield from schema_keys(member, at)
 
 
-def test_every_config_key_is_in_the_reference() -> None:
+def as_written(value: object) -> str | None:
+    """A scalar default as the reference writes it (`true`, `10`, `0.1`, `numa`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int | str) and value != "":
+        return str(value)
+    return None
+
+
+def test_every_config_key_is_in_the_reference_with_its_default() -> None:
     keys = list(schema_keys(msgspec.inspect.type_info(Config)))
-    rows = "\n".join(
+    rows = [
         line
         for line in (ROOT / "docs" / "config.md").read_text().splitlines()
         if line.startswith("|")
-    )
-    missing = [path for path, key in keys if f"`{key}`" not in rows]
+    ]
+    missing, wrong = [], []
+    for path, key, default in keys:
+        mine = [row for row in rows if f"`{key}`" in row]
+        if not mine:
+            missing.append(path)
+        elif (shown := as_written(default)) and not any(f"`{shown}`" in row for row in mine):
+            wrong.append(f"{path} (default `{shown}`)")
     assert len(keys) > 60
     assert not missing, f"docs/config.md has no table row for: {', '.join(missing)}"
+    assert not wrong, f"docs/config.md does not give the default of: {', '.join(wrong)}"
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
