@@ -268,7 +268,7 @@ def _check(config: Config, source: str) -> None:
         if resource.groups is not None and resource.virtual is not None:
             fail(at, "both 'groups' and 'virtual' are set: a resource has exactly one of them")
         if resource.groups is None and resource.virtual is None:
-            fail(at, "neither 'groups' nor 'virtual' is set: a resource has exactly one of them")
+            fail(at, "neither 'groups' nor 'virtual' nor 'nvidia' is set: a resource needs one")
         if resource.dra is not None:
             check_dra(resource.dra, f"{at}.dra", fail)
         if serves_dra(resource.mode):
