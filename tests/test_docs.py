@@ -225,3 +225,10 @@ def test_measurements_are_quoted_only_in_the_readme_table() -> None:
     ]
     assert measured.search((ROOT / "README.md").read_text())
     assert not quoted, "\n".join(quoted)
+
+
+def test_every_reference_page_is_in_the_index() -> None:
+    index = (ROOT / "docs" / "README.md").read_text()
+    pages = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "README.md"]
+    assert len(pages) > 5
+    assert not [p for p in pages if f"]({p})" not in index]
