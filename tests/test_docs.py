@@ -232,3 +232,14 @@ def test_every_reference_page_is_in_the_index() -> None:
     pages = [p.name for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "README.md"]
     assert len(pages) > 5
     assert not [p for p in pages if f"]({p})" not in index]
+
+
+def test_make_targets_named_in_the_docs_exist() -> None:
+    targets = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+    named = {
+        t
+        for page in PAGES
+        for t in re.findall(r"(?:`|^)make ([a-z][\w-]*)", page.read_text(), re.M)
+    }
+    assert {"test", "bench"} <= named
+    assert named <= targets, f"no such make target: {', '.join(sorted(named - targets))}"
