@@ -180,12 +180,10 @@ def reload_and_metrics(
 
 
 def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
-    """The DRA service of the resources with mode dra or both (imports the
-    Kubernetes client, which needs the ssl module `devplug serve` leaves out)."""
+    """The DRA service of the resources with mode dra or both (its Kubernetes client
+    lets in the ssl module `devplug serve` leaves out)."""
     from pathlib import Path
 
-    if sys.modules.get("ssl", False) is None:
-        del sys.modules["ssl"]
     from devplug.framework.dra.driver import Driver
     from devplug.framework.dra.service import DraService, DraSettings
     from devplug.sources.draconfig import plugin_driver_name, serves_dra
