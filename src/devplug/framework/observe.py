@@ -73,7 +73,7 @@ def remove_observer(observer: Observer) -> None:
 def heard(level: int = logging.INFO) -> bool:
     """Whether an event at `level` reaches anyone: an observer besides the log, or a
     log that writes `level`. A hot path asks before it builds an event's message."""
-    return _observers != [log_event] or log.isEnabledFor(level)
+    return len(_observers) != 1 or _observers[0] is not log_event or log.isEnabledFor(level)
 
 
 def emit(kind: str, resource: str, message: str, level: int = logging.INFO, **fields: Any) -> None:

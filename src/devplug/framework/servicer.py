@@ -208,12 +208,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> pb.AllocateResponse:
         response = pb.AllocateResponse()
         started = time.perf_counter()
-        containers: list[list[str]] = []
+        # The IDs are read once: for the limit, the devices and the event.
+        containers = [list(c.devices_ids) for c in request.container_requests]
         try:
-            self._check_id_count(sum(len(c.devices_ids) for c in request.container_requests))
-            for index, creq in enumerate(request.container_requests):
-                ids = list(creq.devices_ids)
-                containers.append(ids)
+            self._check_id_count(sum(map(len, containers)))
+            for index, ids in enumerate(containers):
                 if not ids:
                     response.container_responses.add()
                     continue
