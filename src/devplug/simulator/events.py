@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from devplug.framework.generation import Generation
+
 log = logging.getLogger("devplug.simulator.kubelet")
 
 EVENT_HISTORY = 1000
@@ -47,8 +49,7 @@ class EventLog:
 
     def __init__(self) -> None:
         self._events: collections.deque[KubeletEvent] = collections.deque(maxlen=EVENT_HISTORY)
-        self._seq = 0
-        self._changed = asyncio.Event()
+        self._seq = Generation()  # the seq of the latest event
         self._listeners: list[Listener] = []
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
@@ -64,19 +65,17 @@ class EventLog:
     @property
     def last_seq(self) -> int:
         """The `seq` of the latest event (0 before any)."""
-        return self._seq
+        return self._seq.value
 
     def emit(self, kind: str, *, resource: str = "", pod: str = "", detail: str = "") -> None:
-        self._seq += 1
-        event = KubeletEvent(self._seq, kind, resource, pod, detail, time.time())
+        self._seq.bump()  # waiters run once this call returns, after the listeners
+        event = KubeletEvent(self._seq.value, kind, resource, pod, detail, time.time())
         self._events.append(event)
         for listener in list(self._listeners):
             try:
                 listener(event)
             except Exception:
                 log.exception("event listener failed")
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
 
     async def wait_for(
         self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "a condition"
@@ -88,9 +87,8 @@ class EventLog:
             left = deadline - loop.time()
             if left <= 0:
                 raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-            changed = self._changed
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
+                await asyncio.wait_for(self._seq.wait_newer(self._seq.value), left)
 
     async def wait_for_event(
         self,
