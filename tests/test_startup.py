@@ -21,6 +21,12 @@ NOT_FOR_SERVE = {
     "importlib.resources",
     "ssl",
     "hashlib",
+    # Each loaded only when the config or a flag asks for what needs it.
+    "pynvml",
+    "pyudev",
+    "prometheus_client",
+    "kubernetes",
+    "jsonschema",
 }
 
 

@@ -28,3 +28,16 @@ def lazy_exports(
         return sorted(set(namespace) | set(exports))
 
     return __getattr__, __dir__
+
+
+def block_ssl() -> None:
+    """Keep the ssl module out (asyncio loads it when it can): a daemon on unix sockets
+    saves its load time and memory. Call before anything imports asyncio."""
+    sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+
+
+def allow_ssl() -> None:
+    """Undo `block_ssl`, before importing a library that needs TLS (the Kubernetes
+    client)."""
+    if sys.modules.get("ssl", False) is None:
+        del sys.modules["ssl"]

@@ -18,12 +18,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", choices=["text", "json"], default="text", help="report format (text)"
     )
-    parser.add_argument(
-        "--sysfs-root", metavar="DIR", help="where sysfs is (default: the config's, or /sys)"
-    )
-    parser.add_argument(
-        "--dev-root", metavar="DIR", help="where device nodes are (default: the config's, or /dev)"
-    )
+    from devplug.cli.serve import add_root_options
+
+    add_root_options(parser)
     parser.add_argument(
         "--node-name",
         metavar="NAME",

@@ -208,8 +208,6 @@ def _dra_sources(args: argparse.Namespace) -> tuple[Any, Any]:
         return FileClaims(args.claims_dir), None
     if not args.node_name:
         raise ValueError("--kubeconfig needs --node-name: the node whose pods to run")
-    if sys.modules.get("ssl", False) is None:
-        del sys.modules["ssl"]
     from devplug.framework.dra.kube import api_client
 
     api = api_client(args.kubeconfig)

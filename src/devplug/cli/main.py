@@ -105,8 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _command(argv) in WITHOUT_TLS and not any(
         w.partition("=")[0] in NEEDS_SSL_OPTIONS for w in words
     ):
-        # Before any import of asyncio, which loads ssl when it can.
-        sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
+        from devplug.lazy import block_ssl
+
+        block_ssl()
     # `serve` builds its own parser only: it is on the path of a node's reboot, where
     # every millisecond before registration can fail a pod's admission.
     args = build_parser(only="serve" if _command(argv) == "serve" else None).parse_args(argv)

@@ -32,12 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help=f"the kubelet's device-plugins folder (default: {DEVICE_PLUGIN_PATH})",
     )
-    parser.add_argument(
-        "--sysfs-root", metavar="DIR", help="where sysfs is (default: the config's, or /sys)"
-    )
-    parser.add_argument(
-        "--dev-root", metavar="DIR", help="where device nodes are (default: the config's, or /dev)"
-    )
+    add_root_options(parser)
     parser.add_argument(
         "--feature-file",
         metavar="FILE",
@@ -62,6 +57,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "PodResources socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock",
     )
     add_dra_options(parser)
+
+
+def add_root_options(parser: argparse.ArgumentParser) -> None:
+    """Where sysfs and the device nodes are, for `serve` and `check` alike."""
+    parser.add_argument(
+        "--sysfs-root", metavar="DIR", help="where sysfs is (default: the config's, or /sys)"
+    )
+    parser.add_argument(
+        "--dev-root", metavar="DIR", help="where device nodes are (default: the config's, or /dev)"
+    )
 
 
 def add_dra_options(parser: argparse.ArgumentParser) -> None:
@@ -180,12 +185,10 @@ def reload_and_metrics(
 
 
 def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
-    """The DRA service of the resources with mode dra or both (imports the
-    Kubernetes client, which needs the ssl module `devplug serve` leaves out)."""
+    """The DRA service of the resources with mode dra or both (its Kubernetes client
+    lets in the ssl module `devplug serve` leaves out)."""
     from pathlib import Path
 
-    if sys.modules.get("ssl", False) is None:
-        del sys.modules["ssl"]
     from devplug.framework.dra.driver import Driver
     from devplug.framework.dra.service import DraService, DraSettings
     from devplug.sources.draconfig import plugin_driver_name, serves_dra

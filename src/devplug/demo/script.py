@@ -477,7 +477,7 @@ class Demo:
 
 def _registrations_since(kubelet: Kubelet, seq: int) -> list[KubeletEvent]:
     """Each resource's first registration after event `seq`, in the order they came."""
-    from devplug.simulator.kubelet import REGISTERED
+    from devplug.simulator.events import REGISTERED
 
     first: dict[str, KubeletEvent] = {}
     for event in kubelet.events:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from devplug.api.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
 from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.endpoint import Endpoint
+from devplug.framework.generation import Generation
 from devplug.framework.plugin import Plugin
 from devplug.framework.signals import stop_on_signals
 
@@ -53,8 +54,7 @@ class Daemon:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._plugin_tasks: dict[str, list[asyncio.Task[Any]]] = {}
         self._tasks_changed = asyncio.Event()
-        self._plugins_generation = 0
-        self._plugins_changed = asyncio.Event()
+        self._plugins_generation = Generation()
 
     @property
     def plugins(self) -> list[Plugin]:
@@ -64,18 +64,11 @@ class Daemon:
     def plugins_generation(self) -> int:
         """Bumped by every `add` and `remove`: services that write something for each
         plugin (feature file, CDI specs) follow the served set with it."""
-        return self._plugins_generation
+        return self._plugins_generation.value
 
     async def wait_plugins_changed(self, generation: int) -> int:
         """Wait until the plugin set is newer than `generation`; return the new one."""
-        while self._plugins_generation == generation:
-            await self._plugins_changed.wait()
-        return self._plugins_generation
-
-    def _bump_plugins(self) -> None:
-        self._plugins_generation += 1
-        changed, self._plugins_changed = self._plugins_changed, asyncio.Event()
-        changed.set()
+        return await self._plugins_generation.wait_newer(generation)
 
     def _on_folder_event(self, folder: Path, name: str) -> None:
         if name and name not in self._watched:
@@ -143,7 +136,7 @@ class Daemon:
         self.endpoints.append(endpoint)
         self._watched.add(plugin.socket_name)
         self._start_endpoint(endpoint)
-        self._bump_plugins()
+        self._plugins_generation.bump()
 
     async def remove(self, resource_name: str) -> None:
         """Stop serving one plugin while running: its scan ends, its streams close and
@@ -152,7 +145,7 @@ class Daemon:
         endpoint = next(e for e in self.endpoints if e.name == resource_name)
         self.endpoints.remove(endpoint)
         self._watched.discard(endpoint.plugin.socket_name)
-        self._bump_plugins()
+        self._plugins_generation.bump()
         tasks = self._plugin_tasks.pop(resource_name, [])
         for task in tasks:
             task.cancel()

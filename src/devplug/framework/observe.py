@@ -70,9 +70,17 @@ def remove_observer(observer: Observer) -> None:
         _observers.remove(observer)
 
 
+def heard(level: int = logging.INFO) -> bool:
+    """Whether an event at `level` reaches anyone: an observer besides the log, or a
+    log that writes `level`. A hot path asks before it builds an event's message."""
+    return len(_observers) != 1 or _observers[0] is not log_event or log.isEnabledFor(level)
+
+
 def emit(kind: str, resource: str, message: str, level: int = logging.INFO, **fields: Any) -> None:
     """Tell every observer; an observer that fails is logged, never raised into the
     framework (a broken metric must not refuse an Allocate)."""
+    if not heard(level):
+        return
     event = Event(kind, resource, message, level, fields)
     for observer in list(_observers):
         try:

@@ -11,6 +11,7 @@ import grpc
 
 from devplug.framework import observe
 from devplug.framework.device import ContainerEdits, Device, merge_edits
+from devplug.framework.generation import Generation
 from devplug.framework.limits import Limits
 from devplug.framework.names import resource_name_problem
 from devplug.framework.preferred import prefer_numa_local
@@ -56,8 +57,7 @@ class Plugin:
         self.socket_name = socket_name or default_socket_name(self.resource_name)
         self._initial = list(devices) if devices is not None else None
         self._devices: Mapping[str, Device] = MappingProxyType({})
-        self._generation = 0
-        self._changed = asyncio.Event()
+        self._generation = Generation()
         self._published = asyncio.Event()
 
     # -- device state -------------------------------------------------------------
@@ -70,7 +70,7 @@ class Plugin:
     @property
     def generation(self) -> int:
         """Bumped by every publish that changed something."""
-        return self._generation
+        return self._generation.value
 
     @property
     def published(self) -> bool:
@@ -100,9 +100,7 @@ class Plugin:
         if not first:
             _tell_health_changes(self.resource_name, self._devices, table)
         self._devices = MappingProxyType(table)
-        self._generation += 1
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._generation.bump()
 
     def set_health(self, device_id: str, healthy: bool) -> None:
         """Mark one published device healthy or unhealthy."""
@@ -117,9 +115,7 @@ class Plugin:
 
     async def wait_changed(self, generation: int) -> int:
         """Wait until the device list is newer than `generation`; return the new one."""
-        while self._generation == generation:
-            await self._changed.wait()
-        return self._generation
+        return await self._generation.wait_newer(generation)
 
     # -- hooks ----------------------------------------------------------------------
 

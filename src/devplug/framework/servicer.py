@@ -21,6 +21,7 @@ from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework import observe
 from devplug.framework.device import ContainerEdits, Device
+from devplug.framework.observe import show_ids
 from devplug.framework.plugin import AllocationError, Plugin
 
 log = logging.getLogger("devplug.plugin")
@@ -56,21 +57,18 @@ def resolve(plugin: Plugin, ids: Sequence[str], *, need_healthy: bool = True) ->
     table = plugin.devices
     unknown = [i for i in ids if i not in table]
     if unknown:
-        raise AllocationError(f"unknown device IDs: {_show(unknown)}")
+        raise AllocationError(f"unknown device IDs: {show_ids(unknown)}")
     if len(set(ids)) != len(ids):
         twice = sorted(i for i, n in Counter(ids).items() if n > 1)
-        raise AllocationError(f"device IDs requested more than once: {_show(twice)}")
+        raise AllocationError(f"device IDs requested more than once: {show_ids(twice)}")
     devices = [table[i] for i in ids]
     if need_healthy:
         sick = [d.id for d in devices if not d.healthy]
         if sick:
             raise AllocationError(
-                f"unhealthy devices: {_show(sick)}", grpc.StatusCode.FAILED_PRECONDITION
+                f"unhealthy devices: {show_ids(sick)}", grpc.StatusCode.FAILED_PRECONDITION
             )
     return devices
-
-
-_show = observe.show_ids
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
@@ -186,7 +184,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         outside = [i for i in must_ids if i not in offered]
         prefix = f"container request {index}: "
         if outside:
-            raise AllocationError(prefix + f"must-include IDs not available: {_show(outside)}")
+            raise AllocationError(prefix + f"must-include IDs not available: {show_ids(outside)}")
         size = creq.allocation_size
         if size < len(must_ids):
             raise AllocationError(
@@ -210,10 +208,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     ) -> pb.AllocateResponse:
         response = pb.AllocateResponse()
         started = time.perf_counter()
+        # The IDs are read once: for the limit, the devices and the event.
+        containers = [list(c.devices_ids) for c in request.container_requests]
         try:
-            self._check_id_count(sum(len(c.devices_ids) for c in request.container_requests))
-            for index, creq in enumerate(request.container_requests):
-                ids = list(creq.devices_ids)
+            self._check_id_count(sum(map(len, containers)))
+            for index, ids in enumerate(containers):
                 if not ids:
                     response.container_responses.add()
                     continue
@@ -235,14 +234,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                 AllocationError(f"allocate failed: {error}", grpc.StatusCode.INTERNAL),
                 started,
             )
-        containers = [list(c.devices_ids) for c in request.container_requests]
-        observe.emit(
-            observe.ALLOCATED,
-            self.plugin.resource_name,
-            "allocated " + "; ".join(_show(ids) or "nothing" for ids in containers),
-            containers=containers,
-            seconds=time.perf_counter() - started,
-        )
+        if observe.heard():  # the message and the fields cost nothing when no one listens
+            observe.emit(
+                observe.ALLOCATED,
+                self.plugin.resource_name,
+                "allocated " + "; ".join(show_ids(ids) or "nothing" for ids in containers),
+                containers=containers,
+                seconds=time.perf_counter() - started,
+            )
         return response
 
     async def PreStartContainer(

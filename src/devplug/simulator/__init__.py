@@ -13,7 +13,8 @@ The library comes first (`Kubelet`), the `devplug kubelet`, `devplug pods`,
 
 from devplug.simulator.checkpoint import CheckpointError
 from devplug.simulator.control import ControlClient, ControlError
-from devplug.simulator.kubelet import Kubelet, KubeletEvent
+from devplug.simulator.events import KubeletEvent
+from devplug.simulator.kubelet import Kubelet
 from devplug.simulator.pods import ManifestError
 from devplug.simulator.results import (
     REASON_ALREADY_EXISTS,

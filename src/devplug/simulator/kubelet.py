@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import json
 import logging
 import stat
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +44,17 @@ from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework.unixserver import UnixServer
 from devplug.simulator import checkpoint, topology
 from devplug.simulator.endpoint import EndpointError
+from devplug.simulator.events import (
+    POD_ADMITTED,
+    POD_DELETED,
+    POD_REJECTED,
+    REGISTERED,
+    REGISTRATION_REFUSED,
+    RESTARTED,
+    EventLog,
+    KubeletEvent,
+    Listener,
+)
 from devplug.simulator.manager import (
     AdmissionError,
     Allocation,
@@ -85,33 +94,6 @@ log = logging.getLogger("devplug.simulator.kubelet")
 POD_RESOURCES_SOCKET = Path("pod-resources") / KUBELET_SOCKET
 CONTROL_SOCKET = "control.sock"
 PODS_FILE = "simulator_pods.json"
-EVENT_HISTORY = 1000
-
-# Event kinds
-REGISTERED = "registered"
-REGISTRATION_REFUSED = "registration_refused"
-DEVICES = "devices"
-ENDPOINT_STOPPED = "endpoint_stopped"
-RESOURCE_REMOVED = "resource_removed"
-POD_ADMITTED = "pod_admitted"
-POD_REJECTED = "pod_rejected"
-POD_DELETED = "pod_deleted"
-RESTARTED = "restarted"
-
-
-@dataclass(frozen=True, slots=True)
-class KubeletEvent:
-    """Something that happened on the node; `seq` grows by one per event."""
-
-    seq: int
-    kind: str
-    resource: str = ""
-    pod: str = ""  # namespace/name
-    detail: str = ""
-    time: float = 0.0
-
-
-Listener = Callable[[KubeletEvent], None]
 
 
 @dataclass(slots=True)
@@ -201,10 +183,7 @@ class Kubelet:
         self._alloc_durations: dict[str, Histogram] = {}
         self._register_locks: dict[str, asyncio.Lock] = {}
         self._admit_lock = asyncio.Lock()
-        self._events: collections.deque[KubeletEvent] = collections.deque(maxlen=EVENT_HISTORY)
-        self._seq = 0
-        self._changed = asyncio.Event()
-        self._listeners: list[Listener] = []
+        self._log = EventLog()
         self._registration_server: UnixServer | None = None
         self._pod_resources_server: UnixServer | None = None
         self._control: Any = None
@@ -363,52 +342,28 @@ class Kubelet:
             raise RuntimeError("the kubelet simulator is not running")
         return self._manager
 
-    # -- events -------------------------------------------------------------------------
+    # -- events (kept by an EventLog) -----------------------------------------------------
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call `listener` with every event from now on; returns a function that stops it."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+        return self._log.add_listener(listener)
 
     @property
     def events(self) -> list[KubeletEvent]:
         """The most recent events, oldest first."""
-        return list(self._events)
-
-    def _emit(self, kind: str, *, resource: str = "", pod: str = "", detail: str = "") -> None:
-        self._seq += 1
-        event = KubeletEvent(self._seq, kind, resource, pod, detail, time.time())
-        self._events.append(event)
-        for listener in list(self._listeners):
-            try:
-                listener(event)
-            except Exception:
-                log.exception("event listener failed")
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    def _manager_event(self, kind: str, resource: str, detail: str) -> None:
-        self._emit(kind, resource=resource, detail=detail)
-
-    async def wait_for(
-        self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "a condition"
-    ) -> None:
-        """Wait until `predicate()` holds, re-checking it after every event."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate():
-            left = deadline - loop.time()
-            if left <= 0:
-                raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-            changed = self._changed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
+        return self._log.events
 
     @property
     def last_event_seq(self) -> int:
         """The `seq` of the latest event (0 before any): pass it as `after` to wait
         for what happens next."""
-        return self._seq
+        return self._log.last_seq
+
+    async def wait_for(
+        self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "a condition"
+    ) -> None:
+        """Wait until `predicate()` holds, re-checking it after every event."""
+        await self._log.wait_for(predicate, timeout, what)
 
     async def wait_for_event(
         self,
@@ -421,22 +376,15 @@ class Kubelet:
     ) -> KubeletEvent:
         """The first event of `kind` (for `resource` / `pod` "namespace/name" if given)
         with a `seq` above `after`, waiting for it if it has not happened yet."""
+        return await self._log.wait_for_event(
+            kind, resource=resource, pod=pod, after=after, timeout=timeout
+        )
 
-        def match() -> KubeletEvent | None:
-            for event in self._events:
-                if (
-                    event.seq > after
-                    and event.kind == kind
-                    and (resource is None or event.resource == resource)
-                    and (pod is None or event.pod == pod)
-                ):
-                    return event
-            return None
+    def _emit(self, kind: str, *, resource: str = "", pod: str = "", detail: str = "") -> None:
+        self._log.emit(kind, resource=resource, pod=pod, detail=detail)
 
-        await self.wait_for(lambda: match() is not None, timeout, f"event {kind}")
-        found = match()
-        assert found is not None
-        return found
+    def _manager_event(self, kind: str, resource: str, detail: str) -> None:
+        self._log.emit(kind, resource=resource, detail=detail)
 
     async def wait_for_resource(
         self,

@@ -64,7 +64,7 @@ def resource_names(config: Config) -> list[str]:
         if spec.split is None:
             names.append(spec.name)
         else:
-            names += [f"{spec.name}-{pool.model}" for pool in pools(spec, sysfs)]
+            names += [pool_name(spec.name, pool.model) for pool in pools(spec, sysfs)]
     return names
 
 
@@ -94,7 +94,7 @@ def build_plugins(
             plugins.append(build_plugin(spec, sysfs))
             continue
         for pool in pools(spec, sysfs):
-            name = f"{spec.name}-{pool.model}"
+            name = pool_name(spec.name, pool.model)
             cdi = spec.cdi
             if cdi is not None and cdi.kind is not None:
                 cdi = msgspec.structs.replace(cdi, kind=default_kind(f"{cdi.kind}-{pool.model}"))
@@ -104,6 +104,11 @@ def build_plugins(
     for plugin in plugins:
         plugin.limits = limits
     return plugins
+
+
+def pool_name(resource: str, model: str) -> str:
+    """The resource name of one model of a split resource."""
+    return f"{resource}-{model}"
 
 
 def pools(spec: ResourceSpec, sysfs: Sysfs) -> list[Pool]:
@@ -120,7 +125,7 @@ def pools(spec: ResourceSpec, sysfs: Sysfs) -> list[Pool]:
         for selected in selected_devices(sysfs, group, None):
             if (value := selected.attributes.get(by)) is not None:
                 model = label_value(str(value))
-                if resource_name_problem(f"{spec.name}-{model}"):
+                if resource_name_problem(pool_name(spec.name, model)):
                     log.warning("%s: %s %r gives no valid resource name", spec.name, by, value)
                     continue
                 found.setdefault(model, {})[str(value)] = None

@@ -106,54 +106,13 @@ class HostDevicePlugin(Plugin):
         self._present = set()
         for g, group in enumerate(self.groups):
             if is_selector(group):
-                for selected in selected_devices(self.sysfs, group, self.pool):
-                    device_id = selected.id
-                    if device_id in self._present:
-                        # Two devices with one serial: the second is known by its port.
-                        device_id = f"usb-{selected.sort_key}"
-                        warnings.append(
-                            f"{self.resource_name}: {selected.sort_key} has the serial of "
-                            f"device {selected.id!r}: it is served as {device_id!r}"
-                        )
-                    base = _Base(
-                        device_id,
-                        (g, -2, selected.sort_key),
-                        selected.nodes,
-                        group,
-                        selected.attributes,
-                        selected.numa_nodes,
-                        selected.sysfs,
-                        selected.pci_path,
-                    )
-                    self._present.add(base.id)
-                    if warning := self._add(base, replace=True):
-                        warnings.append(warning)
-                continue
-            static = tuple(
-                _node(p.path, p.container_path, p.permissions)
-                for p in group.paths
-                if not has_glob(p.path)
-            )
-            globs = [(k, p) for k, p in enumerate(group.paths) if has_glob(p.path)]
-            if not globs:
-                base = _Base(group_device_id(group), (g, -1, ""), static, group)
-                if warning := self._add(base):
-                    warnings.append(warning)
-                continue
-            for k, spec in globs:
-                matches = sorted(glob.glob(spec.path))
-                if not matches:
-                    where = f"groups[{g}].paths[{k}].path"
-                    warnings.append(f"{self.resource_name}: {where}: {spec.path!r} matches nothing")
-                for match in matches:
-                    node = _node(match, "", spec.permissions)
-                    base = _Base(path_device_id(match), (g, k, match), (node, *static), group)
-                    if warning := self._add(base):
-                        warnings.append(warning)
+                self._discover_selected(g, group, warnings)
+            else:
+                self._discover_paths(g, group, warnings)
         self.warnings = warnings
         devices: list[Device] = []
         self._health = {}
-        for base in sorted(self._known.values(), key=lambda b: b.order):
+        for base in self.bases():
             healthy = (
                 _nodes_exist(base)
                 and (base.order[1] != -2 or base.id in self._present)
@@ -178,6 +137,54 @@ class HostDevicePlugin(Plugin):
                     )
                 )
         return devices
+
+    def _discover_selected(self, g: int, group: GroupSpec, warnings: list[str]) -> None:
+        """The devices a sysfs selector picks now (`self._present` records them)."""
+        for selected in selected_devices(self.sysfs, group, self.pool):
+            device_id = selected.id
+            if device_id in self._present:
+                # Two devices with one serial: the second is known by its port.
+                device_id = f"usb-{selected.sort_key}"
+                warnings.append(
+                    f"{self.resource_name}: {selected.sort_key} has the serial of "
+                    f"device {selected.id!r}: it is served as {device_id!r}"
+                )
+            base = _Base(
+                device_id,
+                (g, -2, selected.sort_key),
+                selected.nodes,
+                group,
+                selected.attributes,
+                selected.numa_nodes,
+                selected.sysfs,
+                selected.pci_path,
+            )
+            self._present.add(base.id)
+            if warning := self._add(base, replace=True):
+                warnings.append(warning)
+
+    def _discover_paths(self, g: int, group: GroupSpec, warnings: list[str]) -> None:
+        """The devices of a group of paths: one for the static paths, one per glob match."""
+        static = tuple(
+            _node(p.path, p.container_path, p.permissions)
+            for p in group.paths
+            if not has_glob(p.path)
+        )
+        globs = [(k, p) for k, p in enumerate(group.paths) if has_glob(p.path)]
+        if not globs:
+            if warning := self._add(_Base(group_device_id(group), (g, -1, ""), static, group)):
+                warnings.append(warning)
+            return
+        for k, spec in globs:
+            matches = sorted(glob.glob(spec.path))
+            if not matches:
+                where = f"groups[{g}].paths[{k}].path"
+                warnings.append(f"{self.resource_name}: {where}: {spec.path!r} matches nothing")
+            for match in matches:
+                node = _node(match, "", spec.permissions)
+                base = _Base(path_device_id(match), (g, k, match), (node, *static), group)
+                if warning := self._add(base):
+                    warnings.append(warning)
 
     def bases(self) -> list[_Base]:
         """Every device seen (before replication), in list order."""

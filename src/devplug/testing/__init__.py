@@ -24,9 +24,8 @@ if TYPE_CHECKING:
         KubeletHarness,
         PluginExited,
         PluginProcess,
-        PodAdmission,
-        pod_manifest,
     )
+    from devplug.testing.pods import PodAdmission, pod_manifest
     from devplug.testing.process import ChildProcess
     from devplug.testing.sysfs import FakeSysfs
 
@@ -36,8 +35,8 @@ _EXPORTS = {
     "KubeletHarness": "devplug.testing.harness",
     "PluginExited": "devplug.testing.harness",
     "PluginProcess": "devplug.testing.harness",
-    "PodAdmission": "devplug.testing.harness",
-    "pod_manifest": "devplug.testing.harness",
+    "PodAdmission": "devplug.testing.pods",
+    "pod_manifest": "devplug.testing.pods",
 }
 
 __all__ = [

@@ -11,6 +11,9 @@ from typing import Any
 def api_client(kubeconfig: str | None = None) -> Any:
     """A client for `kubeconfig` (or $KUBECONFIG), else the in-cluster service account;
     ValueError with a one-line reason when neither can be used."""
+    from devplug.lazy import allow_ssl
+
+    allow_ssl()  # `devplug serve` keeps ssl out until a resource needs the API server
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
