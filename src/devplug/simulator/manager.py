@@ -29,6 +29,7 @@ from devplug.api.constants import HEALTHY
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.simulator import checkpoint, topology
 from devplug.simulator.endpoint import Endpoint, EndpointError
+from devplug.simulator.events import ENDPOINT_STOPPED, RESOURCE_REMOVED
 from devplug.simulator.pods import ContainerSpec, PodSpec
 from devplug.simulator.results import (
     REASON_TOPOLOGY_AFFINITY,
@@ -208,7 +209,7 @@ class DeviceManager:
         self._mark_unhealthy(state)
         self._schedule_expiry(resource, state)
         self.write_checkpoint()
-        self._on_event("endpoint_stopped", resource, why)
+        self._on_event(ENDPOINT_STOPPED, resource, why)
 
     def _on_devices(self, resource: str, endpoint: Endpoint, devices: Sequence[pb.Device]) -> None:
         state = self.resources.get(resource)
@@ -255,7 +256,7 @@ class DeviceManager:
         del self.resources[resource]
         log.info("%s: grace period over, resource removed", resource)
         self.write_checkpoint()
-        self._on_event("resource_removed", resource, "")
+        self._on_event(RESOURCE_REMOVED, resource, "")
 
     def grace_left(self, resource: str) -> float | None:
         state = self.resources.get(resource)

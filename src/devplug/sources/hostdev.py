@@ -47,12 +47,17 @@ from devplug.sources.sysfs.tree import Sysfs
 log = logging.getLogger("devplug.sources.hostdev")
 
 
+# The middle part of `_Base.order` for a device picked by a sysfs selector (a path
+# gives its glob index, or -1 for a plain path).
+_SELECTED = -2
+
+
 @dataclass(frozen=True, slots=True)
 class _Base:
     """One device before replication: its full ID, place in the list and host nodes."""
 
     id: str
-    order: tuple[int, int, str]  # group, glob path (-1: none; -2: selector), matched path
+    order: tuple[int, int, str]  # group, glob path (-1: none; _SELECTED), matched path
     nodes: tuple[DeviceNode, ...]
     group: GroupSpec
     # From sysfs, for selected devices: what it is, its NUMA node, sysfs folder and PCI
@@ -61,6 +66,11 @@ class _Base:
     numa_nodes: tuple[int, ...] = ()
     sysfs: Path | None = None
     pci_path: tuple[str, ...] = ()
+
+    @property
+    def selected(self) -> bool:
+        """Picked by a sysfs selector (it may leave sysfs), rather than named by a path."""
+        return self.order[1] == _SELECTED
 
 
 class HostDevicePlugin(Plugin):
@@ -115,7 +125,7 @@ class HostDevicePlugin(Plugin):
         for base in self.bases():
             healthy = (
                 _nodes_exist(base)
-                and (base.order[1] != -2 or base.id in self._present)
+                and (not base.selected or base.id in self._present)
                 and self._checks_ok.get(base.id, self.spec.health is None)
             )
             self._health[base.id] = healthy
@@ -151,7 +161,7 @@ class HostDevicePlugin(Plugin):
                 )
             base = _Base(
                 device_id,
-                (g, -2, selected.sort_key),
+                (g, _SELECTED, selected.sort_key),
                 selected.nodes,
                 group,
                 selected.attributes,
@@ -193,7 +203,7 @@ class HostDevicePlugin(Plugin):
     def present_bases(self) -> list[_Base]:
         """The devices seen that are there now (a selected device gone from sysfs is
         not: it is Unhealthy already, and its checks would only fail)."""
-        return [b for b in self.bases() if b.order[1] != -2 or b.id in self._present]
+        return [b for b in self.bases() if not b.selected or b.id in self._present]
 
     def _add(self, base: _Base, replace: bool = False) -> str | None:
         """Remember `base` (`replace`: its latest sysfs view); a warning if its ID is
@@ -230,7 +240,7 @@ class HostDevicePlugin(Plugin):
             watched = [self.sysfs.bus_folder("usb"), self.sysfs.bus_folder("pci")]
             watched.append(self.sysfs.dev_root)
             for base in self._known.values():
-                if base.order[1] == -2:
+                if base.selected:
                     watched += [Path(n.host_path).parent for n in base.nodes]
             for place in watched:
                 interest.setdefault(_existing(place), set()).add("*")
