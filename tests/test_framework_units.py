@@ -174,6 +174,8 @@ def test_write_atomic_replaces_whole_files_and_skips_equal_content(tmp_path: Pat
     assert target.stat().st_ino != before  # a rename, not an in-place write
     assert (target.stat().st_mode & 0o777) == 0o600
     assert [p.name for p in target.parent.iterdir()] == ["features"]  # no temp file left
+    assert write_atomic(target, "a=3\n", durable=False)  # no syncs, still a rename
+    assert target.read_text() == "a=3\n"
     remove_quietly(target)
     remove_quietly(target)
     assert not target.exists()

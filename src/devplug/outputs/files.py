@@ -8,9 +8,15 @@ import tempfile
 from pathlib import Path
 
 
-def write_atomic(path: Path | str, data: str | bytes, mode: int = 0o644) -> bool:
+def write_atomic(
+    path: Path | str, data: str | bytes, mode: int = 0o644, *, durable: bool = True
+) -> bool:
     """Replace `path` with `data` through a temporary file in the same folder and a
     rename, so a reader sees the old file or the new one, never a partial one.
+
+    `durable` syncs the data and then the folder to disk, as the kubelet does for its
+    checkpoint, so the new file survives a crash of the machine; state that a crash
+    may lose (a simulator's pod list) skips both syncs.
 
     Returns False, writing nothing, when the file already holds `data` (no needless
     inotify events for watchers such as node-feature-discovery).
@@ -27,12 +33,19 @@ def write_atomic(path: Path | str, data: str | bytes, mode: int = 0o644) -> bool
             f.write(content)
             f.flush()
             os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(temp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+    if durable:
+        folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
     return True
 
 

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from devplug.outputs.files import write_atomic
 
 # NUMA node under which the kubelet files devices that report no topology.
 NO_NUMA = -1
@@ -290,33 +289,6 @@ def _decode_entry(index: int, raw: Any) -> Entry:
     )
 
 
-def write_atomic(path: Path, blob: bytes, *, durable: bool = True) -> None:
-    """Replace `path` with `blob` so that a reader sees the old or the new file, whole.
-
-    `durable` also syncs the data and the folder to disk first, as the kubelet does for
-    its checkpoint; state that a crash may lose (the simulator's own pod list) skips it.
-    """
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(blob)
-            if durable:
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    if not durable:
-        return
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def read(path: Path) -> CheckpointData | None:
     """The checkpoint at `path`; None when there is none; CheckpointError when unusable."""
     try:
@@ -329,4 +301,4 @@ def read(path: Path) -> CheckpointData | None:
 
 
 def write(path: Path, data: CheckpointData) -> None:
-    write_atomic(path, encode(data))
+    write_atomic(path, encode(data), mode=0o600)

@@ -42,7 +42,8 @@ from devplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework.unixserver import UnixServer
-from devplug.simulator import checkpoint, topology
+from devplug.outputs.files import write_atomic
+from devplug.simulator import topology
 from devplug.simulator.endpoint import EndpointError
 from devplug.simulator.events import (
     POD_ADMITTED,
@@ -652,9 +653,10 @@ class Kubelet:
             "pods": [{"uid": p.spec.uid, "manifest": p.spec.manifest} for p in self._pods.values()]
         }
         try:
-            checkpoint.write_atomic(
+            write_atomic(
                 self.pods_path,
-                json.dumps(document, separators=(",", ":"), default=str).encode(),
+                json.dumps(document, separators=(",", ":"), default=str),
+                mode=0o600,
                 durable=False,
             )
         except OSError as error:
