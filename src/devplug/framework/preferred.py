@@ -127,38 +127,49 @@ def prefer_pci_close(
     """Devices closest by PCI topology: `paths` gives each physical device's chain of
     PCI addresses from its root bus (bridges, switch ports, the device). Greedily add
     the device sharing the longest chain with one already picked (same switch, then
-    same root port...); with nothing to start from, try each device as the start and
-    keep the tightest set. Ties keep the kubelet's order."""
+    same root port...); with nothing to start from, try each physical device as the
+    start and keep the tightest set. Ties keep the kubelet's order."""
 
     def path(device: Device) -> tuple[str, ...]:
         return paths.get(physical_id(device.id), ())
 
+    chains = [path(d) for d in available]
+
     def grow(start: list[Device]) -> tuple[list[Device], int]:
+        # Each device's closeness to the picks so far, updated as picks are added:
+        # one pass over the devices per pick.
         picked = list(start)
         ids = {d.id for d in picked}
+        closeness = [max((_common(chain, path(p)) for p in picked), default=0) for chain in chains]
         score = 0
         while len(picked) < size:
             best: tuple[int, int] | None = None
             for i, device in enumerate(available):
-                if device.id in ids:
-                    continue
-                closeness = max((_common(path(device), path(p)) for p in picked), default=0)
-                key = (-closeness, i)
-                if best is None or key < best:
-                    best = key
+                if device.id not in ids and (best is None or (-closeness[i], i) < best):
+                    best = (-closeness[i], i)
             if best is None:
                 break
             device = available[best[1]]
             picked.append(device)
             ids.add(device.id)
             score += -best[0]
+            added = chains[best[1]]
+            closeness = [
+                max(c, _common(chain, added)) for c, chain in zip(closeness, chains, strict=True)
+            ]
         return picked, score
 
     if must_include or size == 0:
         picked, _ = grow(list(must_include))
     else:
-        picked, best_score = grow([available[0]])
-        for device in available[1:]:
+        # Replicas of one device grow the same set, and the first of them wins a tie:
+        # one start per physical device.
+        first: dict[str, Device] = {}
+        for device in available:
+            first.setdefault(physical_id(device.id), device)
+        starts = list(first.values())
+        picked, best_score = grow([starts[0]])
+        for device in starts[1:]:
             candidate, score = grow([device])
             if score > best_score:
                 picked, best_score = candidate, score
