@@ -14,6 +14,7 @@ import pytest
 from devplug import AllocationError, ContainerEdits, Daemon, Device, DeviceNode, Mount, Plugin
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug.framework import observe
 from devplug.framework.channel import unix_channel
 
 TIMEOUT = 10
@@ -273,6 +274,8 @@ class Checked(Plugin):
         return edits
 
     async def pre_start(self, devices: Sequence[Device]) -> None:
+        if any(d.id == "broken" for d in devices):
+            raise RuntimeError("reset timed out")
         self.started.append([d.id for d in devices])
 
 
@@ -297,6 +300,20 @@ def test_custom_hooks(tmp_path: Path) -> None:
             await expect_error(stub.Allocate(req("broken")), grpc.StatusCode.INTERNAL, "firmware")
             await stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["ok"]))
             assert plugin.started == [["ok"]]
+            refused: list[observe.Event] = []
+            observe.add_observer(refused.append)
+            try:
+                await expect_error(
+                    stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["broken"])),
+                    grpc.StatusCode.INTERNAL,
+                    "pre-start failed: reset timed out",
+                )
+            finally:
+                observe.remove_observer(refused.append)
+            # Counted with the other refusals (the metrics' refused requests by code).
+            assert [(e.kind, e.fields.get("method"), e.fields.get("code")) for e in refused] == [
+                (observe.REFUSED, "PreStartContainer", "INTERNAL")
+            ]
             await expect_error(
                 stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["zzz"])),
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -257,9 +257,13 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             await self.plugin.pre_start(devices)
         except AllocationError as error:
             await self._refuse(context, "PreStartContainer", error)
-        except Exception as error:
+        except Exception as error:  # a hook failed: refused like a failed Allocate hook
             log.exception("%s: PreStartContainer hook failed", self.plugin.resource_name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"pre-start failed: {error}")
+            await self._refuse(
+                context,
+                "PreStartContainer",
+                AllocationError(f"pre-start failed: {error}", grpc.StatusCode.INTERNAL),
+            )
         return pb.PreStartContainerResponse()
 
     def _check_id_count(self, count: int) -> None:
