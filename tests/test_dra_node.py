@@ -186,8 +186,11 @@ def test_health_stream_reports_a_device_that_went_away(dirs: NodeDirs) -> None:
             # The kubelet calls the health service only when GetInfo lists it.
             async with unix_channel(dirs.registry / f"{DRIVER}-reg.sock") as channel:
                 info = await reggrpc.RegistrationStub(channel).GetInfo(regpb.InfoRequest())
-            assert "v1alpha1.DRAResourceHealth" in info.supported_versions
-            assert "v1.DRAResourceHealth" in info.supported_versions
+            assert list(info.supported_versions) == [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1alpha1.DRAResourceHealth",
+            ]
             async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:
                 stub = healthgrpc.DRAResourceHealthStub(channel)
                 stream = stub.NodeWatchResources(healthpb.NodeWatchResourcesRequest())

@@ -11,9 +11,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from devplug.api.dra import constants
 from devplug.api.dra.v1 import api_pb2 as dra_v1
 from devplug.api.dra.v1beta1 import api_pb2 as dra_v1beta1
-from devplug.api.drahealth.v1 import api_pb2 as health_v1
 from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
-from devplug.api.drahealth.v1beta1 import api_pb2 as health_v1beta1
 from devplug.api.pluginregistration.v1 import api_pb2 as registration
 
 S, B, I64, MSG, ENUM = (
@@ -24,7 +22,8 @@ S, B, I64, MSG, ENUM = (
     FieldDescriptor.TYPE_ENUM,
 )
 
-# message -> {field: (number, type, repeated)}, from the kubelet's API definitions.
+# message -> {field: (number, type, repeated)}, from the kubelet's API definitions
+# (test_upstream_protos.py checks all of them against the kubelet binary itself).
 REGISTRATION = {
     "PluginInfo": {
         "type": (1, S, False),
@@ -36,7 +35,7 @@ REGISTRATION = {
     "RegistrationStatusResponse": {},
     "InfoRequest": {},
 }
-DRA = {
+DRA_V1BETA1 = {
     "NodePrepareResourcesRequest": {"claims": (1, MSG, True)},
     "NodePrepareResourcesResponse": {"claims": (1, MSG, True)},  # map<string, ...>
     "NodePrepareResourceResponse": {"devices": (1, MSG, True), "error": (2, S, False)},
@@ -51,6 +50,10 @@ DRA = {
     "NodeUnprepareResourceResponse": {"error": (1, S, False)},
     "Claim": {"namespace": (1, S, False), "uid": (2, S, False), "name": (3, S, False)},
 }
+DRA_V1 = {
+    **DRA_V1BETA1,
+    "Device": {**DRA_V1BETA1["Device"], "share_id": (5, S, False)},
+}
 HEALTH_V1ALPHA1 = {
     "NodeWatchResourcesRequest": {},
     "DeviceIdentifier": {"pool_name": (1, S, False), "device_name": (2, S, False)},
@@ -58,16 +61,10 @@ HEALTH_V1ALPHA1 = {
         "device": (1, MSG, False),
         "health": (2, ENUM, False),
         "last_updated_time": (3, I64, False),
-    },
-    "NodeWatchResourcesResponse": {"devices": (1, MSG, True)},
-}
-HEALTH_V1BETA1 = {
-    **HEALTH_V1ALPHA1,
-    "DeviceHealth": {
-        **HEALTH_V1ALPHA1["DeviceHealth"],
         "health_check_timeout_seconds": (4, I64, False),
         "message": (5, S, False),
     },
+    "NodeWatchResourcesResponse": {"devices": (1, MSG, True)},
 }
 
 
@@ -86,11 +83,9 @@ def methods(module: ModuleType, service: str) -> dict[str, tuple[bool, str, str]
 
 CASES = [
     (registration, "pluginregistration", REGISTRATION),
-    (dra_v1, "k8s.io.kubelet.pkg.apis.dra.v1", DRA),
-    (dra_v1beta1, "k8s.io.kubelet.pkg.apis.dra.v1beta1", DRA),
+    (dra_v1, "k8s.io.kubelet.pkg.apis.dra.v1", DRA_V1),
+    (dra_v1beta1, "k8s.io.kubelet.pkg.apis.dra.v1beta1", DRA_V1BETA1),
     (health_v1alpha1, "v1alpha1", HEALTH_V1ALPHA1),
-    (health_v1beta1, "v1beta1", HEALTH_V1BETA1),
-    (health_v1, "v1", HEALTH_V1BETA1),
 ]
 
 
@@ -126,16 +121,15 @@ def test_services_match_the_kubelet() -> None:
         entry = response.fields_by_name["claims"].message_type
         assert entry.GetOptions().map_entry
         assert entry.fields_by_name["key"].type == S
-    for module in (health_v1alpha1, health_v1beta1, health_v1):
-        assert methods(module, "DRAResourceHealth") == {
-            "NodeWatchResources": (True, "NodeWatchResourcesRequest", "NodeWatchResourcesResponse")
-        }
-        status = module.DESCRIPTOR.enum_types_by_name["HealthStatus"]
-        assert {v.name: v.number for v in status.values} == {
-            "UNKNOWN": 0,
-            "HEALTHY": 1,
-            "UNHEALTHY": 2,
-        }
+    assert methods(health_v1alpha1, "DRAResourceHealth") == {
+        "NodeWatchResources": (True, "NodeWatchResourcesRequest", "NodeWatchResourcesResponse")
+    }
+    status = health_v1alpha1.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+    assert {v.name: v.number for v in status.values} == {
+        "UNKNOWN": 0,
+        "HEALTHY": 1,
+        "UNHEALTHY": 2,
+    }
 
 
 def test_wire_bytes_match_the_kubelet_encoding() -> None:
@@ -153,8 +147,6 @@ def test_constants() -> None:
     modules = {
         "v1.DRAPlugin": dra_v1,
         "v1beta1.DRAPlugin": dra_v1beta1,
-        "v1.DRAResourceHealth": health_v1,
-        "v1beta1.DRAResourceHealth": health_v1beta1,
         "v1alpha1.DRAResourceHealth": health_v1alpha1,
     }
     assert tuple(modules) == constants.SUPPORTED_VERSIONS

@@ -32,12 +32,8 @@ from devplug.api.dra.v1 import api_pb2 as v1
 from devplug.api.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from devplug.api.drahealth.v1 import api_pb2 as health_v1
-from devplug.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
-from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
-from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from devplug.api.drahealth.v1beta1 import api_pb2 as health_v1beta1
-from devplug.api.drahealth.v1beta1 import api_pb2_grpc as health_v1beta1_grpc
+from devplug.api.drahealth.v1alpha1 import api_pb2 as health
+from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.framework.channel import unix_channel
@@ -56,13 +52,6 @@ CALL_TIMEOUT_S = 10.0
 _VERSIONS: dict[str, tuple[Any, Any]] = {
     dra.V1: (v1, v1_grpc),
     dra.V1BETA1: (v1beta1, v1beta1_grpc),
-}
-# Device health services, preferred first: watched only where the driver lists one in
-# its supported_versions, as the kubelet does.
-_HEALTH_VERSIONS: dict[str, tuple[Any, Any]] = {
-    dra.HEALTH_V1: (health_v1, health_v1_grpc),
-    dra.HEALTH_V1BETA1: (health_v1beta1, health_v1beta1_grpc),
-    dra.HEALTH_V1ALPHA1: (health_v1alpha1, health_v1alpha1_grpc),
 }
 
 # Event kinds passed to `on_event(kind, driver, detail)`.
@@ -268,11 +257,11 @@ class DraManager:
                     service_channel,
                     pb_grpc.DRAPluginStub(service_channel),
                 )
-                health = next((v for v in _HEALTH_VERSIONS if v in info.supported_versions), None)
-                if health is not None:
+                # The health stream is watched only where the driver lists it in its
+                # supported_versions, as the kubelet does (v1alpha1: 1.36 has no other).
+                if dra.HEALTH_V1ALPHA1 in info.supported_versions:
                     driver.health_task = asyncio.create_task(
-                        self._watch_health(driver, *_HEALTH_VERSIONS[health]),
-                        name=f"health {info.name}",
+                        self._watch_health(driver), name=f"health {info.name}"
                     )
                 self.drivers[info.name] = driver
             with contextlib.suppress(grpc.aio.AioRpcError):
@@ -287,13 +276,13 @@ class DraManager:
             log.warning("DRA driver %s refused: %s", info.name, problem)
             self._on_event(DRIVER_REFUSED, info.name, problem)
 
-    async def _watch_health(self, driver: RegisteredDriver, pb: Any, pb_grpc: Any) -> None:
+    async def _watch_health(self, driver: RegisteredDriver) -> None:
         """Follow the driver's device health stream while it is registered; a driver
         that fails the call (UNIMPLEMENTED too) is simply not watched, as the kubelet does."""
-        stub = pb_grpc.DRAResourceHealthStub(driver.channel)
-        names = {pb.HEALTHY: "Healthy", pb.UNHEALTHY: "Unhealthy"}
+        stub = health_grpc.DRAResourceHealthStub(driver.channel)
+        names = {health.HEALTHY: "Healthy", health.UNHEALTHY: "Unhealthy"}
         try:
-            async for message in stub.NodeWatchResources(pb.NodeWatchResourcesRequest()):
+            async for message in stub.NodeWatchResources(health.NodeWatchResourcesRequest()):
                 for item in message.devices:
                     key = (driver.name, item.device.pool_name, item.device.device_name)
                     state = names.get(item.health, "Unknown")

@@ -12,10 +12,10 @@ DRA_SOCKET: Final = "dra.sock"
 DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 V1: Final = "v1.DRAPlugin"
 V1BETA1: Final = "v1beta1.DRAPlugin"
-HEALTH_V1: Final = "v1.DRAResourceHealth"
-HEALTH_V1BETA1: Final = "v1beta1.DRAResourceHealth"
+# The device health service: v1alpha1 is the only version in Kubernetes 1.36.
 HEALTH_V1ALPHA1: Final = "v1alpha1.DRAResourceHealth"
-SUPPORTED_VERSIONS: Final = (V1, V1BETA1, HEALTH_V1, HEALTH_V1BETA1, HEALTH_V1ALPHA1)
+# The kubelet takes the first DRA service of this list that it knows: v1 first.
+SUPPORTED_VERSIONS: Final = (V1, V1BETA1, HEALTH_V1ALPHA1)
 # The resource.k8s.io API group and the limits of its objects.
 RESOURCE_GROUP: Final = "resource.k8s.io"
 RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"

@@ -3,10 +3,11 @@
 isort:skip_file
 Device plugin API v1beta1, the protocol between the kubelet and device plugins.
 
-Written for devplug from the published field names and numbers of the kubelet's
-deviceplugin/v1beta1 API; the wire format (package, services, methods, field
-numbers and types) is what the kubelet speaks, so a plugin built on this file is
-interchangeable with one built on the kubelet's own.
+Mirrors staging/src/k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/api.proto of
+Kubernetes v1.36.2: the wire format (package, services, methods, field numbers and types) is
+the kubelet's (checked by tests/test_upstream_protos.py), so a plugin built on
+this file is interchangeable with one built on the kubelet's own. The comments
+are devplug's.
 """
 
 from collections import abc as _abc

@@ -24,12 +24,8 @@ from devplug.api.dra.v1 import api_pb2 as v1
 from devplug.api.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from devplug.api.drahealth.v1 import api_pb2 as health_v1
-from devplug.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
-from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
-from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from devplug.api.drahealth.v1beta1 import api_pb2 as health_v1beta1
-from devplug.api.drahealth.v1beta1 import api_pb2_grpc as health_v1beta1_grpc
+from devplug.api.drahealth.v1alpha1 import api_pb2 as health
+from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.framework.dirwatch import DirWatcher
@@ -122,21 +118,19 @@ class HealthServicer:
     """NodeWatchResources: the health of every device of the pool, on connect and after
     every change."""
 
-    def __init__(self, preparer: Preparer, pb: ModuleType, closing: asyncio.Event) -> None:
+    def __init__(self, preparer: Preparer, closing: asyncio.Event) -> None:
         self.preparer = preparer
-        self.pb = pb
         self._closing = closing
 
-    def _message(self) -> Any:
+    def _message(self) -> health.NodeWatchResourcesResponse:
         now = int(time.time())
-        pb = self.pb
-        return pb.NodeWatchResourcesResponse(
+        return health.NodeWatchResourcesResponse(
             devices=[
-                pb.DeviceHealth(
-                    device=pb.DeviceIdentifier(
+                health.DeviceHealth(
+                    device=health.DeviceIdentifier(
                         pool_name=self.preparer.pool, device_name=device_name(d.id)
                     ),
-                    health=pb.HEALTHY if d.healthy else pb.UNHEALTHY,
+                    health=health.HEALTHY if d.healthy else health.UNHEALTHY,
                     last_updated_time=now,
                 )
                 for d in self.preparer.driver.plugin.devices.values()
@@ -144,8 +138,10 @@ class HealthServicer:
         )
 
     async def NodeWatchResources(
-        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Any]:
+        self,
+        request: health.NodeWatchResourcesRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[health.NodeWatchResourcesResponse]:
         plugin = self.preparer.driver.plugin
         generation = plugin.generation
         yield self._message()
@@ -222,14 +218,10 @@ class NodePlugin:
     def _add_dra_services(self, server: grpc.aio.Server) -> None:
         for pb, pb_grpc in ((v1, v1_grpc), (v1beta1, v1beta1_grpc)):
             pb_grpc.add_DRAPluginServicer_to_server(DraServicer(self.preparer, pb), server)
-        for pb, pb_grpc in (
-            (health_v1alpha1, health_v1alpha1_grpc),
-            (health_v1beta1, health_v1beta1_grpc),
-            (health_v1, health_v1_grpc),
-        ):
-            pb_grpc.add_DRAResourceHealthServicer_to_server(
-                HealthServicer(self.preparer, pb, self._closing), server
-            )
+        health_grpc.add_DRAResourceHealthServicer_to_server(
+            HealthServicer(self.preparer, self._closing),  # type: ignore[arg-type]
+            server,
+        )
 
     async def _ensure_served(self) -> None:
         # dra.sock first: the kubelet may dial it as soon as it sees the registration socket.

@@ -5,9 +5,10 @@ DRA kubelet plugin API v1: the kubelet asks a DRA driver's node plugin to prepar
 the devices allocated to ResourceClaims before a pod's containers start, and to
 undo that when the pod is gone.
 
-Written for devplug from the published field names and numbers of the kubelet's
-dra/v1 API; package, services, methods, field numbers and types are what the
-kubelet speaks.
+Mirrors staging/src/k8s.io/kubelet/pkg/apis/dra/v1/api.proto of Kubernetes v1.36.2: the
+package, services, methods, field names, numbers and types are the kubelet's
+(tests/test_upstream_protos.py checks them against the descriptor compiled into
+the v1.36.2 kubelet); the comments are devplug's.
 """
 
 from collections import abc as _abc
@@ -120,8 +121,11 @@ class Device(_message.Message):
     POOL_NAME_FIELD_NUMBER: _builtins.int
     DEVICE_NAME_FIELD_NUMBER: _builtins.int
     CDI_DEVICE_IDS_FIELD_NUMBER: _builtins.int
+    SHARE_ID_FIELD_NUMBER: _builtins.int
     pool_name: _builtins.str
     device_name: _builtins.str
+    share_id: _builtins.str
+    """Which share of a device allocated by capacity this is (the allocation's shareID)."""
     @_builtins.property
     def request_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The claim's requests this device serves; empty means all of them."""
@@ -137,12 +141,15 @@ class Device(_message.Message):
         pool_name: _builtins.str = ...,
         device_name: _builtins.str = ...,
         cdi_device_ids: _abc.Iterable[_builtins.str] | None = ...,
+        share_id: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_share_id", b"_share_id", "share_id", b"share_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cdi_device_ids", b"cdi_device_ids", "device_name", b"device_name", "pool_name", b"pool_name", "request_names", b"request_names"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_share_id", b"_share_id", "cdi_device_ids", b"cdi_device_ids", "device_name", b"device_name", "pool_name", b"pool_name", "request_names", b"request_names", "share_id", b"share_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__share_id: _TypeAlias = _typing.Literal["share_id"]  # noqa: Y015
+    _WhichOneofArgType__share_id: _TypeAlias = _typing.Literal["_share_id", b"_share_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__share_id) -> _WhichOneofReturnType__share_id | None: ...
 
 Global___Device: _TypeAlias = Device  # noqa: Y015
 

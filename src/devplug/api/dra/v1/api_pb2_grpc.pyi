@@ -5,9 +5,10 @@ DRA kubelet plugin API v1: the kubelet asks a DRA driver's node plugin to prepar
 the devices allocated to ResourceClaims before a pod's containers start, and to
 undo that when the pod is gone.
 
-Written for devplug from the published field names and numbers of the kubelet's
-dra/v1 API; package, services, methods, field numbers and types are what the
-kubelet speaks.
+Mirrors staging/src/k8s.io/kubelet/pkg/apis/dra/v1/api.proto of Kubernetes v1.36.2: the
+package, services, methods, field names, numbers and types are the kubelet's
+(tests/test_upstream_protos.py checks them against the descriptor compiled into
+the v1.36.2 kubelet); the comments are devplug's.
 """
 
 from collections import abc as _abc

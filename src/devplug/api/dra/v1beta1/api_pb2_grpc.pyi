@@ -3,11 +3,10 @@
 isort:skip_file
 DRA kubelet plugin API v1beta1: the kubelet asks a DRA driver's node plugin to prepare
 the devices allocated to ResourceClaims before a pod's containers start, and to
-undo that when the pod is gone.
+undo that when the pod is gone. Kubelets before 1.34 speak only this version.
 
-Written for devplug from the published field names and numbers of the kubelet's
-dra/v1beta1 API; package, services, methods, field numbers and types are what the
-kubelet speaks.
+Mirrors staging/src/k8s.io/kubelet/pkg/apis/dra/v1beta1/api.proto of Kubernetes v1.36.2
+(wire format checked by tests/test_upstream_protos.py); the comments are devplug's.
 """
 
 from collections import abc as _abc

@@ -4,9 +4,10 @@ isort:skip_file
 Plugin registration API v1: how plugins announce themselves to the kubelet's plugin
 watcher through a socket in /var/lib/kubelet/plugins_registry.
 
-Written for devplug from the published field names and numbers of the kubelet's
-pluginregistration/v1 API. The kubelet's package name is `pluginregistration`
-(not `v1`), which is part of the gRPC method paths, so it is kept here.
+Mirrors staging/src/k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto of
+Kubernetes v1.36.2 (wire format checked by tests/test_upstream_protos.py); the comments are
+devplug's. The kubelet's package name is `pluginregistration` (not `v1`), which
+is part of the gRPC method paths, so it is kept here.
 """
 
 from collections import abc as _abc

@@ -5,10 +5,10 @@ The kubelet's PodResources API v1: which devices the node has and which
 containers hold them. Monitoring agents read it on
 /var/lib/kubelet/pod-resources/kubelet.sock; devplug's kubelet simulator serves it.
 
-Written for devplug from the published field names and numbers of the kubelet's
-podresources/v1 API. Fields about CPUs, memory and dynamic resources are kept so
-that clients of the real API decode our answers unchanged, even though the
-simulator leaves them empty.
+Mirrors staging/src/k8s.io/kubelet/pkg/apis/podresources/v1/api.proto of Kubernetes v1.36.2
+(wire format checked by tests/test_upstream_protos.py); the comments are devplug's.
+Fields about CPUs, memory and dynamic resources are kept so that clients of the
+real API decode our answers unchanged, even though the simulator leaves them empty.
 """
 
 from collections import abc as _abc
@@ -111,28 +111,20 @@ class PodResources(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
     CONTAINERS_FIELD_NUMBER: _builtins.int
-    CPU_IDS_FIELD_NUMBER: _builtins.int
-    MEMORY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     namespace: _builtins.str
     @_builtins.property
     def containers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerResources]: ...
-    @_builtins.property
-    def cpu_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
-    @_builtins.property
-    def memory(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerMemory]: ...
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         namespace: _builtins.str = ...,
         containers: _abc.Iterable[Global___ContainerResources] | None = ...,
-        cpu_ids: _abc.Iterable[_builtins.int] | None = ...,
-        memory: _abc.Iterable[Global___ContainerMemory] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers", "cpu_ids", b"cpu_ids", "memory", b"memory", "name", b"name", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers", "name", b"name", "namespace", b"namespace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -300,9 +292,12 @@ class ClaimResource(_message.Message):
     DRIVER_NAME_FIELD_NUMBER: _builtins.int
     POOL_NAME_FIELD_NUMBER: _builtins.int
     DEVICE_NAME_FIELD_NUMBER: _builtins.int
+    SHARE_ID_FIELD_NUMBER: _builtins.int
     driver_name: _builtins.str
     pool_name: _builtins.str
     device_name: _builtins.str
+    share_id: _builtins.str
+    """The share of a device allocated by capacity (several claims on one device)."""
     @_builtins.property
     def cdi_devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___CDIDevice]: ...
     def __init__(
@@ -312,12 +307,15 @@ class ClaimResource(_message.Message):
         driver_name: _builtins.str = ...,
         pool_name: _builtins.str = ...,
         device_name: _builtins.str = ...,
+        share_id: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_share_id", b"_share_id", "share_id", b"share_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cdi_devices", b"cdi_devices", "device_name", b"device_name", "driver_name", b"driver_name", "pool_name", b"pool_name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_share_id", b"_share_id", "cdi_devices", b"cdi_devices", "device_name", b"device_name", "driver_name", b"driver_name", "pool_name", b"pool_name", "share_id", b"share_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__share_id: _TypeAlias = _typing.Literal["share_id"]  # noqa: Y015
+    _WhichOneofArgType__share_id: _TypeAlias = _typing.Literal["_share_id", b"_share_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__share_id) -> _WhichOneofReturnType__share_id | None: ...
 
 Global___ClaimResource: _TypeAlias = ClaimResource  # noqa: Y015
 
