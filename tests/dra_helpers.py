@@ -92,7 +92,9 @@ def accelerator_config(
     return config
 
 
-def serve_command(dirs: NodeDirs, config: Path, *, kubeconfig: str | None = None) -> list[str]:
+def serve_command(
+    dirs: NodeDirs, config: Path, *extra: str, kubeconfig: str | None = None
+) -> list[str]:
     args = [
         sys.executable,
         "-m",
@@ -115,7 +117,7 @@ def serve_command(dirs: NodeDirs, config: Path, *, kubeconfig: str | None = None
         args += ["--claims-dir", str(dirs.claims)]
     else:
         args += ["--kubeconfig", kubeconfig]
-    return args
+    return args + list(extra)
 
 
 def kubelet_process(dirs: NodeDirs, *args: str) -> subprocess.Popen[str]:

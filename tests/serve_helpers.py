@@ -18,11 +18,17 @@ TIMEOUT_S = 10.0
 def wait_for_output(process: PluginProcess, text: str, count: int = 1) -> str:
     """The process's output once `text` occurs `count` times in it, woken by inotify on
     its log file (AssertionError with the output after TIMEOUT_S)."""
+    return wait_for_log(process.log_path, text, count)
+
+
+def wait_for_log(log: Path, text: str, count: int = 1) -> str:
+    """The text of the `log` file once `text` occurs `count` times in it, woken by
+    inotify (AssertionError with the end of the log after TIMEOUT_S)."""
     deadline = time.monotonic() + TIMEOUT_S
     with Inotify() as inotify:
-        inotify.add_watch(process.log_path, Mask.MODIFY)
+        inotify.add_watch(log, Mask.MODIFY)
         while True:
-            output = process.output
+            output = log.read_text(errors="replace")
             if output.count(text) >= count:
                 return output
             left = deadline - time.monotonic()

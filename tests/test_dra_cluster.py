@@ -139,6 +139,7 @@ async def node_serving(
     config: Path,
     driver: str,
     env: dict[str, str] | None = None,
+    *extra: str,
 ) -> AsyncIterator[Kubelet]:
     """The simulator's kubelet for NODE, following the pods bound to it on the API server,
     and the real daemon serving `config` with its DRA `driver` registered."""
@@ -150,7 +151,9 @@ async def node_serving(
         claims=ApiClaims(api),
     ) as kubelet:
         daemon = Daemon(
-            serve_command(dirs, config, kubeconfig=kubeconfig), dirs.root / "daemon.log", env
+            serve_command(dirs, config, *extra, kubeconfig=kubeconfig),
+            dirs.root / "daemon.log",
+            env,
         )
         follower = asyncio.create_task(ApiPodFollower(kubelet, api, NODE).run())
         try:
@@ -458,3 +461,102 @@ def test_kubelet_command_runs_the_pods_bound_to_its_node(
     finally:
         kubelet.terminate()
         kubelet.wait(timeout=15)
+
+
+def test_slices_deleted_or_changed_by_someone_else_are_restored(
+    kubeconfig: str, api: Any, node: str, short_tmp: Path
+) -> None:
+    """The publisher watches its slices: one deleted (as the kubelet's start-up wipe
+    does) or edited by someone else comes back as it was, without a restart; a slice of
+    the same pool that devplug did not make is left alone; /readyz says ready once the
+    slices are published."""
+    from kubernetes import client
+
+    from tests.serve_helpers import free_port, http_get, wait_for_log
+
+    resource = client.ResourceV1Api(api)
+    dirs = NodeDirs(short_tmp)
+    config = accelerator_config(dirs, {"acc0": "u250", "acc1": "u280"})
+    port = free_port()
+    metrics = ("--metrics-port", str(port))
+
+    def listed() -> dict[str, dict[str, Any]]:
+        answer = resource.list_resource_slice(
+            field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}", _preload_content=False
+        )
+        return {s["metadata"]["name"]: s for s in json.loads(answer.data)["items"]}
+
+    async def scenario() -> None:
+        async with node_serving(dirs, api, kubeconfig, config, DRIVER, None, *metrics):
+            first = await asyncio.to_thread(
+                watch_until,
+                api,
+                resource.list_resource_slice,
+                our_slice(lambda d: {"acc0", "acc1"} == set(d)),
+            )
+            name = first["metadata"]["name"]
+            generation = first["spec"]["pool"]["generation"]
+            assert first["metadata"]["annotations"]["devplug.io/publisher"]
+            # Ready once the publisher has seen its own slices in the API server.
+            await asyncio.to_thread(wait_for_log, dirs.root / "daemon.log", "published 2 device")
+            status, body = await asyncio.to_thread(http_get, port, "/readyz")
+            assert (status, body) == (200, "ok\n")
+
+            # Deleted: back with the same devices and generation.
+            resource.delete_resource_slice(name)
+            back = await asyncio.to_thread(
+                watch_until,
+                api,
+                resource.list_resource_slice,
+                lambda o: (
+                    o["metadata"]["name"] == name
+                    and o["metadata"]["uid"] != first["metadata"]["uid"]
+                ),
+            )
+            assert back["spec"] == first["spec"]
+
+            # Edited (a device removed): put back.
+            edited = json.loads(json.dumps(back))
+            edited["spec"]["devices"] = edited["spec"]["devices"][:1]
+            resource.replace_resource_slice(name, edited)
+            fixed = await asyncio.to_thread(
+                watch_until,
+                api,
+                resource.list_resource_slice,
+                our_slice(lambda d: {"acc0", "acc1"} == set(d)),
+            )
+            assert fixed["spec"]["pool"]["generation"] == generation
+
+            # Someone else's slice for the same driver and node stays.
+            foreign = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": "not-devplugs"},
+                "spec": {
+                    "driver": DRIVER,
+                    "nodeName": NODE,
+                    "pool": {"name": "other", "generation": 1, "resourceSliceCount": 1},
+                    "devices": [{"name": "x"}],
+                },
+            }
+            resource.create_resource_slice(foreign)
+            # Deleting ours once more: the restore that follows is seen after the
+            # foreign slice was, so the publisher has had it in view.
+            resource.delete_resource_slice(name)
+            await asyncio.to_thread(
+                watch_until,
+                api,
+                resource.list_resource_slice,
+                lambda o: (
+                    o["metadata"]["name"] == name
+                    and o["metadata"]["uid"] != back["metadata"]["uid"]
+                ),
+            )
+            assert set(listed()) == {name, "not-devplugs"}
+            resource.delete_resource_slice("not-devplugs")
+        log = (dirs.root / "daemon.log").read_text()
+        assert f"slice {name} was deleted by someone else: restoring it" in log
+        assert f"slice {name} was changed by someone else: restoring it" in log
+        assert "slice not-devplugs of node node-a was not made by devplug: left alone" in log
+
+    asyncio.run(scenario())

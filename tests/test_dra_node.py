@@ -38,6 +38,7 @@ from tests.dra_helpers import (
     serve_command,
 )
 from tests.hw_helpers import validate_cdi
+from tests.serve_helpers import free_port, http_get
 from tests.sim_helpers import run
 
 MODELS = {"acc0": "u250", "acc1": "u280"}
@@ -293,7 +294,8 @@ def test_node_plugin_serves_while_the_api_server_is_unreachable(dirs: NodeDirs) 
             }
         )
     )
-    command = serve_command(dirs, config, kubeconfig=str(kubeconfig))
+    port = free_port()
+    command = serve_command(dirs, config, "--metrics-port", str(port), kubeconfig=str(kubeconfig))
     daemon = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
 
     async def scenario() -> None:
@@ -306,6 +308,12 @@ def test_node_plugin_serves_while_the_api_server_is_unreachable(dirs: NodeDirs) 
             )
             assert "retrying in" in failed
             assert daemon.poll() is None
+            # Registered with the kubelet, but not ready: the slices are not published.
+            status, body = await asyncio.to_thread(http_get, port, "/readyz")
+            assert (status, body) == (
+                503,
+                f"{DRIVER}: ResourceSlices not listed from the API server yet\n",
+            )
 
     try:
         run(scenario())

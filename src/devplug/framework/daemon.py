@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
 from devplug.framework.dirwatch import DirWatcher
@@ -32,6 +32,15 @@ class Service(Protocol):
     """
 
     async def run(self, daemon: Daemon) -> None: ...
+
+
+@runtime_checkable
+class ReadinessReporter(Protocol):
+    """A service that has a say in /readyz (the DRA drivers: registered, slices published)."""
+
+    def problems(self) -> list[str]:
+        """Why it is not ready; empty when it is."""
+        ...
 
 
 class Daemon:

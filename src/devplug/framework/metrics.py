@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from devplug.framework import observe
+from devplug.framework.daemon import ReadinessReporter
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
@@ -131,7 +132,10 @@ def _not_ready(daemon: Daemon) -> list[str]:
             problems.append(f"{endpoint.name}: not registered with the kubelet")
         elif endpoint.streams == 0:
             problems.append(f"{endpoint.name}: registered, no ListAndWatch stream yet")
-    if not daemon.endpoints:
+    reporters = [s for s in daemon.services if isinstance(s, ReadinessReporter)]
+    for service in reporters:
+        problems += service.problems()
+    if not daemon.endpoints and not reporters:
         problems.append("no resource is served")
     return problems
 

@@ -1,9 +1,16 @@
-"""Publishing a driver's ResourceSlices for this node, kept in step with the devices.
+"""Publishing a driver's ResourceSlices for this node and keeping them so.
 
-Each change of the plugin's device list (hot-plug, health) is published as a new
-pool generation: the slices are created or replaced, and slices of the pool that are
-no longer needed deleted. API failures are retried with backoff; the node plugin
-keeps serving meanwhile.
+The publisher is a reconciler: it knows the slices it wants (from the plugin's
+devices) and, through a watch, the slices the API server has; whenever either
+changes it makes the second match the first. A slice deleted by someone else (the
+kubelet deletes every slice of its node when it starts) is created again, one edited
+by someone else is put back, within the time of one API call; nothing polls.
+
+Each change of the devices is published as a new pool generation; a restored slice
+keeps the generation it had. During a rolling update two devplug pods publish the
+same pool: each stamps its slices, and the older one leaves alone a slice the newer
+one wrote, so the two never take turns rewriting it. API failures are retried with
+backoff; the node plugin keeps serving meanwhile.
 """
 
 from __future__ import annotations
@@ -11,37 +18,107 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections.abc import Mapping
 from typing import Any
 
 from devplug.framework.dra.driver import Driver
-from devplug.framework.dra.slices import slice_bodies
+from devplug.framework.dra.slices import MANAGED_BY, slice_bodies
+from devplug.framework.dra.slicewatch import SliceWatch
 
 log = logging.getLogger("devplug.dra.publisher")
 
 _RETRY_FIRST_S = 0.5
 _RETRY_MAX_S = 30.0
+# The annotation naming the devplug instance that wrote a slice: '<start ns>-<id>',
+# so that the later started of two instances (a rolling update) is the greater.
+PUBLISHER_ANNOTATION = "devplug.io/publisher"
+_KEEP_VERSIONS = 8  # resource versions of our own writes remembered per slice
+
+
+def publisher_stamp(instance: str, started_ns: int | None = None) -> str:
+    started = time.time_ns() if started_ns is None else started_ns
+    return f"{started:020d}-{instance}"
+
+
+def _content(obj: Mapping[str, Any]) -> Any:
+    """What of a slice the publisher owns (compared in the API server's own form)."""
+    meta = obj.get("metadata") or {}
+    return (
+        obj.get("spec"),
+        (meta.get("labels") or {}).get(MANAGED_BY[0]),
+        (meta.get("annotations") or {}).get(PUBLISHER_ANNOTATION),
+        meta.get("ownerReferences"),
+    )
+
+
+def _stamp_of(obj: Mapping[str, Any]) -> str:
+    return str(((obj.get("metadata") or {}).get("annotations") or {}).get(PUBLISHER_ANNOTATION, ""))
+
+
+def _generation_of(obj: Mapping[str, Any]) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
 
 
 class SlicePublisher:
-    def __init__(self, driver: Driver, node: str, api_client: Any) -> None:
+    def __init__(self, driver: Driver, node: str, api_client: Any, stamp: str = "") -> None:
         from kubernetes import client
 
         self.driver = driver
         self.node = node
+        self.stamp = stamp or publisher_stamp("devplug")
         # Any: bodies are plain dicts in the API's JSON form, answers read as JSON.
         self._resource: Any = client.ResourceV1Api(api_client)
         self._core: Any = client.CoreV1Api(api_client)
+        self._watch = SliceWatch(api_client, node, driver.name, self._on_update)
         self.published_generation = 0  # the plugin generation last published
+        self.pool_generation = 0
+        self.restored = 0  # slices put back after someone else deleted or changed them
         self._owner: dict[str, Any] | None = None
         self._owner_known = False
-        self.pool_generation = 0
         self._published = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._listed = False
+        self._view: dict[str, dict[str, Any]] = {}  # the API server's slices, by name
+        self._wanted: dict[str, dict[str, Any]] = {}  # the bodies of the current generation
+        self._wanted_devices: Any = None  # the wanted content without the generation
+        self._current: dict[str, str] = {}  # name -> resource version of our current write
+        self._written: dict[str, Any] = {}  # name -> what of it we wrote (server form)
+        self._ours: dict[str, list[str]] = {}  # name -> resource versions we wrote
+        self._in_sync = False
+        self._yielded: set[str] = set()  # slices left to a newer instance (logged once)
+        self._foreign: set[str] = set()  # slices of our pool devplug did not make
 
     async def wait_published(self, plugin_generation: int) -> None:
         """Wait until the devices of `plugin_generation` (or newer) are published."""
         while self.published_generation < plugin_generation:
             event = self._published
             await event.wait()
+
+    def problems(self) -> list[str]:
+        """Why the node's slices are not what the devices say now (for /readyz)."""
+        name = self.driver.name
+        if not self._listed:
+            return [f"{name}: ResourceSlices not listed from the API server yet"]
+        if not self._in_sync or self.published_generation < self.driver.plugin.generation:
+            return [f"{name}: ResourceSlices of node {self.node} not published yet"]
+        return []
+
+    # -- the API server's view, from the watch ----------------------------------------
+
+    def _on_update(self, objects: Mapping[str, dict[str, Any] | None], complete: bool) -> None:
+        if complete:
+            self._view = {k: v for k, v in objects.items() if v is not None}
+            self._listed = True
+        else:
+            for name, obj in objects.items():
+                if obj is None:
+                    self._view.pop(name, None)
+                else:
+                    self._view[name] = obj
+        self._changed.set()
+
+    # -- what we want -------------------------------------------------------------------
 
     def _node_owner(self) -> dict[str, Any] | None:
         """The Node as owner, so that slices go with their node; None if the API server
@@ -69,39 +146,101 @@ class SlicePublisher:
         self._owner_known = True
         return self._owner
 
-    def _existing(self) -> dict[str, dict[str, Any]]:
-        response = self._resource.list_resource_slice(
-            field_selector=f"spec.nodeName={self.node},spec.driver={self.driver.name}",
-            _preload_content=False,
+    def _want(self, owner: dict[str, Any] | None) -> None:
+        """The bodies for the current devices: a new generation when they changed."""
+        bodies = slice_bodies(self.driver, self.node, 0, owner)
+        devices = [[b["metadata"], b["spec"]] for b in bodies]
+        if devices == self._wanted_devices:
+            return
+        self._wanted_devices = json.loads(json.dumps(devices))
+        self.pool_generation = 1 + max(
+            [self.pool_generation, *(_generation_of(o) for o in self._view.values())]
         )
-        items = json.loads(response.data).get("items") or []
-        return {item["metadata"]["name"]: item for item in items}
-
-    def _sync(self) -> int:
-        """Publish the current devices as the next pool generation; returns it."""
-        owner = self._node_owner()
-        existing = self._existing()
-        generation = max(
-            [
-                self.pool_generation,
-                *(s["spec"]["pool"].get("generation", 0) for s in existing.values()),
-            ]
-        )
-        generation += 1
-        bodies = slice_bodies(self.driver, self.node, generation, owner)
+        self._wanted = {}
         for body in bodies:
-            name = body["metadata"]["name"]
-            if name in existing:
-                body["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
-                self._resource.replace_resource_slice(name, body)
-            else:
-                self._resource.create_resource_slice(body)
-        wanted = {b["metadata"]["name"] for b in bodies}
-        for name in existing:
-            if name not in wanted:
-                self._resource.delete_resource_slice(name)
-        self.pool_generation = int(generation)
-        return self.pool_generation
+            body["spec"]["pool"]["generation"] = self.pool_generation
+            body["metadata"].setdefault("annotations", {})[PUBLISHER_ANNOTATION] = self.stamp
+            self._wanted[body["metadata"]["name"]] = body
+        self._current.clear()
+
+    # -- reconciling ---------------------------------------------------------------------
+
+    def _plan(self) -> list[tuple[str, str, dict[str, Any] | None]]:
+        """(action, name, body) to make the API server's slices what we want."""
+        actions: list[tuple[str, str, dict[str, Any] | None]] = []
+        for name, body in self._wanted.items():
+            obj = self._view.get(name)
+            if obj is None:
+                actions.append(("create", name, body))
+                continue
+            version = str(obj["metadata"]["resourceVersion"])
+            if _stamp_of(obj) > self.stamp:
+                if name not in self._yielded:
+                    self._yielded.add(name)
+                    log.info(
+                        "%s: slice %s is published by a newer devplug instance; leaving it",
+                        self.driver.name,
+                        name,
+                    )
+                continue
+            self._yielded.discard(name)
+            if name in self._current and version in self._ours.get(name, ()):
+                continue  # ours (maybe an older event of ours: a newer one will come)
+            if name in self._current and _content(obj) == self._written.get(name):
+                continue  # someone touched only what is not ours (other labels...)
+            actions.append(("replace", name, body))
+        for name, obj in self._view.items():
+            if name in self._wanted:
+                continue
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if labels.get(MANAGED_BY[0]) != MANAGED_BY[1]:
+                if name not in self._foreign:
+                    self._foreign.add(name)
+                    log.warning(
+                        "%s: slice %s of node %s was not made by devplug: left alone",
+                        self.driver.name,
+                        name,
+                        self.node,
+                    )
+                continue
+            if _stamp_of(obj) > self.stamp:
+                continue  # a newer instance's layout
+            actions.append(("delete", name, obj))
+        return actions
+
+    def _apply(self, actions: list[tuple[str, str, dict[str, Any] | None]]) -> None:
+        """Run the actions (in a thread); a conflict means the view is behind: the
+        watch brings the news and the next plan acts on it."""
+        from kubernetes.client.exceptions import ApiException
+
+        for action, name, body in actions:
+            assert body is not None
+            try:
+                if action == "create":
+                    answer = self._resource.create_resource_slice(body, _preload_content=False)
+                elif action == "replace":
+                    body = json.loads(json.dumps(body))
+                    old = self._view.get(name) or {}
+                    body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+                    answer = self._resource.replace_resource_slice(
+                        name, body, _preload_content=False
+                    )
+                else:
+                    version = body["metadata"]["resourceVersion"]
+                    self._resource.delete_resource_slice(
+                        name, body={"preconditions": {"resourceVersion": version}}
+                    )
+                    continue
+            except ApiException as error:
+                if error.status in (404, 409):
+                    continue
+                raise
+            written = json.loads(answer.data)
+            version = str(written["metadata"]["resourceVersion"])
+            self._ours.setdefault(name, []).append(version)
+            del self._ours[name][:-_KEEP_VERSIONS]
+            self._current[name] = version
+            self._written[name] = _content(written)
 
     async def run(self) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -109,32 +248,76 @@ class SlicePublisher:
 
         plugin = self.driver.plugin
         await plugin.wait_published()
+        self._watch.start()
         retry = _RETRY_FIRST_S
-        while True:
-            seen = plugin.generation
-            try:
-                generation = await asyncio.to_thread(self._sync)
-            except (ApiException, HTTPError, OSError) as error:
-                reason = getattr(error, "reason", None) or error
-                log.warning(
-                    "%s: publishing slices failed (%s); retrying in %.1f s",
-                    self.driver.name,
-                    reason,
-                    retry,
-                )
-                await asyncio.sleep(retry)
-                retry = min(retry * 2, _RETRY_MAX_S)
-                continue
-            retry = _RETRY_FIRST_S
-            healthy = sum(d.healthy for d in plugin.devices.values())
-            log.info(
-                "%s: published %d device(s) for node %s (pool generation %d)",
-                self.driver.name,
-                healthy,
-                self.node,
-                generation,
+        try:
+            while True:
+                if not self._listed:
+                    await self._wait_for_change(plugin.generation)
+                    continue
+                seen = plugin.generation
+                try:
+                    owner = await asyncio.to_thread(self._node_owner)
+                    self._want(owner)
+                    actions = self._plan()
+                    if actions:
+                        self._in_sync = False
+                        self._log_actions(actions)
+                        await asyncio.to_thread(self._apply, actions)
+                        await self._wait_for_change(seen)
+                        continue
+                except (ApiException, HTTPError, OSError) as error:
+                    reason = getattr(error, "reason", None) or error
+                    log.warning(
+                        "%s: publishing slices failed (%s); retrying in %.1f s",
+                        self.driver.name,
+                        reason,
+                        retry,
+                    )
+                    self._in_sync = False
+                    await asyncio.sleep(retry)
+                    retry = min(retry * 2, _RETRY_MAX_S)
+                    continue
+                retry = _RETRY_FIRST_S
+                if not self._in_sync or self.published_generation < seen:
+                    healthy = sum(d.healthy for d in plugin.devices.values())
+                    log.info(
+                        "%s: published %d device(s) for node %s (pool generation %d)",
+                        self.driver.name,
+                        healthy,
+                        self.node,
+                        self.pool_generation,
+                    )
+                self._in_sync = True
+                if self.published_generation < seen:
+                    self.published_generation = seen
+                    published, self._published = self._published, asyncio.Event()
+                    published.set()
+                await self._wait_for_change(seen)
+        finally:
+            self._watch.stop()
+
+    def _log_actions(self, actions: list[tuple[str, str, dict[str, Any] | None]]) -> None:
+        for action, name, _ in actions:
+            if action == "delete" or name not in self._current:
+                continue  # publishing a new generation, or tidying: said once it is done
+            cause = "deleted" if action == "create" else "changed"
+            self.restored += 1
+            log.warning(
+                "%s: slice %s was %s by someone else: restoring it", self.driver.name, name, cause
             )
-            self.published_generation = seen
-            published, self._published = self._published, asyncio.Event()
-            published.set()
-            await plugin.wait_changed(seen)
+
+    async def _wait_for_change(self, generation: int) -> None:
+        """Until the API server's view or the devices change."""
+        if self._changed.is_set():
+            self._changed.clear()
+            return
+        plugin = self.driver.plugin
+        changed = asyncio.ensure_future(self._changed.wait())
+        devices = asyncio.ensure_future(plugin.wait_changed(generation))
+        try:
+            await asyncio.wait({changed, devices}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+            devices.cancel()
+        self._changed.clear()

@@ -41,6 +41,9 @@ class DraSettings:
     # Read claims from this folder instead of the API server, and publish no slices
     # (the kubelet simulator without an API server).
     claims_dir: Path | None = None
+    # Who this devplug is among the instances of one node (a rolling update runs two):
+    # the pod UID in a cluster; empty: the host name and process ID.
+    instance: str = ""
 
 
 class DraService:
@@ -75,11 +78,25 @@ class DraService:
                 NodePlugin(preparer, settings.registry_dir, settings.plugins_dir)
             )
         if self._api is not None:
-            from devplug.framework.dra.publisher import SlicePublisher
+            from devplug.framework.dra.publisher import SlicePublisher, publisher_stamp
 
+            stamp = publisher_stamp(settings.instance or _process_identity())
             self.publishers = [
-                SlicePublisher(d, settings.node_name, self._api) for d in self.drivers
+                SlicePublisher(d, settings.node_name, self._api, stamp) for d in self.drivers
             ]
+
+    def problems(self) -> list[str]:
+        """Why DRA is not ready (for /readyz): a driver not registered with the kubelet,
+        or its slices not published."""
+        found = []
+        for node_plugin in self.node_plugins:
+            registration = node_plugin.registration
+            if not registration.registered.is_set():
+                why = f": {registration.error}" if registration.error else ""
+                found.append(f"{registration.driver_name}: not registered with the kubelet{why}")
+        for publisher in self.publishers:
+            found += publisher.problems()
+        return found
 
     async def run(self, daemon: Daemon | None = None) -> None:
         served = set(map(id, daemon.plugins)) if daemon is not None else set()
@@ -105,6 +122,13 @@ class DraService:
             await asyncio.gather(*tasks, return_exceptions=True)
             if self._api is not None:
                 self._api.close()
+
+
+def _process_identity() -> str:
+    import os
+    import socket
+
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 async def _scan(driver: Driver) -> None:

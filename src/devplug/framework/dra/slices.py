@@ -23,6 +23,9 @@ from devplug.framework.dra.names import attribute_name_problem, device_name, obj
 
 log = logging.getLogger("devplug.dra.slices")
 
+# The label on every slice devplug publishes: only such slices are ever deleted by it.
+MANAGED_BY = ("app.kubernetes.io/managed-by", "devplug")
+
 # Problems already logged, so that a bad attribute is reported once, not per publish.
 _reported: set[str] = set()
 
@@ -93,7 +96,7 @@ def slice_bodies(
     for index, chunk in enumerate(chunks):
         metadata: dict[str, Any] = {
             "name": slice_name(node, driver.name, index),
-            "labels": {"app.kubernetes.io/managed-by": "devplug"},
+            "labels": {MANAGED_BY[0]: MANAGED_BY[1]},
         }
         if owner is not None:
             metadata["ownerReferences"] = [owner]
