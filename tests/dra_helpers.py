@@ -83,7 +83,13 @@ def accelerator_config(
         "name": RESOURCE,
         "allowAnyPath": True,
         "mode": mode,
-        "dra": {"driver": DRIVER, "attributes": {"vendor": "xilinx"}},
+        # In `both` mode the counted name cannot also be the DeviceClass's extended
+        # resource: claims only.
+        "dra": {
+            "driver": DRIVER,
+            "attributes": {"vendor": "xilinx"},
+            **({"extendedResourceName": ""} if mode == "both" else {}),
+        },
         "groups": groups,
         **extra,
     }

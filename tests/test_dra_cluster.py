@@ -386,8 +386,12 @@ def test_deploy_rbac_and_device_classes_on_the_api_server(api: Any) -> None:
     from kubernetes import client, utils
 
     component = ROOT / "deploy" / "dra" / "component"
-    for name, dry_run in (("rbac.yaml", None), ("deviceclasses.yaml", "All")):
-        objects = list(yaml.safe_load_all((component / name).read_text()))
+    for path, dry_run in (
+        (component / "rbac.yaml", None),
+        (component / "deviceclasses.yaml", "All"),
+        (component.parent / "deviceclasses.yaml", "All"),  # extendedResourceName too
+    ):
+        objects = list(yaml.safe_load_all(path.read_text()))
         utils.create_from_yaml(api, yaml_objects=objects, dry_run=dry_run)
     authz = client.AuthorizationV1Api(api)
     user = "system:serviceaccount:devplug-system:devplug"
@@ -560,3 +564,31 @@ def test_slices_deleted_or_changed_by_someone_else_are_restored(
         assert "slice not-devplugs of node node-a was not made by devplug: left alone" in log
 
     asyncio.run(scenario())
+
+
+def test_a_node_label_chooses_the_mode_on_that_node(
+    kubeconfig: str, api: Any, node: str, short_tmp: Path
+) -> None:
+    """`mode: devicePlugin` with `nodeModeLabel`: the node labelled `dra` gets the
+    resource through DRA only (its driver registered, its slice published), not as a
+    counted resource."""
+    from kubernetes import client
+
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    label = "example.com/acc-mode"
+    dirs = NodeDirs(short_tmp)
+    config = accelerator_config(dirs, {"acc0": "u250"}, mode="devicePlugin", nodeModeLabel=label)
+    core.patch_node(NODE, {"metadata": {"labels": {label: "dra"}}})
+
+    async def scenario() -> None:
+        async with node_serving(dirs, api, kubeconfig, config, DRIVER) as kubelet:
+            await asyncio.to_thread(
+                watch_until, api, resource.list_resource_slice, our_slice(lambda d: "acc0" in d)
+            )
+            assert kubelet.registrations(RESOURCE) == 0
+            assert kubelet.resource_status(RESOURCE) is None
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        core.patch_node(NODE, {"metadata": {"labels": {label: None}}})

@@ -66,6 +66,25 @@ def test_mode_defaults_to_device_plugin() -> None:
             "resources[0].dra.attributeNames.model: attribute name 'product name'",
         ),
         ({"dra": {"driverName": "x.com"}}, "resources[0].dra.driverName: unknown key"),
+        (
+            {"mode": "both"},
+            "resources[0].mode: mode 'both' serves 'example.com/acc' as a device plugin and "
+            "as the extended resource of its DRA DeviceClass (dra.extendedResourceName): a "
+            "node serves a name one way",
+        ),
+        (
+            {"mode": "both", "dra": {"extendedResourceName": "example.com/acc"}},
+            "resources[0].mode: mode 'both' serves 'example.com/acc' as a device plugin",
+        ),
+        (
+            {"mode": "dra", "dra": {"extendedResourceName": "acc"}},
+            "resources[0].dra.extendedResourceName: 'acc' has no vendor domain",
+        ),
+        ({"nodeModeLabel": "bad key/x/y"}, "resources[0].nodeModeLabel: 'bad key/x/y' is not"),
+        (
+            {"dra": {"taintEffect": "PreferNoSchedule"}},
+            "resources[0].dra.taintEffect: Invalid enum value 'PreferNoSchedule'",
+        ),
     ],
 )
 def test_bad_dra_settings_give_one_line(resource: dict[str, object], message: str) -> None:
@@ -75,12 +94,111 @@ def test_bad_dra_settings_give_one_line(resource: dict[str, object], message: st
     assert "\n" not in str(error.value)
 
 
+def test_a_name_counted_on_a_node_is_not_also_an_extended_resource_of_dra() -> None:
+    """KEP 5004's rule: a node serves an extended resource as a device plugin or
+    through DRA. Another resource's counted name is refused as well; `both` with claims
+    only ('') or another name is fine."""
+    text = yaml.safe_dump(
+        {
+            "resources": [
+                {"name": "example.com/a", "virtual": 1},
+                {
+                    "name": "example.com/b",
+                    "virtual": 1,
+                    "mode": "dra",
+                    "dra": {"extendedResourceName": "example.com/a"},
+                },
+            ]
+        }
+    )
+    with pytest.raises(ConfigError, match=r"resources\[1\]\.mode: 'example\.com/a' is served as a"):
+        parse_config(text, "c.yaml")
+    for extended in ("", "example.com/acc-dra"):
+        config = parse_config(
+            config_text({"mode": "both", "dra": {"extendedResourceName": extended}})
+        )
+        assert config.resources[0].mode == "both"
+
+
+def test_node_labels_choose_the_mode_per_node() -> None:
+    from devplug.sources.config import apply_node_modes
+
+    text = config_text({"mode": "devicePlugin", "nodeModeLabel": "example.com/acc-mode"})
+    for labels, mode in (
+        ({}, "devicePlugin"),
+        ({"other": "dra"}, "devicePlugin"),
+        ({"example.com/acc-mode": "dra"}, "dra"),
+    ):
+        config = parse_config(text, "c.yaml")
+        apply_node_modes(config, labels, "node-a", "c.yaml")
+        assert config.resources[0].mode == mode
+    config = parse_config(text, "c.yaml")
+    with pytest.raises(ConfigError) as error:
+        apply_node_modes(config, {"example.com/acc-mode": "DRA"}, "node-a", "c.yaml")
+    assert str(error.value) == (
+        "c.yaml: resources[0].nodeModeLabel: node node-a has example.com/acc-mode='DRA', "
+        "expected one of devicePlugin, dra, both"
+    )
+    with pytest.raises(ConfigError) as error:
+        apply_node_modes(config, {"example.com/acc-mode": "both"}, "node-a", "c.yaml")
+    assert str(error.value).startswith(
+        "c.yaml (modes of node node-a): resources[0].mode: mode 'both' serves"
+    )
+
+
+def test_check_prints_the_device_classes_a_config_implies(short_tmp: Path) -> None:
+    config = short_tmp / "c.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "resources": [
+                    {"name": "example.com/plain", "virtual": 1},
+                    {"name": "example.com/a", "virtual": 1, "mode": "dra"},
+                    {
+                        "name": "example.com/b",
+                        "virtual": 1,
+                        "mode": "both",
+                        "dra": {"driver": "b.example.org", "extendedResourceName": ""},
+                    },
+                    {"name": "example.com/c", "virtual": 1, "nodeModeLabel": "example.com/c-mode"},
+                ]
+            }
+        )
+    )
+    for flag in ("-o", "--output"):
+        result = devplug("check", "--config", config, flag, "yaml")
+        assert result.returncode == 0, result.stderr
+        classes = list(yaml.safe_load_all(result.stdout))
+        assert [c["metadata"]["name"] for c in classes] == [
+            "a.example.com",
+            "b.example.org",
+            "c.example.com",
+        ]
+        a, b, c = classes
+        assert a == {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "a.example.com"},
+            "spec": {
+                "selectors": [{"cel": {"expression": 'device.driver == "a.example.com"'}}],
+                "extendedResourceName": "example.com/a",
+            },
+        }
+        assert "extendedResourceName" not in b["spec"]  # claims only
+        # Counted where the node has no label: the class serves the nodes labelled dra.
+        assert c["spec"]["extendedResourceName"] == "example.com/c"
+    text = devplug("check", "--config", config).stdout
+    assert "  DeviceClass a.example.com, asked by count as example.com/a" in text
+    assert "  DeviceClass b.example.org, claims only" in text
+    assert "  mode devicePlugin, or the value of the node's label example.com/c-mode" in text
+
+
 def test_two_resources_cannot_share_a_driver() -> None:
     text = yaml.safe_dump(
         {
             "resources": [
                 {"name": "example.com/a", "virtual": 1, "mode": "dra", "dra": {"driver": "x.com"}},
-                {"name": "example.com/b", "virtual": 1, "mode": "both", "dra": {"driver": "x.com"}},
+                {"name": "example.com/b", "virtual": 1, "mode": "dra", "dra": {"driver": "x.com"}},
             ]
         }
     )

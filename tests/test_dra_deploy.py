@@ -87,7 +87,7 @@ def check_rendered(objects: list[dict[str, Any]]) -> None:
         mounts
     )
     classes = {c["metadata"]["name"] for c in by_kind(objects, "DeviceClass")}
-    assert {"fpga.devplug.io", "u280.fpga.devplug.io", "gpu-40gib.devplug.io"} <= classes
+    assert {"u280.fpga.devplug.io", "gpu-40gib.devplug.io"} <= classes
 
 
 def test_component_renders_over_a_base(tmp_path: Path) -> None:
@@ -103,7 +103,39 @@ def test_component_renders_over_a_base(tmp_path: Path) -> None:
 def test_overlay_renders_with_the_base() -> None:
     if not (ROOT / "deploy" / "base" / "kustomization.yaml").exists():
         pytest.skip("deploy/base is not in this tree")
-    check_rendered(kustomize(DRA))
+    objects = kustomize(DRA)
+    check_rendered(objects)
+    classes = {c["metadata"]["name"]: c["spec"] for c in by_kind(objects, "DeviceClass")}
+    assert classes["null.devplug.io"]["extendedResourceName"] == "devplug.io/null"
+
+
+def test_shipped_device_classes_are_those_of_the_shipped_config() -> None:
+    """deploy/dra/deviceclasses.yaml is what `devplug check -o yaml` prints for
+    deploy/dra/config.yaml, so the two cannot drift apart."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devplug.cli.main",
+            "check",
+            "--config",
+            "config.yaml",
+            "-o",
+            "yaml",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=DRA,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    shipped = list(yaml.safe_load_all((DRA / "deviceclasses.yaml").read_text()))
+    assert shipped == list(yaml.safe_load_all(result.stdout))
+    assert [c["metadata"]["name"] for c in shipped] == [
+        "fpga.devplug.io",
+        "null.devplug.io",
+        "fake.devplug.io",
+    ]
 
 
 def test_example_config_is_valid() -> None:

@@ -53,5 +53,5 @@ def test_readme_dra_example_is_valid() -> None:
     ]
     config = parse_config(block, "README.md")
     assert [(r.mode, r.dra and r.dra.driver) for r in config.resources] == [
-        ("both", "fpga.example.com")
+        ("dra", "fpga.example.com")
     ]

@@ -16,7 +16,12 @@ EXIT_INVALID = 2
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, metavar="FILE", help="the config file")
     parser.add_argument(
-        "--output", choices=["text", "json"], default="text", help="report format (text)"
+        "-o",
+        "--output",
+        choices=["text", "json", "yaml"],
+        default="text",
+        help="text: the report; json: the report as JSON; yaml: the DeviceClasses the "
+        "config implies, to apply with kubectl (default: text)",
     )
     from devplug.cli.serve import add_root_options
 
@@ -46,6 +51,12 @@ def run(args: argparse.Namespace) -> int:
 
         json.dump({"config": args.config, "valid": True, "resources": report}, sys.stdout, indent=2)
         print()
+    elif args.output == "yaml":
+        import yaml
+
+        classes = [r["deviceClass"] for r in report if "deviceClass" in r]
+        print(f"# The DeviceClasses of the DRA drivers of {args.config} (devplug check -o yaml)")
+        sys.stdout.write(yaml.safe_dump_all(classes, sort_keys=False) if classes else "")
     else:
         _print_text(args.config, report)
     return EXIT_OK
@@ -85,11 +96,27 @@ def _add_dra_reports(
 ) -> None:
     """The mode of each resource and, for those served through DRA, the ResourceSlices
     the daemon would publish for this node now."""
-    from devplug.sources.draconfig import plugin_driver_name, serves_dra
+    from devplug.sources.draconfig import (
+        extended_resource_name,
+        plugin_driver_name,
+        serves_dra,
+    )
 
     for plugin, entry in zip(plugins, report, strict=True):
         spec = plugin.spec
         entry["mode"] = spec.mode
+        if spec.node_mode_label is not None:
+            entry["nodeModeLabel"] = spec.node_mode_label
+        if not serves_dra(spec.mode) and spec.node_mode_label is None:
+            continue
+        from devplug.framework.dra.classes import device_class
+
+        driver_name = plugin_driver_name(plugin.resource_name, spec.name, spec.dra)
+        # A node may serve it through DRA (its mode, or a node label): the class is
+        # cluster-wide, and on nodes with the counted resource the scheduler uses that.
+        mode = spec.mode if serves_dra(spec.mode) else "dra"
+        extended = extended_resource_name(plugin.resource_name, spec.name, mode, spec.dra)
+        entry["deviceClass"] = device_class(driver_name, extended)
         if not serves_dra(spec.mode):
             continue
         from devplug.cli.serve import node_name
@@ -98,7 +125,7 @@ def _add_dra_reports(
 
         driver = Driver(
             plugin,
-            plugin_driver_name(plugin.resource_name, spec.name, spec.dra),
+            driver_name,
             spec.dra.attributes if spec.dra else {},
             spec.dra.attribute_names if spec.dra else {},
         )
@@ -108,6 +135,12 @@ def _add_dra_reports(
 
 
 def _print_slices(resource: dict[str, Any]) -> None:
+    if label := resource.get("nodeModeLabel"):
+        print(f"  mode {resource['mode']}, or the value of the node's label {label}")
+    if dc := resource.get("deviceClass"):
+        extended = dc["spec"].get("extendedResourceName")
+        counted = f", asked by count as {extended}" if extended else ", claims only"
+        print(f"  DeviceClass {dc['metadata']['name']}{counted}")
     for body in resource.get("slices", []):
         spec = body["spec"]
         print(

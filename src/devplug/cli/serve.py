@@ -127,12 +127,22 @@ def run(args: argparse.Namespace) -> int:
     def build(config: Config) -> list[SourcePlugin]:
         return build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
 
+    from devplug.sources.config import apply_node_modes, needs_node_labels
+
+    source = args.config or "<packaged default.yaml>"
+    labels: dict[str, str] | None = None
     try:
         config = load_config(args.config) if args.config else load_default_config()
+        if needs_node_labels(config):
+            labels = _node_labels(args)
+            apply_node_modes(config, labels, node_name(args), source)
         plugins = build(config)
         services = build_services(config, feature_file=args.feature_file)
     except ConfigError as e:
         print(e, file=sys.stderr)
+        return EXIT_INVALID
+    except ValueError as e:  # no usable kubeconfig for the node's labels
+        print(f"devplug serve: nodeModeLabel: {e}", file=sys.stderr)
         return EXIT_INVALID
     from devplug.sources.draconfig import serves_device_plugin, serves_dra
 
@@ -153,6 +163,9 @@ def run(args: argparse.Namespace) -> int:
 
     def build_device_plugins(config: Config) -> list[SourcePlugin]:
         # A reload swaps device plugins only; DRA drivers take changes at a restart.
+        # The node's labels as read at start choose the modes again.
+        if labels is not None:
+            apply_node_modes(config, labels, node_name(args), source)
         return [p for p in build(config) if serves_device_plugin(p.spec.mode)]
 
     services += reload_and_metrics(args, config, build_device_plugins)
@@ -163,6 +176,34 @@ def run(args: argparse.Namespace) -> int:
         log.exception("stopped on a failure")
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _node_labels(args: argparse.Namespace) -> dict[str, str]:
+    """The labels of this node, read once at start for `nodeModeLabel`; retried with
+    backoff while the API server cannot answer (the modes decide what is served)."""
+    import time
+
+    from devplug.framework.dra.kube import api_client, node_labels
+
+    api = api_client(args.kubeconfig)
+    node = node_name(args)
+    delay = 0.5
+    try:
+        while True:
+            try:
+                return node_labels(api, node)
+            except Exception as error:  # the client raises many kinds: all retried
+                reason = getattr(error, "reason", None) or error
+                log.warning(
+                    "cannot read node %s for nodeModeLabel (%s); retrying in %.1f s",
+                    node,
+                    reason,
+                    delay,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+    finally:
+        api.close()
 
 
 def reload_and_metrics(

@@ -12,7 +12,7 @@ import glob
 import os
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NoReturn
 
 import msgspec
@@ -22,13 +22,16 @@ from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 from devplug.framework.device import cdi_name_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
 from devplug.outputs.cdi import default_kind, kind_problem
+from devplug.outputs.nfd import label_name_problem
 from devplug.sources import hardware
 from devplug.sources.draconfig import (
+    MODES,
     DraSpec,
     Mode,
     check_attributes,
     check_dra,
     driver_name,
+    served_twice,
     serves_dra,
 )
 from devplug.sources.limits import LimitsSpec, check_limits
@@ -91,6 +94,9 @@ class ResourceSpec(_Schema):
     split: hardware.SplitSpec | None = None
     # How the resource is served: as a device plugin, a DRA driver, or both.
     mode: Mode = "devicePlugin"
+    # A node label whose value (devicePlugin, dra or both) is the mode on that node,
+    # so that a cluster moves from counted to described node by node.
+    node_mode_label: str | None = None
     dra: DraSpec | None = None
     # NVIDIA GPUs through NVML (devplug.sources.nvidia).
     nvidia: NvidiaSpec | None = None
@@ -236,6 +242,13 @@ def _check(config: Config, source: str) -> None:
             resource.name = NVIDIA_RESOURCE
         if not resource.name:
             fail(f"{at}.name", "required key is missing")
+        if resource.node_mode_label is not None and (
+            problem := label_name_problem(resource.node_mode_label)
+        ):
+            fail(f"{at}.nodeModeLabel", problem)
+        extended = resource.dra.extended_resource_name if resource.dra else None
+        if extended and (problem := resource_name_problem(extended)):
+            fail(f"{at}.dra.extendedResourceName", problem)
         for kind in _cdi_kinds(resource):
             if kind in kinds:
                 fail(f"{at}.cdi.kind", f"CDI kind {kind!r} is already the kind of {kinds[kind]}")
@@ -307,6 +320,38 @@ def _check(config: Config, source: str) -> None:
                     )
                 ids[device_id] = f"{at}.groups[{j}]"
         _check_device_count(len(ids) * resource.count, at, config.limits, fail)
+    check_served_once(config, source)
+
+
+def check_served_once(config: Config, source: str) -> None:
+    """No name served on a node both as a device plugin and through DRA (the modes
+    as they are: the config's, or a node's once its labels applied them)."""
+    entries = [(r.name, r.mode, r.dra) for r in config.resources]
+    if found := served_twice(entries):
+        index, problem = found
+        raise ConfigError(f"{source}: resources[{index}].mode: {problem}")
+
+
+def needs_node_labels(config: Config) -> bool:
+    return any(r.node_mode_label is not None for r in config.resources)
+
+
+def apply_node_modes(config: Config, labels: Mapping[str, str], node: str, source: str) -> None:
+    """Give each resource with `nodeModeLabel` the mode that label says on `node` (its
+    `mode` where the node lacks the label); ConfigError for a value that is no mode,
+    or modes that would serve a name both ways."""
+    for i, resource in enumerate(config.resources):
+        key = resource.node_mode_label
+        if key is None or key not in labels:
+            continue
+        value = labels[key]
+        if value not in MODES:
+            raise ConfigError(
+                f"{source}: resources[{i}].nodeModeLabel: node {node} has {key}={value!r}, "
+                f"expected one of {', '.join(MODES)}"
+            )
+        resource.mode = value  # type: ignore[assignment]  # checked against MODES
+    check_served_once(config, f"{source} (modes of node {node})")
 
 
 def _check_device_count(total: int, at: str, limits: LimitsSpec, fail: _Fail) -> None:

@@ -3,7 +3,7 @@ driver, or both) and how its DRA driver publishes it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal, NoReturn
 
 import msgspec
@@ -14,6 +14,9 @@ MODE_DEVICE_PLUGIN = "devicePlugin"
 MODE_DRA = "dra"
 MODE_BOTH = "both"
 Mode = Literal["devicePlugin", "dra", "both"]
+MODES = (MODE_DEVICE_PLUGIN, MODE_DRA, MODE_BOTH)
+# DeviceTaint effects (resource.k8s.io/v1): None is informational only.
+TaintEffect = Literal["NoSchedule", "NoExecute", "None"]
 
 
 class DraSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
@@ -23,6 +26,12 @@ class DraSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     attributes: dict[str, Attribute] = {}
     # Published names of device attributes: {model: productName}.
     attribute_names: dict[str, str] = {}
+    # The extended resource name of the resource's DeviceClass: pods asking it by
+    # count (`devplug.io/null: 1`) get devices through DRA on nodes that serve it that
+    # way. Default: the resource's name; '': none (claims only).
+    extended_resource_name: str | None = None
+    # The effect of the taint an unhealthy device gets in the slices.
+    taint_effect: TaintEffect = "NoSchedule"
 
 
 def serves_device_plugin(mode: str) -> bool:
@@ -79,3 +88,45 @@ def plugin_driver_name(resource_name: str, spec_name: str, spec: DraSpec | None)
         return spec.driver
     label = default_driver_name(resource_name).partition(".")[0]
     return f"{label}.{spec.driver}"[:MAX_LABEL].rstrip(".-")
+
+
+def extended_resource_name(
+    resource_name: str, spec_name: str, mode: str, spec: DraSpec | None
+) -> str | None:
+    """The extended resource name the DeviceClass of one plugin of a config entry
+    carries, or None. `dra.extendedResourceName` names the entry's own resource; the
+    further resources of an entry (a split's models, a GPU entry's MIG profiles) keep
+    their own names, except in `both` mode, where those names are the device plugin's."""
+    explicit = spec.extended_resource_name if spec is not None else None
+    if explicit == "":
+        return None
+    if resource_name == spec_name:
+        return explicit or resource_name
+    return None if explicit is not None or mode == MODE_BOTH else resource_name
+
+
+def served_twice(
+    entries: Sequence[tuple[str, str, DraSpec | None]],
+) -> tuple[int, str] | None:
+    """(entry index, problem) when a name would be served on a node both as a device
+    plugin and as the extended resource of a DRA DeviceClass, which the scheduler
+    forbids (KEP 5004: a node serves an extended resource one way). `entries` are
+    (resource name, mode, dra spec) of each config entry."""
+    counted = {name for name, mode, _ in entries if serves_device_plugin(mode)}
+    for index, (name, mode, spec) in enumerate(entries):
+        if not serves_dra(mode):
+            continue
+        extended = extended_resource_name(name, name, mode, spec)
+        if extended is not None and extended in counted:
+            how = (
+                f"mode '{mode}' serves {name!r} as a device plugin"
+                if extended == name
+                else f"{extended!r} is served as a device plugin"
+            )
+            return index, (
+                f"{how} and as the extended resource of its DRA DeviceClass "
+                "(dra.extendedResourceName): a node serves a name one way; set "
+                "dra.extendedResourceName to another name or to '' (claims only), or "
+                "choose the mode per node with nodeModeLabel"
+            )
+    return None

@@ -36,3 +36,15 @@ def api_client(kubeconfig: str | None = None) -> Any:
         where = f"kubeconfig {path}" if path else "in-cluster config (no --kubeconfig)"
         raise ValueError(f"cannot use the {where}: {error}") from None
     return client.ApiClient(configuration)
+
+
+def node_labels(api: Any, node: str) -> dict[str, str]:
+    """The labels of Node `node` (blocking); the client's errors are raised."""
+    import json
+
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(api)  # read as JSON, not as models
+    answer = core.read_node(node, _preload_content=False)
+    labels = (json.loads(answer.data).get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
