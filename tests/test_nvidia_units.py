@@ -249,7 +249,8 @@ def test_xid_policy() -> None:
     for xid in (48, 64, 74, 79, 95, 119, 120, 145, 151):
         assert xid_action(xid) == "reset", xid
     assert xid_action(5000) == "reset"  # not in the catalog: as NVIDIA's plugin treats it
-    assert needs_reset(109) and xid_action(109) == "ignore"  # RESET_GPU, but ignored
+    assert needs_reset(109)  # RESET_GPU in the catalog,
+    assert xid_action(109) == "ignore"  # but ignored by default
     assert resolution(79) == "RESTART_BM"
     assert error("resources:\n- nvidia: {enabledXids: [-1]}\n") == (
         "c.yaml: resources[0].nvidia.enabledXids: expected Xid numbers >= 0, got -1"
