@@ -279,7 +279,7 @@ def test_scheduler_allocates_and_the_node_plugin_prepares(
             assert "cannot allocate all claims" in scheduled_message(pending)
 
             # Hot-plug: a new device node joins the slice; a removed one turns Unhealthy
-            # and leaves it.
+            # and stays, tainted.
             dirs.make_device("hot0")
             grown = await asyncio.to_thread(
                 watch_until,
@@ -290,12 +290,19 @@ def test_scheduler_allocates_and_the_node_plugin_prepares(
             # A new pool generation, so the scheduler drops what it knew of the old one.
             assert grown["spec"]["pool"]["generation"] > spec["pool"]["generation"]
             (dirs.dev / "acc0").unlink()
-            await asyncio.to_thread(
+            tainted = await asyncio.to_thread(
                 watch_until,
                 api,
                 resource.list_resource_slice,
-                our_slice(lambda d: "acc0" not in d and "acc1" in d and len(d) == 2),
+                our_slice(lambda d: "taints" in d.get("acc0", {}) and len(d) == 3),
             )
+            [taint] = slice_devices(tainted)["acc0"]["taints"]
+            assert (taint["key"], taint["value"], taint["effect"]) == (
+                "devplug.io/unhealthy",
+                "device-node-missing",
+                "NoSchedule",
+            )
+            assert "taints" not in slice_devices(tainted)["acc1"]
 
     asyncio.run(scenario())
 
@@ -592,3 +599,85 @@ def test_a_node_label_chooses_the_mode_on_that_node(
         asyncio.run(scenario())
     finally:
         core.patch_node(NODE, {"metadata": {"labels": {label: None}}})
+
+
+def test_an_unhealthy_device_is_tainted_and_given_only_to_claims_that_tolerate_it(
+    kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
+) -> None:
+    """A device whose node goes away stays in the slice with the taint
+    devplug.io/unhealthy (value: why), which the real scheduler honours: a claim that
+    does not tolerate it stays Pending, one that does is allocated the device and
+    prepared. The kubelet's health stream says the same; the taint goes on recovery."""
+    from kubernetes import client
+
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    dirs = NodeDirs(short_tmp)
+    config = accelerator_config(dirs, {"acc0": "u250", "acc1": "u280"})
+    resource.create_device_class(
+        {
+            "metadata": {"name": "tainted.example.com"},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }
+    )
+
+    def u250_claim(name: str, tolerations: list[dict[str, Any]]) -> dict[str, Any]:
+        body = claim_body(name, "u250")
+        exactly = body["spec"]["devices"]["requests"][0]["exactly"]
+        exactly["deviceClassName"] = "tainted.example.com"
+        if tolerations:
+            exactly["tolerations"] = tolerations
+        return body
+
+    async def scenario() -> None:
+        async with node_serving(dirs, api, kubeconfig, config, DRIVER) as kubelet:
+            (dirs.dev / "acc0").unlink()
+            tainted = await asyncio.to_thread(
+                watch_until,
+                api,
+                resource.list_resource_slice,
+                our_slice(lambda d: "taints" in d.get("acc0", {})),
+            )
+            [taint] = slice_devices(tainted)["acc0"]["taints"]
+            assert (taint["key"], taint.get("value"), taint["effect"]) == (
+                "devplug.io/unhealthy",
+                "device-node-missing",
+                "NoSchedule",
+            )
+            dra = kubelet.dra
+            assert dra is not None
+            key = (DRIVER, NODE, "acc0")
+            await kubelet.wait_for(
+                lambda: dra.device_health.get(key) == "Unhealthy", what="acc0 unhealthy"
+            )
+            assert dra.device_health_message[key] == "device node missing"
+
+            resource.create_namespaced_resource_claim(namespace, u250_claim("plain", []))
+            core.create_namespaced_pod(namespace, pod_body("pod-plain", "plain"))
+            pending = await asyncio.to_thread(unschedulable, api, "pod-plain", namespace)
+            assert "cannot allocate all claims" in scheduled_message(pending)
+
+            toleration = {"key": "devplug.io/unhealthy", "operator": "Exists"}
+            tolerant = resource.create_namespaced_resource_claim(
+                namespace, u250_claim("tolerant", [toleration])
+            )
+            core.create_namespaced_pod(namespace, pod_body("pod-tolerant", "tolerant"))
+            pod = await admitted(kubelet, "pod-tolerant", namespace)
+            assert pod.containers[0].options.cdi_devices == [
+                f"{DRIVER}/claim={tolerant.metadata.uid}-acc0"
+            ]
+
+            dirs.make_device("acc0")
+            await asyncio.to_thread(
+                watch_until,
+                api,
+                resource.list_resource_slice,
+                our_slice(lambda d: "acc0" in d and "taints" not in d["acc0"]),
+            )
+            await kubelet.wait_for(
+                lambda: dra.device_health.get(key) == "Healthy", what="acc0 healthy again"
+            )
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        resource.delete_device_class("tainted.example.com")

@@ -128,6 +128,7 @@ def _add_dra_reports(
             driver_name,
             spec.dra.attributes if spec.dra else {},
             spec.dra.attribute_names if spec.dra else {},
+            spec.dra.taint_effect if spec.dra else "NoSchedule",
         )
         plugin.publish(plugin.discover())
         entry["draDriver"] = driver.name

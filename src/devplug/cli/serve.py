@@ -240,6 +240,7 @@ def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
             plugin_driver_name(plugin.resource_name, plugin.spec.name, plugin.spec.dra),
             plugin.spec.dra.attributes if plugin.spec.dra else {},
             plugin.spec.dra.attribute_names if plugin.spec.dra else {},
+            plugin.spec.dra.taint_effect if plugin.spec.dra else "NoSchedule",
         )
         for plugin in plugins
         if serves_dra(plugin.spec.mode)

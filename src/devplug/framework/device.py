@@ -91,6 +91,10 @@ class Device:
     # vendor, PCI address, serial, memory... Feeds node labels, per-model pools and
     # DRA slice attributes; never sent to the kubelet.
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
+    # Why an unhealthy device is so, in a few words ('Xid 79', 'node gone'): the value
+    # of its DRA taint and the message of the DRA health stream; never sent to the
+    # kubelet's device-plugin API, which knows no reasons.
+    health_reason: str = ""
 
     def __post_init__(self) -> None:
         if problem := device_id_problem(self.id):
@@ -109,8 +113,9 @@ class Device:
         if any(n < 0 for n in self.numa_nodes):
             raise ValueError(f"device {self.id!r}: NUMA node IDs must be >= 0")
 
-    def with_health(self, healthy: bool) -> Device:
-        if healthy == self.healthy:
+    def with_health(self, healthy: bool, reason: str = "") -> Device:
+        reason = "" if healthy else reason
+        if healthy == self.healthy and reason == self.health_reason:
             return self
         return Device(
             self.id,
@@ -122,6 +127,7 @@ class Device:
             self.annotations,
             self.cdi_devices,
             self.attributes,
+            reason,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -143,6 +149,7 @@ class Device:
             tuple(sorted(self.annotations.items())),
             self.cdi_devices,
             tuple(sorted(self.attributes.items())),
+            self.health_reason,
         )
 
 

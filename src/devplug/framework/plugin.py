@@ -102,12 +102,13 @@ class Plugin:
         self._devices = MappingProxyType(table)
         self._generation.bump()
 
-    def set_health(self, device_id: str, healthy: bool) -> None:
-        """Mark one published device healthy or unhealthy."""
+    def set_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
+        """Mark one published device healthy or unhealthy (and why: `reason`)."""
         device = self._devices[device_id]
-        if device.healthy != healthy:
+        if device.with_health(healthy, reason) is not device:
             self.publish(
-                d.with_health(healthy) if d.id == device_id else d for d in self.devices.values()
+                d.with_health(healthy, reason) if d.id == device_id else d
+                for d in self.devices.values()
             )
 
     async def wait_published(self) -> None:

@@ -145,6 +145,8 @@ class DraManager:
         # (driver, pool, device) -> "Healthy" / "Unhealthy" / "Unknown", from the
         # drivers' health streams (NodeWatchResources), where they offer one.
         self.device_health: dict[tuple[str, str, str], str] = {}
+        # The same devices' health messages (why they are unhealthy), where given.
+        self.device_health_message: dict[tuple[str, str, str], str] = {}
         self._on_event = on_event or (lambda kind, driver, detail: None)
         self._watcher: DirWatcher | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -286,6 +288,7 @@ class DraManager:
                 for item in message.devices:
                     key = (driver.name, item.device.pool_name, item.device.device_name)
                     state = names.get(item.health, "Unknown")
+                    self.device_health_message[key] = item.message
                     if self.device_health.get(key) != state:
                         self.device_health[key] = state
                         self._on_event(DEVICE_HEALTH, driver.name, f"{key[1]}/{key[2]}: {state}")

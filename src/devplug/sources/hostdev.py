@@ -123,11 +123,14 @@ class HostDevicePlugin(Plugin):
         devices: list[Device] = []
         self._health = {}
         for base in self.bases():
-            healthy = (
-                _nodes_exist(base)
-                and (not base.selected or base.id in self._present)
-                and self._checks_ok.get(base.id, self.spec.health is None)
-            )
+            reason = ""
+            if not _nodes_exist(base):
+                reason = "device node missing"
+            elif base.selected and base.id not in self._present:
+                reason = "device gone"
+            elif not self._checks_ok.get(base.id, self.spec.health is None):
+                reason = "health check failed"
+            healthy = not reason
             self._health[base.id] = healthy
             group = base.group
             mounts = tuple(Mount(m.host_path, m.container_path, m.read_only) for m in group.mounts)
@@ -144,6 +147,7 @@ class HostDevicePlugin(Plugin):
                         annotations=group.annotations,
                         cdi_devices=tuple(group.cdi_devices),
                         attributes={**base.attributes, **group.attributes},
+                        health_reason=reason,
                     )
                 )
         return devices

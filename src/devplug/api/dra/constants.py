@@ -20,6 +20,9 @@ SUPPORTED_VERSIONS: Final = (V1, V1BETA1, HEALTH_V1ALPHA1)
 RESOURCE_GROUP: Final = "resource.k8s.io"
 RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE: Final = 128
+# With a device that consumes counters (or has taints), a slice holds at most 64.
+MAX_DEVICES_PER_SLICE_ADVANCED: Final = 64
+MAX_TAINTS_PER_DEVICE: Final = 16
 MAX_ATTRIBUTES_AND_CAPACITIES: Final = 32
 MAX_ATTRIBUTE_NAME_LENGTH: Final = 32
 MAX_STRING_ATTRIBUTE_LENGTH: Final = 64

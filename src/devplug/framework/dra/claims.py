@@ -42,7 +42,12 @@ def allocated_devices(
         raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} is not allocated")
     results = (allocation.get("devices") or {}).get("results") or []
     return [
-        AllocatedDevice(str(r.get("request", "")), str(r["pool"]), str(r["device"]))
+        AllocatedDevice(
+            str(r.get("request", "")),
+            str(r["pool"]),
+            str(r["device"]),
+            tuple(t for t in r.get("tolerations") or () if isinstance(t, Mapping)),
+        )
         for r in results
         if r.get("driver") == driver and r.get("pool") == pool
     ]

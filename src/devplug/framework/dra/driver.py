@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from types import MappingProxyType
 
 from devplug.framework.device import Attribute, ContainerEdits, Device
 from devplug.framework.dra.names import default_driver_name, device_name, driver_name_problem
 from devplug.framework.plugin import Plugin
+
+# The taint of an unhealthy device (a label key; its value the health reason).
+UNHEALTHY_TAINT = "devplug.io/unhealthy"
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 
 # Device attributes that a ResourceSlice carries as capacities (quantities a CEL
 # selector compares, `device.capacity["<driver>"].memory`), not as attributes.
@@ -38,6 +43,8 @@ class AllocatedDevice:
     request: str
     pool: str
     device: str
+    # The request's tolerations at allocation (DeviceToleration objects).
+    tolerations: tuple[Mapping[str, object], ...] = ()
 
 
 class DraDriver(Plugin):
@@ -72,6 +79,12 @@ class DraDriver(Plugin):
     async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None:
         """Undo `prepare` (devices that are gone meanwhile are left out)."""
 
+    def taints(self, device: Device, effect: str) -> list[dict[str, str]] | None:
+        """The device's taints in the slices (resource.k8s.io/v1 DeviceTaint, without
+        timeAdded), or None for the default: an unhealthy device gets
+        `devplug.io/unhealthy` with `effect` and its health reason as the value."""
+        return None
+
 
 @dataclass(slots=True)
 class Driver:
@@ -82,10 +95,19 @@ class Driver:
     name: str
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
     attribute_names: Mapping[str, str] = field(default_factory=dict)
+    # The effect of an unhealthy device's taint: NoSchedule, NoExecute or None.
+    taint_effect: str = "NoSchedule"
+    # Device ID -> when it was first published with its current taints (RFC 3339), so
+    # that a taint keeps its timeAdded from one publish to the next.
+    _tainted_since: dict[str, tuple[str, str]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if problem := driver_name_problem(self.name):
             raise ValueError(problem)
+        if self.taint_effect not in TAINT_EFFECTS:
+            raise ValueError(
+                f"taint effect {self.taint_effect!r}: expected one of {', '.join(TAINT_EFFECTS)}"
+            )
         self.attributes = MappingProxyType(dict(self.attributes))
         self.attribute_names = MappingProxyType(dict(self.attribute_names))
 
@@ -113,6 +135,25 @@ class Driver:
                 attributes[name] = value
         return attributes, capacity
 
+    def taints(self, device: Device) -> list[dict[str, str]]:
+        """The device's taints as a ResourceSlice carries them, timeAdded included."""
+        custom = (
+            self.plugin.taints(device, self.taint_effect)
+            if isinstance(self.plugin, DraDriver)
+            else None
+        )
+        if custom is None:
+            custom = [] if device.healthy else [unhealthy_taint(device, self.taint_effect)]
+        if not custom:
+            self._tainted_since.pop(device.id, None)
+            return []
+        key = repr(custom)
+        since = self._tainted_since.get(device.id)
+        if since is None or since[0] != key:
+            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            since = self._tainted_since[device.id] = (key, stamp)
+        return [{**taint, "timeAdded": since[1]} for taint in custom]
+
     async def prepare(self, claim: ClaimRef, devices: Sequence[Device]) -> ContainerEdits:
         if isinstance(self.plugin, DraDriver):
             return await self.plugin.prepare(claim, devices)
@@ -121,3 +162,30 @@ class Driver:
     async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None:
         if isinstance(self.plugin, DraDriver):
             await self.plugin.unprepare(claim, devices)
+
+
+def unhealthy_taint(device: Device, effect: str) -> dict[str, str]:
+    """devplug.io/unhealthy with `effect`, valued with the health reason if any."""
+    from devplug.outputs.nfd import label_value
+
+    taint = {"key": UNHEALTHY_TAINT, "effect": effect}
+    if value := label_value(device.health_reason):
+        taint["value"] = value
+    return taint
+
+
+def tolerates(tolerations: Sequence[Mapping[str, object]], taint: Mapping[str, str]) -> bool:
+    """Whether one of `tolerations` (resource.k8s.io/v1 DeviceToleration) tolerates
+    `taint`, by the API's rules: an empty effect matches every effect; Exists with an
+    empty key matches every key; Equal (the default) needs key and value to match."""
+    for toleration in tolerations:
+        effect = toleration.get("effect") or ""
+        if effect and effect != taint.get("effect"):
+            continue
+        key = toleration.get("key") or ""
+        if (toleration.get("operator") or "Equal") == "Exists":
+            if not key or key == taint.get("key"):
+                return True
+        elif key == taint.get("key") and (toleration.get("value") or "") == taint.get("value", ""):
+            return True
+    return False

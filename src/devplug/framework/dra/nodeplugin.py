@@ -132,6 +132,7 @@ class HealthServicer:
                     ),
                     health=health.HEALTHY if d.healthy else health.UNHEALTHY,
                     last_updated_time=now,
+                    message="" if d.healthy else d.health_reason or "unhealthy",
                 )
                 for d in self.preparer.driver.plugin.devices.values()
             ]

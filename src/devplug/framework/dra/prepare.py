@@ -19,7 +19,7 @@ import msgspec
 
 from devplug.framework.device import ContainerEdits, Device
 from devplug.framework.dra.claims import ClaimError, ClaimSource, allocated_devices
-from devplug.framework.dra.driver import ClaimRef, Driver
+from devplug.framework.dra.driver import AllocatedDevice, ClaimRef, Driver, tolerates
 from devplug.outputs import cdi
 from devplug.outputs.files import remove_quietly, write_atomic
 
@@ -102,8 +102,12 @@ class Preparer:
                 device = by_name.get(result.device)
                 if device is None:
                     raise ClaimError(f"device {result.device} is not published by this node")
-                if not device.healthy:
-                    raise ClaimError(f"device {result.device} is unhealthy")
+                if not device.healthy and not self._tolerated(device, result):
+                    why = f" ({device.health_reason})" if device.health_reason else ""
+                    raise ClaimError(
+                        f"device {result.device} is unhealthy{why} and the claim does not "
+                        "tolerate its taint"
+                    )
                 chosen[result.device] = device
                 requests.setdefault(result.device, []).append(result.request)
             try:
@@ -123,6 +127,15 @@ class Preparer:
                 ", ".join(chosen) or "no devices",
             )
             return devices
+
+    def _tolerated(self, device: Device, result: AllocatedDevice) -> bool:
+        """Whether the allocation tolerates every taint of `device` that has an effect
+        (a claim that tolerates it may use an unhealthy device, e.g. to diagnose it)."""
+        return all(
+            tolerates(result.tolerations, taint)
+            for taint in self.driver.taints(device)
+            if taint.get("effect") != "None"
+        )
 
     def _write_spec(
         self,

@@ -2,8 +2,9 @@
 sees them, attributes typed, capacities as quantities.
 
 Pure functions over the published devices, so `devplug check` shows exactly what the
-daemon publishes. Unhealthy devices are left out: the scheduler must not allocate
-them, and a device that recovers comes back with the next publish.
+daemon publishes. An unhealthy device stays in the slice with a taint
+(`devplug.io/unhealthy`): the scheduler allocates it only to claims that tolerate the
+taint, and the taint goes when the device recovers.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 from devplug.api.dra.constants import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_ADVANCED,
     MAX_STRING_ATTRIBUTE_LENGTH,
+    MAX_TAINTS_PER_DEVICE,
     RESOURCE_API_VERSION,
 )
 from devplug.framework.device import Attribute, Device
@@ -75,7 +78,21 @@ def slice_device(driver: Driver, device: Device) -> dict[str, Any]:
         body["attributes"] = typed
     if quantities:
         body["capacity"] = quantities
+    if taints := driver.taints(device):
+        if len(taints) > MAX_TAINTS_PER_DEVICE:
+            _report(
+                f"{driver.name}: device {device.id}: more than {MAX_TAINTS_PER_DEVICE} taints: "
+                "the last ones are not published"
+            )
+        body["taints"] = taints[:MAX_TAINTS_PER_DEVICE]
     return body
+
+
+def devices_per_slice(devices: list[dict[str, Any]]) -> int:
+    """How many of `devices` a slice may hold: 64 when one of them has taints or
+    consumes counters, 128 otherwise (the API's limits)."""
+    advanced = any("taints" in d or "consumesCounters" in d for d in devices)
+    return MAX_DEVICES_PER_SLICE_ADVANCED if advanced else MAX_DEVICES_PER_SLICE
 
 
 def slice_name(node: str, driver: str, index: int) -> str:
@@ -85,13 +102,12 @@ def slice_name(node: str, driver: str, index: int) -> str:
 def slice_bodies(
     driver: Driver, node: str, generation: int, owner: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
-    """The ResourceSlices of the node's pool: healthy devices, at most 128 per slice,
-    one slice (maybe empty) at least, all with pool `generation`."""
-    devices = [slice_device(driver, d) for d in driver.plugin.devices.values() if d.healthy]
-    chunks = [
-        devices[i : i + MAX_DEVICES_PER_SLICE]
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
+    """The ResourceSlices of the node's pool: every device (an unhealthy one tainted),
+    at most 128 per slice (64 with taints), one slice (maybe empty) at least, all with
+    pool `generation`."""
+    devices = [slice_device(driver, d) for d in driver.plugin.devices.values()]
+    per_slice = devices_per_slice(devices)
+    chunks = [devices[i : i + per_slice] for i in range(0, len(devices), per_slice)] or [[]]
     bodies = []
     for index, chunk in enumerate(chunks):
         metadata: dict[str, Any] = {
