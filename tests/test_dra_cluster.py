@@ -34,6 +34,7 @@ from tests.dra_helpers import (
     kubelet_process,
     serve_command,
 )
+from tests.serve_helpers import wait_for_log
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 30
@@ -69,6 +70,57 @@ def node(api: Any) -> str:
     core.patch_node_status(NODE, {"status": {"capacity": capacity, "allocatable": capacity}})
     core.patch_node(NODE, {"spec": {"taints": None}})
     return NODE
+
+
+@pytest.fixture(scope="session")
+def deploy_rbac(api: Any) -> None:
+    """deploy/dra's RBAC for the service account devplug-system/devplug, its driver role
+    made for the drivers of these tests as `devplug check -o yaml` makes it."""
+    import yaml
+    from kubernetes import client, utils
+
+    from devplug.framework.dra.classes import driver_status_role
+
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": "devplug-system"}})
+    core.create_namespaced_service_account("devplug-system", {"metadata": {"name": "devplug"}})
+    rbac = ROOT / "deploy" / "dra" / "component" / "rbac.yaml"
+    objects = list(yaml.safe_load_all(rbac.read_text()))
+    objects.append(driver_status_role([DRIVER, "gpu.devplug.io"]))
+    utils.create_from_yaml(api, yaml_objects=objects)
+
+
+@pytest.fixture(scope="session")
+def sa_kubeconfig(
+    kubeconfig: str, api: Any, node: str, deploy_rbac: None, tmp_path_factory: Any
+) -> str:
+    """A kubeconfig of the service account with the token its pod on NODE would get
+    (bound to the pod, hence to the node): the daemon then has exactly the deploy
+    RBAC, and the API server's node checks apply to it."""
+    import yaml
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    pod = core.create_namespaced_pod(
+        "devplug-system",
+        {
+            "metadata": {"name": "devplug-node-a"},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": "devplug",
+                "containers": [{"name": "devplug", "image": "devplug/devplug"}],
+            },
+        },
+    )
+    bound = {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}
+    token = core.create_namespaced_service_account_token(
+        "devplug", "devplug-system", {"spec": {"audiences": [], "boundObjectRef": bound}}
+    ).status.token
+    config = yaml.safe_load(Path(kubeconfig).read_text())
+    config["users"][0]["user"] = {"token": token}
+    path = tmp_path_factory.mktemp("sa") / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
 
 
 def slice_devices(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -202,8 +254,11 @@ def scheduled_message(pod: dict[str, Any]) -> str:
 
 
 def test_scheduler_allocates_and_the_node_plugin_prepares(
-    kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
+    sa_kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
 ) -> None:
+    """The whole path with the daemon holding exactly deploy/dra's RBAC and the token of
+    its pod on the node: slices published, a claim allocated by the scheduler,
+    prepared, its device status written (Ready), unprepared and its status cleared."""
     from kubernetes import client
 
     core = client.CoreV1Api(api)
@@ -220,7 +275,7 @@ def test_scheduler_allocates_and_the_node_plugin_prepares(
     config.write_text(text)
 
     async def scenario() -> None:
-        async with node_serving(dirs, api, kubeconfig, config, DRIVER) as kubelet:
+        async with node_serving(dirs, api, sa_kubeconfig, config, DRIVER) as kubelet:
             await kubelet.wait_for_resource(RESOURCE, count=2, timeout=WAIT_S)
             published = await asyncio.to_thread(
                 watch_until,
@@ -262,7 +317,28 @@ def test_scheduler_allocates_and_the_node_plugin_prepares(
             spec_file = dirs.cdi / f"{DRIVER}-{claim.metadata.uid}.json"
             assert spec_file.exists()
 
-            # The pod deleted from the API server: the node unprepares its claim.
+            # The device's status in the claim, written with the node-bound token.
+            def claim_named(name: str, test: Callable[[dict[str, Any]], bool]) -> Any:
+                return lambda o: o["metadata"]["name"] == name and test(o)
+
+            ready = await asyncio.to_thread(
+                watch_until,
+                api,
+                resource.list_namespaced_resource_claim,
+                claim_named("claim-u280", lambda o: bool(o["status"].get("devices"))),
+                namespace=namespace,
+            )
+            [status] = ready["status"]["devices"]
+            assert (status["driver"], status["pool"], status["device"]) == (DRIVER, NODE, "acc1")
+            [condition] = status["conditions"]
+            assert (condition["type"], condition["status"]) == ("Ready", "True")
+            assert status["data"]["deviceID"] == "acc1"
+            assert status["data"]["deviceNodes"] == [str(dirs.dev / "acc1")]
+            assert status["data"]["cdiDeviceIDs"] == [cdi]
+            assert status["data"]["attributes"]["model"] == "u280"
+
+            # The pod deleted from the API server: the node unprepares its claim, and
+            # its device status goes.
             core.delete_namespaced_pod("pod-u280", namespace, grace_period_seconds=0)
             await kubelet.wait_for(
                 lambda: kubelet.pod("pod-u280", namespace) is None,
@@ -270,6 +346,13 @@ def test_scheduler_allocates_and_the_node_plugin_prepares(
                 what="pod-u280 deleted",
             )
             assert not spec_file.exists()
+            await asyncio.to_thread(
+                watch_until,
+                api,
+                resource.list_namespaced_resource_claim,
+                claim_named("claim-u280", lambda o: not o["status"].get("devices")),
+                namespace=namespace,
+            )
 
             # A claim no device meets: Pending, with the scheduler's reason.
             resource.create_namespaced_resource_claim(namespace, claim_body("claim-u999", "u999"))
@@ -386,40 +469,48 @@ def test_cel_capacity_selector_picks_the_gpu_with_enough_memory(
         resource.delete_device_class(big["metadata"]["name"])
 
 
-def test_deploy_rbac_and_device_classes_on_the_api_server(api: Any) -> None:
+def test_deploy_rbac_and_device_classes_on_the_api_server(api: Any, deploy_rbac: None) -> None:
     """The component's RBAC grants the service account what the driver does and no
-    more; its DeviceClasses (CEL included) are accepted by the API server."""
+    more (claim status only for its own drivers); the shipped DeviceClasses and driver
+    role (CEL, extendedResourceName) are accepted by the API server."""
     import yaml
     from kubernetes import client, utils
 
-    component = ROOT / "deploy" / "dra" / "component"
-    for path, dry_run in (
-        (component / "rbac.yaml", None),
-        (component / "deviceclasses.yaml", "All"),
-        (component.parent / "deviceclasses.yaml", "All"),  # extendedResourceName too
-    ):
+    dra = ROOT / "deploy" / "dra"
+    for path in (dra / "component" / "deviceclasses.yaml", dra / "drivers.yaml"):
         objects = list(yaml.safe_load_all(path.read_text()))
-        utils.create_from_yaml(api, yaml_objects=objects, dry_run=dry_run)
+        for obj in objects:  # the fixture made the test drivers' role of that name
+            if obj["kind"] == "ClusterRole":
+                obj["metadata"]["name"] += "-shipped"
+        utils.create_from_yaml(api, yaml_objects=objects, dry_run="All")
     authz = client.AuthorizationV1Api(api)
     user = "system:serviceaccount:devplug-system:devplug"
 
-    def allowed(group: str, resource: str, verb: str) -> bool:
+    def allowed(group: str, resource: str, verb: str, name: str = "") -> bool:
+        resource, _, subresource = resource.partition("/")
+        attributes = {"group": group, "resource": resource, "verb": verb}
+        if subresource:
+            attributes["subresource"] = subresource
+        if name:
+            attributes["name"] = name
         review = authz.create_subject_access_review(
             {
                 "apiVersion": "authorization.k8s.io/v1",
                 "kind": "SubjectAccessReview",
-                "spec": {
-                    "user": user,
-                    "resourceAttributes": {"group": group, "resource": resource, "verb": verb},
-                },
+                "spec": {"user": user, "resourceAttributes": attributes},
             }
         )
         return bool(review.status.allowed)
 
-    for verb in ("list", "create", "update", "delete"):
+    for verb in ("list", "watch", "create", "update", "delete"):
         assert allowed("resource.k8s.io", "resourceslices", verb), verb
     assert allowed("resource.k8s.io", "resourceclaims", "get")
+    assert allowed("resource.k8s.io", "resourceclaims/status", "patch")
+    assert allowed("resource.k8s.io", "resourceclaims/driver", "associated-node:patch", DRIVER)
     assert allowed("", "nodes", "get")
+    assert not allowed("resource.k8s.io", "resourceclaims/driver", "associated-node:patch", "x.io")
+    assert not allowed("resource.k8s.io", "resourceclaims/driver", "arbitrary-node:patch", DRIVER)
+    assert not allowed("resource.k8s.io", "resourceclaims/status", "update")
     assert not allowed("resource.k8s.io", "resourceclaims", "update")
     assert not allowed("", "pods", "list")
     assert not allowed("", "secrets", "get")
@@ -681,3 +772,113 @@ def test_an_unhealthy_device_is_tainted_and_given_only_to_claims_that_tolerate_i
         asyncio.run(scenario())
     finally:
         resource.delete_device_class("tainted.example.com")
+
+
+def test_two_instances_of_a_rolling_update_serve_side_by_side(
+    kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
+) -> None:
+    """A rolling update with surge on one node: a second devplug (another pod UID)
+    starts while the first has a claim prepared. The kubelet registers the second and
+    calls it: it unprepares the first one's claim (one checkpoint, under a file lock)
+    and prepares a new claim; the first leaves the slices to the newer instance and
+    stops. The slice is never deleted meanwhile."""
+    import threading
+
+    from kubernetes import client, watch
+
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    dirs = NodeDirs(short_tmp)
+    config = accelerator_config(dirs, {"acc0": "u250", "acc1": "u280"})
+    resource.create_device_class(
+        {
+            "metadata": {"name": "surge.example.com"},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
+        }
+    )
+    deleted: list[str] = []
+    watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+
+    def record_deletions() -> None:
+        from urllib3.exceptions import HTTPError
+
+        selector = f"spec.nodeName={NODE},spec.driver={DRIVER}"
+        with contextlib.suppress(HTTPError, OSError):  # the watch ends with the test
+            for event in watcher.stream(resource.list_resource_slice, field_selector=selector):
+                if event["type"] == "DELETED":
+                    deleted.append(event["object"].metadata.name)
+
+    def claim(name: str, model: str) -> dict[str, Any]:
+        body = claim_body(name, model)
+        body["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "surge.example.com"
+        return body
+
+    async def scenario() -> None:
+        async with Kubelet(
+            dirs.plugin_dir,
+            dirs.state_dir,
+            control_socket=False,
+            dra_registry_dir=dirs.registry,
+            claims=ApiClaims(api),
+        ) as kubelet:
+            follower = asyncio.create_task(ApiPodFollower(kubelet, api, NODE).run())
+            command = serve_command(dirs, config, kubeconfig=kubeconfig)
+            old = Daemon(command, dirs.root / "old.log", {"POD_UID": "0001-old"})
+            try:
+                await kubelet.wait_for_registration(DRIVER, timeout=WAIT_S)
+                await asyncio.to_thread(
+                    watch_until, api, resource.list_resource_slice, our_slice(lambda d: len(d) == 2)
+                )
+                threading.Thread(target=record_deletions, daemon=True).start()
+                first = resource.create_namespaced_resource_claim(namespace, claim("first", "u250"))
+                core.create_namespaced_pod(namespace, pod_body("pod-first", "first"))
+                await admitted(kubelet, "pod-first", namespace)
+                first_spec = dirs.cdi / f"{DRIVER}-{first.metadata.uid}.json"
+                assert first_spec.exists()
+
+                seen = kubelet.registrations(DRIVER)
+                new = Daemon(command, dirs.root / "new.log", {"POD_UID": "0002-new"})
+                try:
+                    await kubelet.wait_for_registration(DRIVER, after=seen, timeout=WAIT_S)
+                    assert (dirs.registry / f"{DRIVER}-0001-old-reg.sock").exists()
+                    assert (dirs.registry / f"{DRIVER}-0002-new-reg.sock").exists()
+                    await asyncio.to_thread(
+                        wait_for_log,
+                        dirs.root / "old.log",
+                        "is published by a newer devplug instance; leaving it",
+                    )
+                    # The new instance unprepares what the old one prepared.
+                    core.delete_namespaced_pod("pod-first", namespace, grace_period_seconds=0)
+                    await kubelet.wait_for(
+                        lambda: kubelet.pod("pod-first", namespace) is None,
+                        timeout=WAIT_S,
+                        what="pod-first gone",
+                    )
+                    assert not first_spec.exists()
+                    assert "unprepared claim" in (dirs.root / "new.log").read_text()
+                    second = resource.create_namespaced_resource_claim(
+                        namespace, claim("second", "u280")
+                    )
+                    core.create_namespaced_pod(namespace, pod_body("pod-second", "second"))
+                    await admitted(kubelet, "pod-second", namespace)
+                    assert (dirs.cdi / f"{DRIVER}-{second.metadata.uid}.json").exists()
+                    assert old.stop() == 0
+                    assert not (dirs.registry / f"{DRIVER}-0001-old-reg.sock").exists()
+                    assert (dirs.registry / f"{DRIVER}-0002-new-reg.sock").exists()
+                    checkpoint = json.loads(
+                        (dirs.plugins / DRIVER / "prepared-claims.json").read_text()
+                    )
+                    assert set(checkpoint["claims"]) == {second.metadata.uid}
+                finally:
+                    new.stop()
+            finally:
+                old.stop()
+                follower.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                    await follower
+        assert deleted == []
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        watcher.stop()
+        resource.delete_device_class("surge.example.com")

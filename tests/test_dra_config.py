@@ -168,12 +168,15 @@ def test_check_prints_the_device_classes_a_config_implies(short_tmp: Path) -> No
     for flag in ("-o", "--output"):
         result = devplug("check", "--config", config, flag, "yaml")
         assert result.returncode == 0, result.stderr
-        classes = list(yaml.safe_load_all(result.stdout))
+        *classes, role = list(yaml.safe_load_all(result.stdout))
         assert [c["metadata"]["name"] for c in classes] == [
             "a.example.com",
             "b.example.org",
             "c.example.com",
         ]
+        assert role["kind"] == "ClusterRole"
+        [rule] = role["rules"]
+        assert rule["resourceNames"] == ["a.example.com", "b.example.org", "c.example.com"]
         a, b, c = classes
         assert a == {
             "apiVersion": "resource.k8s.io/v1",

@@ -64,17 +64,20 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def check_rendered(objects: list[dict[str, Any]]) -> None:
-    [role] = by_kind(objects, "ClusterRole")
+    [role] = [r for r in by_kind(objects, "ClusterRole") if r["metadata"]["name"] == "devplug-dra"]
     rules = {(r["apiGroups"][0], r["resources"][0]): set(r["verbs"]) for r in role["rules"]}
     assert rules == {
-        ("resource.k8s.io", "resourceslices"): {"list", "create", "update", "delete"},
+        ("resource.k8s.io", "resourceslices"): {"list", "watch", "create", "update", "delete"},
         ("resource.k8s.io", "resourceclaims"): {"get"},
+        ("resource.k8s.io", "resourceclaims/status"): {"patch"},
         ("", "nodes"): {"get"},
     }
-    [binding] = by_kind(objects, "ClusterRoleBinding")
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "devplug", "namespace": "devplug-system"}
-    ]
+    bindings = {b["roleRef"]["name"]: b for b in by_kind(objects, "ClusterRoleBinding")}
+    assert set(bindings) == {"devplug-dra", "devplug-dra-drivers"}
+    for binding in bindings.values():
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "devplug", "namespace": "devplug-system"}
+        ]
     [daemonset] = [d for d in by_kind(objects, "DaemonSet") if d["metadata"]["name"] == "devplug"]
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is True
@@ -110,7 +113,7 @@ def test_overlay_renders_with_the_base() -> None:
 
 
 def test_shipped_device_classes_are_those_of_the_shipped_config() -> None:
-    """deploy/dra/deviceclasses.yaml is what `devplug check -o yaml` prints for
+    """deploy/dra/drivers.yaml is what `devplug check -o yaml` prints for
     deploy/dra/config.yaml, so the two cannot drift apart."""
     result = subprocess.run(
         [
@@ -129,15 +132,18 @@ def test_shipped_device_classes_are_those_of_the_shipped_config() -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    shipped = list(yaml.safe_load_all((DRA / "deviceclasses.yaml").read_text()))
+    shipped = list(yaml.safe_load_all((DRA / "drivers.yaml").read_text()))
     assert shipped == list(yaml.safe_load_all(result.stdout))
-    assert [c["metadata"]["name"] for c in shipped] == [
-        "fpga.devplug.io",
-        "null.devplug.io",
-        "fake.devplug.io",
+    assert [(c["kind"], c["metadata"]["name"]) for c in shipped] == [
+        ("DeviceClass", "fpga.devplug.io"),
+        ("DeviceClass", "null.devplug.io"),
+        ("DeviceClass", "fake.devplug.io"),
+        ("ClusterRole", "devplug-dra-drivers"),
     ]
+    [rule] = shipped[-1]["rules"]
+    assert rule["resourceNames"] == ["fake.devplug.io", "fpga.devplug.io", "null.devplug.io"]
 
 
 def test_example_config_is_valid() -> None:
     config = load_config(DRA / "config.yaml")
-    assert {r.mode for r in config.resources} == {"dra", "both"}
+    assert {r.mode for r in config.resources} == {"dra"}

@@ -219,6 +219,25 @@ def test_metrics_port_in_use_stops_the_daemon_with_the_reason(short_tmp: Path) -
     assert "Address already in use" in done.stderr
 
 
+def test_with_a_pod_uid_the_metrics_server_waits_for_its_port(short_tmp: Path) -> None:
+    """The second pod of a rolling update with surge, on the node's network: the old
+    pod holds the port; the new one serves once it is free."""
+    with KubeletHarness() as kubelet:
+        taken = __import__("socket").socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        serve = kubelet.start_serve(
+            "resources: [{name: example.com/fake, virtual: 1}]\n",
+            *("--metrics-address", "127.0.0.1", "--metrics-port", str(port)),
+            env={"POD_UID": "0f4c-new"},
+        )
+        wait_for_output(serve, f"metrics port {port} is in use")
+        taken.close()
+        wait_for_output(serve, SERVING)
+        assert http_get(port, "/healthz") == (200, "ok\n")
+
+
 def test_events_without_consequence_log_nothing(nodes: Path) -> None:
     """Folder events that change nothing (a foreign file in the plugin folder, a name
     no glob matches) log no line; the next line is the next real event."""

@@ -20,8 +20,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--output",
         choices=["text", "json", "yaml"],
         default="text",
-        help="text: the report; json: the report as JSON; yaml: the DeviceClasses the "
-        "config implies, to apply with kubectl (default: text)",
+        help="text: the report; json: the report as JSON; yaml: the DeviceClasses and "
+        "the claim-status ClusterRole the config's drivers need, to apply with kubectl "
+        "(default: text)",
     )
     from devplug.cli.serve import add_root_options
 
@@ -54,9 +55,14 @@ def run(args: argparse.Namespace) -> int:
     elif args.output == "yaml":
         import yaml
 
+        from devplug.framework.dra.classes import driver_status_role
+
         classes = [r["deviceClass"] for r in report if "deviceClass" in r]
-        print(f"# The DeviceClasses of the DRA drivers of {args.config} (devplug check -o yaml)")
-        sys.stdout.write(yaml.safe_dump_all(classes, sort_keys=False) if classes else "")
+        objects = classes + (
+            [driver_status_role([c["metadata"]["name"] for c in classes])] if classes else []
+        )
+        print(f"# The cluster objects of the DRA drivers of {args.config} (devplug check -o yaml)")
+        sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False) if objects else "")
     else:
         _print_text(args.config, report)
     return EXIT_OK

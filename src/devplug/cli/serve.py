@@ -103,6 +103,12 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
         help=f"where the CDI specs of prepared claims go (default: {dra.CDI_PATH})",
     )
     group.add_argument(
+        "--pod-uid",
+        metavar="UID",
+        help="this pod's UID (default: $POD_UID): two devplug pods then serve one node "
+        "side by side during a rolling update",
+    )
+    group.add_argument(
         "--claims-dir",
         metavar="DIR",
         help="read claims from YAML files in DIR instead of the API server; publish no slices",
@@ -217,10 +223,19 @@ def reload_and_metrics(
 
         services.append(ConfigReloader(args.config, config, build))
     if args.metrics_port is not None:
+        import os
+
         from devplug.framework.metrics import MetricsServer
 
+        # With a pod UID (a rolling update with surge), the old pod may hold the port.
+        surge = bool(getattr(args, "pod_uid", None) or os.environ.get("POD_UID"))
         services.append(
-            MetricsServer(args.metrics_port, args.metrics_address, args.metrics_pod_resources)
+            MetricsServer(
+                args.metrics_port,
+                args.metrics_address,
+                args.metrics_pod_resources,
+                wait_for_port=surge,
+            )
         )
     return services
 
@@ -228,6 +243,7 @@ def reload_and_metrics(
 def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
     """The DRA service of the resources with mode dra or both (its Kubernetes client
     lets in the ssl module `devplug serve` leaves out)."""
+    import os
     from pathlib import Path
 
     from devplug.framework.dra.driver import Driver
@@ -252,6 +268,7 @@ def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
         cdi_dir=Path(args.cdi_dir),
         kubeconfig=args.kubeconfig,
         claims_dir=Path(args.claims_dir) if args.claims_dir else None,
+        pod_uid=args.pod_uid or os.environ.get("POD_UID", ""),
     )
     return DraService(drivers, settings)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("devplug.metrics")
 
+BIND_RETRY_FIRST_S = 0.1
+BIND_RETRY_MAX_S = 2.0
 LOOP_ANSWER_S = 2.0  # /healthz fails when the loop cannot answer within this
 POD_RESOURCES_TIMEOUT_S = 1.0
 ALLOCATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
@@ -52,9 +55,17 @@ class MetricsServer:
     """
 
     def __init__(
-        self, port: int, address: str = "", pod_resources: Path | str | None = None
+        self,
+        port: int,
+        address: str = "",
+        pod_resources: Path | str | None = None,
+        *,
+        wait_for_port: bool = False,
     ) -> None:
         self.port = port
+        # Wait while the port is taken instead of failing: the previous pod of a
+        # rolling update with surge holds it on the node's network.
+        self.wait_for_port = wait_for_port
         self.address = address
         self.pod_resources = Path(pod_resources) if pod_resources else None
         self.bound_port: int | None = None
@@ -103,9 +114,7 @@ class MetricsServer:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: try /metrics, /healthz or /readyz\n"]
 
-        server = make_server(
-            self.address, self.port, app, server_class=_Server, handler_class=_QuietHandler
-        )
+        server = await self._bind(app)
         self.bound_port = server.server_port
         thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
         observe.add_observer(counters.observe)
@@ -123,6 +132,30 @@ class MetricsServer:
             observe.remove_observer(counters.observe)
             await asyncio.to_thread(server.shutdown)
             server.server_close()
+
+    async def _bind(self, app: Any) -> _Server:
+        """The server on its port; while another process holds the port (the previous
+        pod of a rolling update with surge, on the node's network), wait for it."""
+        delay = BIND_RETRY_FIRST_S
+        said = False
+        while True:
+            try:
+                server: _Server = make_server(
+                    self.address, self.port, app, server_class=_Server, handler_class=_QuietHandler
+                )
+                return server
+            except OSError as error:
+                if error.errno != errno.EADDRINUSE or not self.wait_for_port:
+                    raise
+                if not said:
+                    log.warning(
+                        "metrics port %d is in use (the previous devplug pod of a rolling "
+                        "update?): waiting for it",
+                        self.port,
+                    )
+                    said = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BIND_RETRY_MAX_S)
 
 
 def _not_ready(daemon: Daemon) -> list[str]:

@@ -134,23 +134,39 @@ def watch_until(
     current objects first), and starts again when the cache answers that it is
     behind, which an etcd without progress notifications makes it say.
     """
+    import json
     import time
 
-    from kubernetes import watch
     from kubernetes.client.exceptions import ApiException
+    from kubernetes.watch.watch import iter_resp_lines
 
     deadline = time.monotonic() + timeout
     while (left := int(deadline - time.monotonic())) > 0:
-        watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+        # Raw events: the client's own watch wants a model for every kind, and has
+        # none for some (ResourceClaim).
+        response = list_call(
+            watch=True,
+            timeout_seconds=left,
+            resource_version="0",
+            _preload_content=False,
+            **kwargs,
+        )
         try:
-            for event in watcher.stream(
-                list_call, timeout_seconds=left, resource_version="0", **kwargs
-            ):
-                obj: dict[str, Any] = api.sanitize_for_serialization(event["object"])
-                if event["type"] != "DELETED" and predicate(obj):
-                    watcher.stop()
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
+                if not line:
+                    continue
+                event = json.loads(line)
+                obj: dict[str, Any] = event.get("object") or {}
+                if event.get("type") == "ERROR":
+                    if obj.get("code") in (410, 504):
+                        break
+                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                if event.get("type") in ("ADDED", "MODIFIED") and predicate(obj):
                     return obj
         except ApiException as error:
             if error.status not in (410, 504):
                 raise
+        finally:
+            response.close()
+            response.release_conn()
     raise TimeoutError(f"no object matched within {timeout:g} s")

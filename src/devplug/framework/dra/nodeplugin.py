@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,9 +30,10 @@ from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.dra.claims import ClaimError
+from devplug.framework.dra.claimstatus import ClaimStatusWriter, device_data, status_entry
 from devplug.framework.dra.driver import ClaimRef
 from devplug.framework.dra.names import device_name
-from devplug.framework.dra.prepare import Preparer
+from devplug.framework.dra.prepare import PreparedDevice, Preparer
 from devplug.framework.unixserver import UnixServer
 
 log = logging.getLogger("devplug.dra.nodeplugin")
@@ -45,9 +46,29 @@ def _claim_ref(claim: Any) -> ClaimRef:
 class DraServicer:
     """NodePrepareResources / NodeUnprepareResources for one version's messages."""
 
-    def __init__(self, preparer: Preparer, pb: ModuleType) -> None:
+    def __init__(
+        self, preparer: Preparer, pb: ModuleType, status: ClaimStatusWriter | None = None
+    ) -> None:
         self.preparer = preparer
         self.pb = pb
+        self.status = status
+
+    def _write_status(self, claim: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
+        """The claim's device status: Ready, with what each device is."""
+        if self.status is None:
+            return
+        by_name = self.preparer.driver.devices_by_name()
+        entries = [
+            status_entry(
+                self.preparer.driver.name,
+                d.pool,
+                d.device,
+                device_data(by_name[d.device], d.cdi_ids),
+            )
+            for d in devices
+            if d.device in by_name
+        ]
+        self.status.ready(claim, entries)
 
     @staticmethod
     async def _check(claims: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
@@ -84,6 +105,7 @@ class DraServicer:
                 )
                 entry.error = f"cannot prepare: {error}"
                 continue
+            self._write_status(_claim_ref(claim), devices)
             entry.devices.extend(
                 self.pb.Device(
                     request_names=d.requests,
@@ -106,11 +128,15 @@ class DraServicer:
                 await self.preparer.unprepare(_claim_ref(claim))
             except ClaimError as error:
                 entry.error = str(error)
+                continue
             except OSError as error:
                 log.exception(
                     "%s: claim %s/%s", self.preparer.driver.name, claim.namespace, claim.name
                 )
                 entry.error = f"cannot unprepare: {error}"
+                continue
+            if self.status is not None:
+                self.status.clear(_claim_ref(claim))
         return response
 
 
@@ -203,11 +229,18 @@ class NodePlugin:
         preparer: Preparer,
         registry_dir: Path | str = dra.PLUGINS_REGISTRY_PATH,
         plugins_dir: Path | str = dra.PLUGINS_PATH,
+        *,
+        status: ClaimStatusWriter | None = None,
+        pod_uid: str = "",
     ) -> None:
         self.preparer = preparer
+        self.status = status
         name = preparer.driver.name
-        self.registration_socket = Path(registry_dir) / f"{name}-reg.sock"
-        self.dra_socket = Path(plugins_dir) / name / dra.DRA_SOCKET
+        # With the pod's UID in both socket names, two devplug pods of a rolling update
+        # serve side by side: the kubelet registers both and calls the newer.
+        uid = f"-{pod_uid}" if pod_uid else ""
+        self.registration_socket = Path(registry_dir) / f"{name}{uid}-reg.sock"
+        self.dra_socket = Path(plugins_dir) / name / f"dra{uid}.sock"
         self.registration = RegistrationServicer(name, self.dra_socket)
         self._closing = asyncio.Event()
         self._dra = UnixServer(self.dra_socket, self._add_dra_services)
@@ -218,7 +251,9 @@ class NodePlugin:
 
     def _add_dra_services(self, server: grpc.aio.Server) -> None:
         for pb, pb_grpc in ((v1, v1_grpc), (v1beta1, v1beta1_grpc)):
-            pb_grpc.add_DRAPluginServicer_to_server(DraServicer(self.preparer, pb), server)
+            pb_grpc.add_DRAPluginServicer_to_server(
+                DraServicer(self.preparer, pb, self.status), server
+            )
         health_grpc.add_DRAResourceHealthServicer_to_server(
             HealthServicer(self.preparer, self._closing),  # type: ignore[arg-type]
             server,

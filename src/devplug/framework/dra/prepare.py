@@ -10,9 +10,12 @@ succeeds, as the kubelet expects after a restart in between.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import msgspec
@@ -26,6 +29,7 @@ from devplug.outputs.files import remove_quietly, write_atomic
 log = logging.getLogger("devplug.dra.prepare")
 
 CHECKPOINT_FILE = "prepared-claims.json"
+LOCK_FILE = "serialize.lock"  # held by the instance preparing or unpreparing
 CDI_CLASS = "claim"
 _ENV_UNSAFE = re.compile(r"[^A-Za-z0-9]")
 
@@ -66,9 +70,42 @@ class Preparer:
         self.checkpoint_path = Path(state_dir) / CHECKPOINT_FILE
         self.cdi_kind = f"{driver.name}/{CDI_CLASS}"
         self._lock = asyncio.Lock()
+        self.lock_path = Path(state_dir) / LOCK_FILE
+        self._lock_fd: int | None = None
+        self._seen: tuple[int, int, int] | None = None  # the checkpoint file we know
         self.prepared: dict[str, PreparedClaim] = self._load()
 
+    @contextlib.asynccontextmanager
+    async def _serialized(self) -> AsyncIterator[None]:
+        """One prepare or unprepare at a time, across every devplug instance of the node
+        (a rolling update runs two, and the kubelet may call either): an asyncio lock
+        within the process, a file lock between processes, and the checkpoint read
+        again when another instance changed it."""
+        async with self._lock:
+            fd = self._lock_fd
+            if fd is None:
+                self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+                fd = self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # the other instance is at it: wait in a thread
+                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            try:
+                if self._checkpoint_stat() != self._seen:
+                    self.prepared = self._load()
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _checkpoint_stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.checkpoint_path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
     def _load(self) -> dict[str, PreparedClaim]:
+        self._seen = self._checkpoint_stat()
         try:
             data = self.checkpoint_path.read_bytes()
         except FileNotFoundError:
@@ -84,12 +121,13 @@ class Preparer:
     def _save(self) -> None:
         data = msgspec.json.encode(Checkpoint(self.prepared))
         write_atomic(self.checkpoint_path, data, mode=0o600)
+        self._seen = self._checkpoint_stat()
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_dir / f"{self.driver.name}-{claim_uid}.json"
 
     async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
-        async with self._lock:
+        async with self._serialized():
             done = self.prepared.get(claim.uid)
             if done is not None and (not done.devices or self.spec_path(claim.uid).exists()):
                 return done.devices
@@ -189,7 +227,7 @@ class Preparer:
         return prepared
 
     async def unprepare(self, claim: ClaimRef) -> None:
-        async with self._lock:
+        async with self._serialized():
             done = self.prepared.get(claim.uid)
             if done is None:
                 remove_quietly(self.spec_path(claim.uid))

@@ -41,9 +41,10 @@ class DraSettings:
     # Read claims from this folder instead of the API server, and publish no slices
     # (the kubelet simulator without an API server).
     claims_dir: Path | None = None
-    # Who this devplug is among the instances of one node (a rolling update runs two):
-    # the pod UID in a cluster; empty: the host name and process ID.
-    instance: str = ""
+    # This pod's UID ($POD_UID from the downward API): in the socket names, so that two
+    # devplug pods serve one node side by side during a rolling update, and in the
+    # stamp of the slices. Empty: plain socket names (one instance per node).
+    pod_uid: str = ""
 
 
 class DraService:
@@ -74,13 +75,24 @@ class DraService:
                 settings.cdi_dir,
                 settings.plugins_dir / driver.name,
             )
+            status = None
+            if self._api is not None:
+                from devplug.framework.dra.claimstatus import ClaimStatusWriter
+
+                status = ClaimStatusWriter(self._api, driver.name)
             self.node_plugins.append(
-                NodePlugin(preparer, settings.registry_dir, settings.plugins_dir)
+                NodePlugin(
+                    preparer,
+                    settings.registry_dir,
+                    settings.plugins_dir,
+                    status=status,
+                    pod_uid=settings.pod_uid,
+                )
             )
         if self._api is not None:
             from devplug.framework.dra.publisher import SlicePublisher, publisher_stamp
 
-            stamp = publisher_stamp(settings.instance or _process_identity())
+            stamp = publisher_stamp(settings.pod_uid or _process_identity())
             self.publishers = [
                 SlicePublisher(d, settings.node_name, self._api, stamp) for d in self.drivers
             ]
@@ -120,6 +132,9 @@ class DraService:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for node_plugin in self.node_plugins:
+                if node_plugin.status is not None:
+                    await node_plugin.status.close()
             if self._api is not None:
                 self._api.close()
 

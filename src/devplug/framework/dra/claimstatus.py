@@ -1,0 +1,153 @@
+"""The status of a prepared claim's devices, written into the ResourceClaim: one entry
+of `status.devices` per device of this driver, with a `Ready` condition and what a
+user looks for (the device ID, its nodes, its CDI names, its attributes: PCI address,
+GPU or MIG UUID...). `kubectl get resourceclaim -o yaml` then says which device a pod
+got and that it was prepared.
+
+Written by server-side apply with one field manager per driver, so entries of other
+drivers are never touched, and an unprepared claim loses exactly ours. The writes
+run after NodePrepareResources has answered (the kubelet does not wait for them) and
+are retried a few times; a claim that is gone meanwhile is no error.
+
+Kubernetes 1.36 authorizes `status.devices` per driver and node: besides `patch` on
+`resourceclaims/status`, the service account needs `associated-node:patch` on
+`resourceclaims/driver` for the driver's name (deploy/dra/component/rbac.yaml).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from devplug.api.dra.constants import RESOURCE_API_VERSION
+from devplug.framework.device import Device
+from devplug.framework.dra.driver import ClaimRef
+
+log = logging.getLogger("devplug.dra.claimstatus")
+
+READY = "Ready"
+_ATTEMPTS = 4
+_RETRY_FIRST_S = 0.2
+_MAX_DATA_BYTES = 10 * 1024  # the API's limit on `data`
+
+
+def device_data(device: Device, cdi_ids: Sequence[str]) -> dict[str, Any]:
+    """What `data` says of one prepared device."""
+    data: dict[str, Any] = {
+        "deviceID": device.id,
+        "deviceNodes": [n.container_path for n in device.nodes],
+        "cdiDeviceIDs": list(cdi_ids),
+        "attributes": dict(device.attributes),
+    }
+    if len(json.dumps(data)) > _MAX_DATA_BYTES:
+        del data["attributes"]
+    return data
+
+
+def status_entry(
+    driver: str, pool: str, name: str, data: dict[str, Any], now: str | None = None
+) -> dict[str, Any]:
+    """One `status.devices` entry (resource.k8s.io/v1 AllocatedDeviceStatus)."""
+    when = now or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "driver": driver,
+        "pool": pool,
+        "device": name,
+        "conditions": [
+            {
+                "type": READY,
+                "status": "True",
+                "reason": "Prepared",
+                "message": "prepared by devplug; the CDI devices are in the container",
+                "lastTransitionTime": when,
+            }
+        ],
+        "data": data,
+    }
+
+
+class ClaimStatusWriter:
+    """Writes and clears one driver's entries in claims' status."""
+
+    def __init__(self, api_client: Any, driver: str) -> None:
+        from kubernetes import client
+
+        self.driver = driver
+        self.field_manager = f"devplug/{driver}"[:128]
+        self._resource: Any = client.ResourceV1Api(api_client)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.written = 0  # claims whose status was written (for tests and metrics)
+
+    def ready(self, claim: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        """Write `entries` into the claim's status, in the background."""
+        self._spawn(claim, entries)
+
+    def clear(self, claim: ClaimRef) -> None:
+        """Remove this driver's entries from the claim's status, in the background."""
+        self._spawn(claim, [])
+
+    def _spawn(self, claim: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        task = asyncio.create_task(self._write(claim, entries), name=f"status {claim.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _write(self, claim: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        body = {
+            "apiVersion": RESOURCE_API_VERSION,
+            "kind": "ResourceClaim",
+            "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+            "status": {"devices": entries},
+        }
+        delay = _RETRY_FIRST_S
+        for attempt in range(_ATTEMPTS):
+            try:
+                await asyncio.to_thread(
+                    self._resource.patch_namespaced_resource_claim_status,
+                    claim.name,
+                    claim.namespace,
+                    body,
+                    field_manager=self.field_manager,
+                    force=True,
+                    _content_type="application/apply-patch+yaml",
+                    _preload_content=False,
+                )
+            except ApiException as error:
+                if error.status in (404, 409) and not entries:
+                    return  # gone, or another claim by now: nothing of ours to clear
+                if error.status == 404 or attempt == _ATTEMPTS - 1:
+                    log.warning(
+                        "%s: cannot write the status of claim %s/%s: %s %s",
+                        self.driver,
+                        claim.namespace,
+                        claim.name,
+                        error.status,
+                        error.reason,
+                    )
+                    return
+            except (HTTPError, OSError) as error:
+                if attempt == _ATTEMPTS - 1:
+                    log.warning(
+                        "%s: cannot write the status of claim %s/%s: %s",
+                        self.driver,
+                        claim.namespace,
+                        claim.name,
+                        error,
+                    )
+                    return
+            else:
+                self.written += 1
+                return
+            await asyncio.sleep(delay)
+            delay *= 2
