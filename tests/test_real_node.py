@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from devplug.testing.realnode import (
     klog_pid,
     klog_time,
     pod_phase,
+    process_start,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,9 +61,12 @@ def test_host_processes_of_the_node_see_the_kubelets_folder(real_node: RealNode)
     assert not Path("/var/lib/kubelet/device-plugins/kubelet.sock").exists()
     lines = real_node.kubelet_lines()
     assert any(klog_pid(line) == real_node.kubelet_pid for line in lines)
+    # Its lines' times (klog's, local time) lie between its start and now.
+    started = process_start(real_node.kubelet_pid)
     stamps = [t for t in map(klog_time, lines) if t is not None]
     assert stamps
-    assert stamps == sorted(stamps)
+    assert started - 0.05 <= min(stamps)
+    assert max(stamps) <= time.time()
 
 
 def holder(lock_path: Path, node_sh_lock: Path) -> subprocess.Popen[str]:
@@ -137,3 +142,12 @@ def test_real_node_tests_skip_with_the_how_to(tmp_path: Path) -> None:
     assert ENV_DIR in result.stdout
     assert "kubelet.xz" in result.stdout
     assert "node.sh" in result.stdout
+
+
+@pytest.mark.timeout(600)
+def test_the_image_of_make_image_is_in_the_nodes_containerd(
+    real_node: RealNode, real_node_image: str
+) -> None:
+    ctr = str(real_node.bin_dir / "ctr")
+    listed = real_node.exec(ctr, "-n", "k8s.io", "images", "ls", "-q").stdout.split()
+    assert real_node_image in listed

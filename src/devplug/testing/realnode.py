@@ -253,7 +253,7 @@ class KubeletStart:
     log_offset: int
 
 
-def _process_start(pid: int) -> float:
+def process_start(pid: int) -> float:
     """The wall-clock time `pid` started (10 ms resolution: the kernel counts ticks
     since boot)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -461,7 +461,7 @@ class RealNode:
         offset = self.kubelet_log.stat().st_size
         self._node_sh("restart-kubelet", *(["--kill"] if kill else []), timeout=60)
         pid = self.kubelet_pid
-        return KubeletStart(pid, _process_start(pid), offset)
+        return KubeletStart(pid, process_start(pid), offset)
 
     # -- the kubelet's log ------------------------------------------------------
 
