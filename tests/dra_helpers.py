@@ -112,7 +112,7 @@ def serve_command(
         str(dirs.plugin_dir),
         "--registry-dir",
         str(dirs.registry),
-        "--plugins-dir",
+        "--dra-socket-dir",
         str(dirs.plugins),
         "--cdi-dir",
         str(dirs.cdi),

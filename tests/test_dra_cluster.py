@@ -75,7 +75,7 @@ def node(api: Any) -> str:
 @pytest.fixture(scope="session")
 def deploy_rbac(api: Any) -> None:
     """deploy/dra's RBAC for the service account devplug-system/devplug, its driver role
-    made for the drivers of these tests as `devplug check -o yaml` makes it."""
+    made for the drivers of these tests as `devplug check --device-classes` makes it."""
     import yaml
     from kubernetes import client, utils
 
@@ -135,12 +135,26 @@ def our_slice(predicate: Callable[[dict[str, dict[str, Any]]], bool]) -> Callabl
 
 
 @pytest.fixture
-def namespace(api: Any) -> str:
+def namespace(api: Any) -> Iterator[str]:
+    """A fresh namespace; afterwards its pods and claims are gone and their devices
+    free again (this control plane has no controller that releases claims)."""
     from kubernetes import client
 
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     name = f"t-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
-    return name
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    for pod in core.list_namespaced_pod(name).items:
+        core.delete_namespaced_pod(pod.metadata.name, name, grace_period_seconds=0)
+    for claim in resource.list_namespaced_resource_claim(name).items:
+        claim_name = claim.metadata.name
+        resource.patch_namespaced_resource_claim_status(
+            claim_name, name, {"status": {"reservedFor": None, "allocation": None, "devices": None}}
+        )
+        resource.patch_namespaced_resource_claim(
+            claim_name, name, {"metadata": {"finalizers": None}}
+        )
+        resource.delete_namespaced_resource_claim(claim_name, name)
 
 
 def claim_body(name: str, model: str) -> dict[str, Any]:

@@ -166,7 +166,7 @@ def test_check_prints_the_device_classes_a_config_implies(short_tmp: Path) -> No
         )
     )
     for flag in ("-o", "--output"):
-        result = devplug("check", "--config", config, flag, "yaml")
+        result = devplug("check", "--config", config, "--device-classes", flag, "yaml")
         assert result.returncode == 0, result.stderr
         *classes, role = list(yaml.safe_load_all(result.stdout))
         assert [c["metadata"]["name"] for c in classes] == [

@@ -113,7 +113,7 @@ def test_overlay_renders_with_the_base() -> None:
 
 
 def test_shipped_device_classes_are_those_of_the_shipped_config() -> None:
-    """deploy/dra/drivers.yaml is what `devplug check -o yaml` prints for
+    """deploy/dra/drivers.yaml is what `devplug check --device-classes -o yaml` prints for
     deploy/dra/config.yaml, so the two cannot drift apart."""
     result = subprocess.run(
         [
@@ -123,6 +123,7 @@ def test_shipped_device_classes_are_those_of_the_shipped_config() -> None:
             "check",
             "--config",
             "config.yaml",
+            "--device-classes",
             "-o",
             "yaml",
         ],

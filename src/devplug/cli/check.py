@@ -9,21 +9,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from devplug.sources import SourcePlugin
 
-EXIT_OK = 0
-EXIT_INVALID = 2
+from devplug.cli import style
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="FILE", help="the config file")
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=["text", "json", "yaml"],
-        default="text",
-        help="text: the report; json: the report as JSON; yaml: the DeviceClasses and "
-        "the claim-status ClusterRole the config's drivers need, to apply with kubectl "
-        "(default: text)",
-    )
+    style.add_config(parser)
+    style.add_output(parser)
     from devplug.cli.serve import add_root_options
 
     add_root_options(parser)
@@ -32,40 +23,54 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the node whose DRA slices to show (default: $NODE_NAME, else the host name)",
     )
+    parser.add_argument(
+        "--device-classes",
+        action="store_true",
+        help="print the cluster objects the config's DRA drivers need instead of the "
+        "report: their DeviceClasses and the ClusterRole for claim status (-o yaml: one "
+        "document each, for kubectl apply -f -)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from devplug.sources import ConfigError, build_plugins, load_config
+    from devplug.sources import ConfigError, build_plugins, load_config, load_default_config
 
+    name = args.config or "the packaged default config"
     try:
-        plugins = build_plugins(
-            load_config(args.config), sysfs_root=args.sysfs_root, dev_root=args.dev_root
-        )
+        config = load_config(args.config) if args.config else load_default_config()
+        plugins = build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
         report = [_resource_report(p) for p in plugins]
         _add_dra_reports(args, plugins, report)
     except (ConfigError, ValueError) as e:
-        problem = str(e) if isinstance(e, ConfigError) else f"{args.config}: {e}"
+        problem = str(e) if isinstance(e, ConfigError) else f"{name}: {e}"
         print(problem, file=sys.stderr)
-        return EXIT_INVALID
-    if args.output == "json":
-        import json
+        return style.EXIT_USAGE
+    if args.device_classes:
+        objects = _cluster_objects(report)
+        style.print_result(objects, args.output, text=lambda: _objects_text(objects), each=True)
+        return style.EXIT_OK
+    result = {"config": args.config, "valid": True, "resources": report}
+    style.print_result(result, args.output, text=lambda: _text(name, report))
+    return style.EXIT_OK
 
-        json.dump({"config": args.config, "valid": True, "resources": report}, sys.stdout, indent=2)
-        print()
-    elif args.output == "yaml":
-        import yaml
 
-        from devplug.framework.dra.classes import driver_status_role
+def _cluster_objects(report: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The DeviceClass of each DRA driver, then the drivers' claim-status ClusterRole."""
+    from devplug.framework.dra.classes import driver_status_role
 
-        classes = [r["deviceClass"] for r in report if "deviceClass" in r]
-        objects = classes + (
-            [driver_status_role([c["metadata"]["name"] for c in classes])] if classes else []
-        )
-        print(f"# The cluster objects of the DRA drivers of {args.config} (devplug check -o yaml)")
-        sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False) if objects else "")
-    else:
-        _print_text(args.config, report)
-    return EXIT_OK
+    classes = [r["deviceClass"] for r in report if "deviceClass" in r]
+    if not classes:
+        return []
+    return [*classes, driver_status_role([c["metadata"]["name"] for c in classes])]
+
+
+def _objects_text(objects: list[dict[str, Any]]) -> str:
+    lines = []
+    for obj in objects:
+        extended = (obj.get("spec") or {}).get("extendedResourceName")
+        what = f" (extended resource {extended})" if extended else ""
+        lines.append(f"{obj['kind']} {obj['metadata']['name']}{what}")
+    return "\n".join(lines) or "no DRA driver: no cluster objects"
 
 
 def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
@@ -141,16 +146,17 @@ def _add_dra_reports(
         entry["slices"] = slice_bodies(driver, node_name(args), generation=1)
 
 
-def _print_slices(resource: dict[str, Any]) -> None:
+def _slices_lines(resource: dict[str, Any]) -> list[str]:
+    lines = []
     if label := resource.get("nodeModeLabel"):
-        print(f"  mode {resource['mode']}, or the value of the node's label {label}")
+        lines.append(f"  mode {resource['mode']}, or the value of the node's label {label}")
     if dc := resource.get("deviceClass"):
         extended = dc["spec"].get("extendedResourceName")
         counted = f", asked by count as {extended}" if extended else ", claims only"
-        print(f"  DeviceClass {dc['metadata']['name']}{counted}")
+        lines.append(f"  DeviceClass {dc['metadata']['name']}{counted}")
     for body in resource.get("slices", []):
         spec = body["spec"]
-        print(
+        lines.append(
             f"  DRA driver {spec['driver']}, slice {body['metadata']['name']} "
             f"(node {spec['nodeName']}): {len(spec['devices'])} device(s)"
         )
@@ -163,17 +169,18 @@ def _print_slices(resource: dict[str, Any]) -> None:
             capacity = [f"{k}={v['value']}" for k, v in device.get("capacity", {}).items()]
             if capacity:
                 values += ["capacity", *capacity]
-            print(f"    {device['name']}: {' '.join(values) or '-'}")
+            lines.append(f"    {device['name']}: {' '.join(values) or '-'}")
+    return lines
 
 
-def _print_text(config: str, report: list[dict[str, Any]]) -> None:
+def _text(config: str, report: list[dict[str, Any]]) -> str:
     from devplug.tables import table
 
-    print(f"{config}: valid, {len(report)} resource(s)")
+    lines = [f"{config}: valid, {len(report)} resource(s)"]
     for resource in report:
         devices = resource["devices"]
         healthy = sum(d["health"] == "Healthy" for d in devices)
-        print(
+        lines.append(
             f"\n{resource['name']} ({resource['kind']}, count {resource['count']}, "
             f"env {resource['idsEnv'] or '-'}): {len(devices)} device(s), {healthy} healthy"
         )
@@ -186,8 +193,7 @@ def _print_text(config: str, report: list[dict[str, Any]]) -> None:
             )
             for d in devices
         ]
-        for line in table(None, rows, indent="  "):
-            print(line)
-        _print_slices(resource)
-        for warning in resource["warnings"]:
-            print(f"  warning: {warning}")
+        lines += table(None, rows, indent="  ")
+        lines += _slices_lines(resource)
+        lines += [f"  warning: {warning}" for warning in resource["warnings"]]
+    return "\n".join(lines)

@@ -114,7 +114,15 @@ class MetricsServer:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: try /metrics, /healthz or /readyz\n"]
 
-        server = await self._bind(app)
+        try:
+            server = await self._bind(app)
+        except OSError as error:  # in use, an address not of this host, no permission
+            from devplug.framework.daemon import ServiceFailed
+
+            where = f"{self.address or '*'} port {self.port}"
+            raise ServiceFailed(
+                f"cannot serve metrics on {where}: {error.strerror or error}"
+            ) from None
         self.bound_port = server.server_port
         thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
         observe.add_observer(counters.observe)
