@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 
 from devplug.framework.dra.claims import ApiClaims
+from devplug.framework.dra.classes import device_class
 from devplug.framework.dra.kube import api_client
 from devplug.simulator import Kubelet, PodResult
 from devplug.simulator.apipods import ApiPodFollower
+from devplug.simulator.dra import NodeSlices
 from devplug.testing.controlplane import ControlPlane, how_to_provide, watch_until
 from devplug.testing.fakenvml import FakeGpuHost, gpu, gpu_uuid
 from tests.dra_helpers import (
@@ -215,6 +217,7 @@ async def node_serving(
         control_socket=False,
         dra_registry_dir=dirs.registry,
         claims=ApiClaims(api),
+        node_slices=NodeSlices(api, NODE),
     ) as kubelet:
         daemon = Daemon(
             serve_command(dirs, config, *extra, kubeconfig=kubeconfig),
@@ -401,7 +404,10 @@ def test_scheduler_allocates_and_the_node_plugin_prepares(
             )
             assert "taints" not in slice_devices(tainted)["acc1"]
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        resource.delete_device_class(DRIVER)
 
 
 def test_cel_capacity_selector_picks_the_gpu_with_enough_memory(
@@ -896,3 +902,116 @@ def test_two_instances_of_a_rolling_update_serve_side_by_side(
     finally:
         watcher.stop()
         resource.delete_device_class("surge.example.com")
+
+
+def test_a_pod_asking_by_count_gets_its_device_through_dra(
+    kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
+) -> None:
+    """A DeviceClass with extendedResourceName, as `devplug check --device-classes`
+    writes it: a pod asking `example.com/acc: 1` with no claim is given a claim by the
+    real scheduler (status.extendedResourceClaimStatus), and the simulator, as the
+    kubelet does, prepares it through the driver and gives the container its devices."""
+    from kubernetes import client
+
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    dirs = NodeDirs(short_tmp)
+    config = accelerator_config(dirs, {"acc0": "u250", "acc1": "u280"})
+    resource.create_device_class(device_class(DRIVER, RESOURCE))
+    pod = {
+        "metadata": {"name": "counted"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "registry.example/app:1",
+                    "resources": {"limits": {RESOURCE: "2"}},
+                }
+            ]
+        },
+    }
+
+    async def scenario() -> None:
+        async with node_serving(dirs, api, kubeconfig, config, DRIVER) as kubelet:
+            await asyncio.to_thread(
+                watch_until, api, resource.list_resource_slice, our_slice(lambda d: len(d) == 2)
+            )
+            core.create_namespaced_pod(namespace, pod)
+            admitted_pod = await admitted(kubelet, "counted", namespace)
+            status = core.read_namespaced_pod("counted", namespace).status
+            made = status.extended_resource_claim_status.resource_claim_name
+            claim = resource.read_namespaced_resource_claim(made, namespace)
+            assert claim.metadata.annotations["resource.kubernetes.io/extended-resource-claim"]
+            uid = claim.metadata.uid
+            assert sorted(admitted_pod.containers[0].options.cdi_devices) == [
+                f"{DRIVER}/claim={uid}-acc0",
+                f"{DRIVER}/claim={uid}-acc1",
+            ]
+            # The device manager has no such resource: it gave the container nothing.
+            assert admitted_pod.containers[0].devices == {}
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        resource.delete_device_class(DRIVER)
+
+
+def test_the_simulator_wipes_the_node_slices_as_the_kubelet_does(
+    kubeconfig: str, api: Any, node: str, short_tmp: Path
+) -> None:
+    """At start the kubelet deletes every slice of its node; when the last instance of
+    a driver goes, it deletes that driver's slices after a grace period, unless the
+    driver is back by then. The simulator does the same."""
+    from kubernetes import client
+
+    resource = client.ResourceV1Api(api)
+    dirs = NodeDirs(short_tmp)
+    config = accelerator_config(dirs, {"acc0": "u250"})
+    stale = {
+        "metadata": {"name": "left-from-before"},
+        "spec": {
+            "driver": "gone.example.com",
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "x"}],
+        },
+    }
+    resource.create_resource_slice(stale)
+
+    def names() -> set[str]:
+        answer = resource.list_resource_slice(
+            field_selector=f"spec.nodeName={NODE}", _preload_content=False
+        )
+        return {s["metadata"]["name"] for s in json.loads(answer.data)["items"]}
+
+    async def scenario() -> None:
+        slices = NodeSlices(api, NODE)
+        async with Kubelet(
+            dirs.plugin_dir,
+            dirs.state_dir,
+            control_socket=False,
+            dra_registry_dir=dirs.registry,
+            claims=ApiClaims(api),
+            node_slices=slices,
+        ) as kubelet:
+            await kubelet.wait_for(lambda: slices.wiped == 1, what="the start-up wipe")
+            assert "left-from-before" not in names()
+            command = serve_command(dirs, config, kubeconfig=kubeconfig)
+            daemon = Daemon(command, dirs.root / "daemon.log")
+            await kubelet.wait_for_registration(DRIVER, timeout=WAIT_S)
+            ours = await asyncio.to_thread(
+                watch_until, api, resource.list_resource_slice, our_slice(lambda d: "acc0" in d)
+            )
+            # Stopped and back within the grace (the kubelet's 30 s): nothing wiped.
+            slices.wiping_delay = 30.0
+            seen = kubelet.registrations(DRIVER)
+            daemon.stop()
+            daemon = Daemon(command, dirs.root / "daemon.log")
+            await kubelet.wait_for_registration(DRIVER, after=seen, timeout=WAIT_S)
+            assert slices.wiped == 1
+            # Stopped for good: its slices go once the grace is over (shortened).
+            slices.wiping_delay = 0.5
+            daemon.stop()
+            await kubelet.wait_for(lambda: slices.wiped == 2, timeout=WAIT_S, what="the wipe")
+            assert ours["metadata"]["name"] not in names()
+
+    asyncio.run(scenario())

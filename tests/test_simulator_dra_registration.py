@@ -55,17 +55,19 @@ class Health(health_grpc.DRAResourceHealthServicer):
 
 @contextlib.asynccontextmanager
 async def driver(
-    root: Path, name: str, versions: Sequence[str]
+    root: Path, name: str, versions: Sequence[str], uid: str = "", endpoint: str = ""
 ) -> AsyncIterator[tuple[Registration, Health]]:
     """A driver's two sockets: registration in `root`/reg, and its dra.sock with the
-    v1alpha1 health service (no claim is prepared here, so no DRA service is needed)."""
-    socket = root / "pl" / name / "dra.sock"
-    registration, watch = Registration(name, socket, versions), Health()
+    v1alpha1 health service (no claim is prepared here, so no DRA service is needed).
+    With `uid`, both socket names carry it, as for one pod of a rolling update."""
+    socket = root / "pl" / name / (f"dra-{uid}.sock" if uid else "dra.sock")
+    registration = Registration(name, Path(endpoint) if endpoint else socket, versions)
+    watch = Health()
 
     servers = [
         UnixServer(socket, lambda s: health_grpc.add_DRAResourceHealthServicer_to_server(watch, s)),
         UnixServer(
-            root / "reg" / f"{name}-reg.sock",
+            root / "reg" / (f"{name}-{uid}-reg.sock" if uid else f"{name}-reg.sock"),
             lambda s: reg_grpc.add_RegistrationServicer_to_server(registration, s),
         ),
     ]
@@ -89,7 +91,8 @@ def test_health_and_dra_services_are_chosen_from_the_listed_names(short_tmp: Pat
         ) as kubelet:
             dra = kubelet.dra
             assert dra is not None
-            listed = ["v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+            # The driver's order decides: the first it lists that the kubelet knows.
+            listed = ["v1beta1.DRAPlugin", "v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
             async with driver(short_tmp, "with-health.example.com", listed) as (reg1, watched):
                 assert (await reg1.status.get()).plugin_registered
                 assert dra.drivers["with-health.example.com"].version == "v1beta1.DRAPlugin"
@@ -113,5 +116,44 @@ def test_health_and_dra_services_are_chosen_from_the_listed_names(short_tmp: Pat
                 event = await kubelet.wait_for_event(DRIVER_REFUSED, resource="old.example.com")
                 assert "1.0.0" in event.detail
                 assert "old.example.com" not in dra.drivers
+
+    run(scenario())
+
+
+def test_instances_of_one_driver_register_side_by_side(short_tmp: Path) -> None:
+    """Two pods of a rolling update: both registered, the newer one called; when it
+    goes the older is called again; an instance on an endpoint already registered is
+    refused, as the kubelet refuses it."""
+
+    async def scenario() -> None:
+        async with Kubelet(
+            short_tmp / "dp",
+            short_tmp / "kubelet",
+            control_socket=False,
+            dra_registry_dir=short_tmp / "reg",
+            claims=FileClaims(short_tmp / "claims"),
+        ) as kubelet:
+            dra = kubelet.dra
+            assert dra is not None
+            name = "rolling.example.com"
+            async with driver(short_tmp, name, ["v1.DRAPlugin"], uid="old") as (old, _):
+                assert (await old.status.get()).plugin_registered
+                first = dra.drivers[name]
+                async with driver(short_tmp, name, ["v1.DRAPlugin"], uid="new") as (new, _):
+                    assert (await new.status.get()).plugin_registered
+                    assert dra.drivers[name].endpoint.endswith("dra-new.sock")
+                    taken = str(short_tmp / "pl" / name / "dra-new.sock")
+                    async with driver(
+                        short_tmp, name, ["v1.DRAPlugin"], uid="thief", endpoint=taken
+                    ) as (thief, _):
+                        refused = await thief.status.get()
+                        assert not refused.plugin_registered
+                        assert (
+                            refused.error
+                            == f"endpoint {taken} already registered for DRA driver {name}"
+                        )
+                await kubelet.wait_for(
+                    lambda: dra.drivers.get(name) is first, what="the older instance called again"
+                )
 
     run(scenario())

@@ -168,6 +168,15 @@ def read_pods(names: list[str]) -> tuple[str, list[list[Any]]]:
     return "", manifests
 
 
+def _node_slices(api: Any, node: str | None) -> Any:
+    """With an API server, the node's slices are the kubelet's to wipe at start."""
+    if api is None or not node:
+        return None
+    from devplug.simulator.dra import NodeSlices
+
+    return NodeSlices(api, node)
+
+
 async def _serve(
     args: argparse.Namespace, manifests: list[list[Any]], waits: list[tuple[str, int | None]]
 ) -> int:
@@ -191,6 +200,7 @@ async def _serve(
         control_socket=args.control,
         dra_registry_dir=args.registry_dir,
         claims=claims,
+        node_slices=_node_slices(api, args.node_name),
     )
     code = style.EXIT_OK
     with stop_on_signals() as stop:

@@ -41,14 +41,16 @@ from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.dra.claims import ClaimError, ClaimSource
 from devplug.framework.dra.driver import ClaimRef
 from devplug.framework.dra.names import driver_name_problem
-from devplug.simulator.pods import PodSpec
+from devplug.simulator.pods import PodSpec, dra_backed_resources
 from devplug.simulator.results import DraClaimStatus
 
 log = logging.getLogger("devplug.simulator.dra")
 
 STATE_FILE = "dra_manager_state"
 CALL_TIMEOUT_S = 10.0
-# Versions this kubelet speaks, preferred first.
+# How long the kubelet keeps the slices of a driver that has no instance left.
+WIPING_DELAY_S = 30.0
+# The DRA services this kubelet speaks.
 _VERSIONS: dict[str, tuple[Any, Any]] = {
     dra.V1: (v1, v1_grpc),
     dra.V1BETA1: (v1beta1, v1beta1_grpc),
@@ -59,6 +61,7 @@ DRIVER_REGISTERED = "dra_driver_registered"
 DRIVER_REFUSED = "dra_driver_refused"
 DRIVER_REMOVED = "dra_driver_removed"
 DEVICE_HEALTH = "dra_device_health"
+SLICES_WIPED = "dra_slices_wiped"  # driver: the one wiped ("" at start: all), detail: how
 
 
 class PrepareError(Exception):
@@ -89,11 +92,22 @@ class State(msgspec.Struct):
     claims: dict[str, PreparedClaimState] = {}
 
 
+# The pod claim name under which the claim the scheduler made for a pod's extended
+# resources is known here (no real pod claim can have it: not a DNS label).
+EXTENDED_CLAIM = "<extended-resources>"
+
+
 def pod_claims(pod: PodSpec) -> dict[str, str]:
     """Pod claim name -> ResourceClaim name, from spec.resourceClaims (direct names,
-    or generated ones from status.resourceClaimStatuses)."""
+    or generated ones from status.resourceClaimStatuses), and the claim of the pod's
+    extended resources served through DRA (status.extendedResourceClaimStatus)."""
     spec = pod.manifest.get("spec") or {}
     status = pod.manifest.get("status") or {}
+    extended = status.get("extendedResourceClaimStatus")
+    if isinstance(extended, Mapping) and extended.get("resourceClaimName"):
+        made = {EXTENDED_CLAIM: str(extended["resourceClaimName"])}
+    else:
+        made = {}
     generated = {
         s.get("name"): s.get("resourceClaimName")
         for s in status.get("resourceClaimStatuses") or []
@@ -106,7 +120,7 @@ def pod_claims(pod: PodSpec) -> dict[str, str]:
         name = entry.get("resourceClaimName") or generated.get(entry["name"])
         if name:
             result[str(entry["name"])] = str(name)
-    return result
+    return {**result, **made}
 
 
 def container_claims(pod: PodSpec) -> dict[str, list[tuple[str, str]]]:
@@ -124,7 +138,42 @@ def container_claims(pod: PodSpec) -> dict[str, list[tuple[str, str]]]:
                 for c in claims or []
                 if isinstance(c, Mapping)
             ]
+    # Counted extended resources served through DRA: each container gets its request
+    # of the scheduler's claim.
+    for (container_name, _), request in dra_backed_resources(pod.manifest).items():
+        result.setdefault(container_name, []).append((EXTENDED_CLAIM, request))
     return result
+
+
+class NodeSlices:
+    """The kubelet's hold on its node's ResourceSlices: it deletes all of them when it
+    starts (no driver is registered yet), and a driver's WIPING_DELAY_S after the last
+    instance of it went away (the real kubelet's grace for a driver that restarts)."""
+
+    def __init__(self, api_client: Any, node: str, wiping_delay: float = WIPING_DELAY_S) -> None:
+        from kubernetes import client
+
+        self._resource: Any = client.ResourceV1Api(api_client)
+        self.node = node
+        self.wiping_delay = wiping_delay
+        self.wiped = 0  # wipes done, for tests
+
+    async def wipe(self, driver: str | None) -> bool:
+        """Delete the node's slices (of `driver` only, if given); failures are logged."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        selector = f"spec.nodeName={self.node}" + (f",spec.driver={driver}" if driver else "")
+        try:
+            await asyncio.to_thread(
+                self._resource.delete_collection_resource_slice, field_selector=selector
+            )
+        except (ApiException, HTTPError, OSError) as error:
+            log.warning("deleting ResourceSlices (%s) failed: %s", selector, error)
+            return False
+        self.wiped += 1
+        log.info("deleted ResourceSlices (%s)", selector)
+        return True
 
 
 class DraManager:
@@ -137,11 +186,17 @@ class DraManager:
         claims: ClaimSource,
         *,
         on_event: Callable[[str, str, str], None] | None = None,
+        slices: NodeSlices | None = None,
     ) -> None:
         self.registry_dir = Path(registry_dir)
         self.state_path = Path(state_dir) / STATE_FILE
         self.claims = claims
+        # The driver instances to call: the newest registered of each name. Several
+        # instances of one driver (a rolling update) are all registered, by socket.
         self.drivers: dict[str, RegisteredDriver] = {}
+        self._instances: dict[str, list[RegisteredDriver]] = {}
+        self.slices = slices
+        self._wipes: dict[str, asyncio.TimerHandle] = {}
         # (driver, pool, device) -> "Healthy" / "Unhealthy" / "Unknown", from the
         # drivers' health streams (NodeWatchResources), where they offer one.
         self.device_health: dict[tuple[str, str, str], str] = {}
@@ -181,8 +236,18 @@ class DraManager:
         watcher.watch(self.registry_dir)
         self._watcher = watcher
         self._watch_task = asyncio.create_task(watcher.run(), name="plugin watcher")
+        if self.slices is not None:
+            # At start no driver is registered: the node offers nothing until they are
+            # back. In the background, as the kubelet does: it may land after a driver
+            # has registered and published again.
+            self._spawn(self._wipe(None), "wipe slices")
         for path in sorted(self.registry_dir.iterdir()):
             self._consider(path)
+
+    def _spawn(self, work: Any, name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def stop(self) -> None:
         if self._watch_task is not None:
@@ -193,12 +258,17 @@ class DraManager:
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
+        for handle in self._wipes.values():
+            handle.cancel()
+        self._wipes.clear()
         for task in list(self._pending):
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
-        for driver in self.drivers.values():
-            _cancel(driver)
-            await driver.channel.close()
+        for instances in self._instances.values():
+            for driver in instances:
+                _cancel(driver)
+                await driver.channel.close()
+        self._instances.clear()
         self.drivers.clear()
 
     def _on_folder_event(self, folder: Path, name: str) -> None:
@@ -211,22 +281,47 @@ class DraManager:
         except OSError:
             is_socket = False
         if not is_socket:
-            for driver in [d for d in self.drivers.values() if d.socket == path]:
-                self._deregister(driver)
+            for instances in list(self._instances.values()):
+                for driver in [d for d in instances if d.socket == path]:
+                    self._deregister(driver)
             return
         task = asyncio.create_task(self._register(path), name=f"register {path.name}")
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
     def _deregister(self, driver: RegisteredDriver) -> None:
-        if self.drivers.get(driver.name) is driver:
-            del self.drivers[driver.name]
-            _cancel(driver)
-            log.info("DRA driver %s deregistered (%s removed)", driver.name, driver.socket)
-            self._on_event(DRIVER_REMOVED, driver.name, str(driver.socket))
-            task = asyncio.create_task(driver.channel.close())
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+        instances = self._instances.get(driver.name, [])
+        if driver not in instances:
+            return
+        instances.remove(driver)
+        _cancel(driver)
+        log.info("DRA driver %s deregistered (%s removed)", driver.name, driver.socket)
+        self._on_event(DRIVER_REMOVED, driver.name, str(driver.socket))
+        self._spawn(driver.channel.close(), f"close {driver.name}")
+        if instances:
+            self.drivers[driver.name] = instances[-1]  # the newest left
+            return
+        del self._instances[driver.name]
+        del self.drivers[driver.name]
+        if self.slices is not None:
+            # The kubelet's grace for a driver that restarts: its slices go only if no
+            # instance of it registers within WIPING_DELAY_S.
+            name = driver.name
+            loop = asyncio.get_running_loop()
+            self._wipes[name] = loop.call_later(
+                self.slices.wiping_delay, lambda: self._wipe_driver(name)
+            )
+
+    def _wipe_driver(self, name: str) -> None:
+        self._wipes.pop(name, None)
+        if name not in self.drivers:
+            self._spawn(self._wipe(name), f"wipe slices of {name}")
+
+    async def _wipe(self, driver: str | None) -> None:
+        assert self.slices is not None
+        if await self.slices.wipe(driver):
+            how = "the grace after the last instance went" if driver else "the kubelet's start"
+            self._on_event(SLICES_WIPED, driver or "", how)
 
     async def _register(self, socket: Path) -> None:
         async with unix_channel(socket) as channel:
@@ -243,14 +338,20 @@ class DraManager:
             if info.type != dra.DRA_PLUGIN_TYPE:
                 return  # a CSI or device plugin: not this manager's
             if problem is None:
-                version = next(v for v in _VERSIONS if v in info.supported_versions)
+                # The first of the driver's list that this kubelet speaks, as the
+                # kubelet picks it (the driver's order, not the kubelet's).
+                version = next(v for v in info.supported_versions if v in _VERSIONS)
                 pb_grpc = _VERSIONS[version][1]
                 endpoint = info.endpoint or str(socket)
-                service_channel = unix_channel(endpoint)
-                old = self.drivers.get(info.name)
-                if old is not None:
+                instances = self._instances.setdefault(info.name, [])
+                for old in [d for d in instances if d.socket == socket]:
+                    instances.remove(old)  # the same registration socket served again
                     _cancel(old)
                     await old.channel.close()
+                if any(d.endpoint == endpoint for d in instances):
+                    problem = f"endpoint {endpoint} already registered for DRA driver {info.name}"
+            if problem is None:
+                service_channel = unix_channel(endpoint)
                 driver = RegisteredDriver(
                     info.name,
                     endpoint,
@@ -265,7 +366,11 @@ class DraManager:
                     driver.health_task = asyncio.create_task(
                         self._watch_health(driver), name=f"health {info.name}"
                     )
+                instances.append(driver)
                 self.drivers[info.name] = driver
+                wipe = self._wipes.pop(info.name, None)
+                if wipe is not None:
+                    wipe.cancel()
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await stub.NotifyRegistrationStatus(
                     reg.RegistrationStatus(plugin_registered=problem is None, error=problem or ""),

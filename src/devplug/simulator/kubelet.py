@@ -88,7 +88,7 @@ from devplug.simulator.results import (
 
 if TYPE_CHECKING:
     from devplug.framework.dra.claims import ClaimSource
-    from devplug.simulator.dra import DraManager
+    from devplug.simulator.dra import DraManager, NodeSlices
 
 log = logging.getLogger("devplug.simulator.kubelet")
 
@@ -136,6 +136,7 @@ class Kubelet:
         control_socket: Path | str | bool | None = None,
         dra_registry_dir: Path | str | None = None,
         claims: ClaimSource | None = None,
+        node_slices: NodeSlices | None = None,
     ) -> None:
         if topology_policy not in topology.POLICIES:
             choices = ", ".join(topology.POLICIES)
@@ -175,6 +176,8 @@ class Kubelet:
             raise ValueError("DRA needs both dra_registry_dir and claims")
         self.dra_registry_dir = Path(dra_registry_dir) if dra_registry_dir is not None else None
         self._claims = claims
+        # With an API server: the node's ResourceSlices, wiped at start as the kubelet does.
+        self._node_slices = node_slices
         self.dra: DraManager | None = None
 
         self._manager: DeviceManager | None = None
@@ -289,7 +292,11 @@ class Kubelet:
             from devplug.simulator.dra import DraManager
 
             self.dra = DraManager(
-                self.dra_registry_dir, self.state_dir, self._claims, on_event=self._dra_event
+                self.dra_registry_dir,
+                self.state_dir,
+                self._claims,
+                on_event=self._dra_event,
+                slices=self._node_slices,
             )
             await self.dra.start()
 

@@ -9,6 +9,7 @@ are made here and reported the way it reports them: reason `Invalid`, message
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -198,6 +199,10 @@ def parse_pod(doc: Mapping[str, Any]) -> PodSpec | InvalidPod:
         detail = problems[0] if len(problems) == 1 else "[" + ", ".join(problems) + "]"
         return InvalidPod(name, namespace, f'Pod "{name}" is invalid: {detail}')
     uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    backed = dra_backed_resources(doc)
+    if backed:
+        init = [_without(c, backed) for c in init]
+        app = [_without(c, backed) for c in app]
     return PodSpec(
         name=name,
         namespace=namespace,
@@ -206,6 +211,26 @@ def parse_pod(doc: Mapping[str, Any]) -> PodSpec | InvalidPod:
         containers=tuple(app),
         manifest=dict(doc),
     )
+
+
+def dra_backed_resources(doc: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """(container, extended resource) -> request of the claim the scheduler made for
+    the pod, from `status.extendedResourceClaimStatus`: counts served through DRA, which
+    the kubelet's device manager leaves to its DRA manager."""
+    status = doc.get("status") if isinstance(doc.get("status"), Mapping) else {}
+    extended = status.get("extendedResourceClaimStatus") if status else None
+    if not isinstance(extended, Mapping):
+        return {}
+    return {
+        (str(m.get("containerName")), str(m.get("resourceName"))): str(m.get("requestName"))
+        for m in extended.get("requestMappings") or []
+        if isinstance(m, Mapping)
+    }
+
+
+def _without(container: ContainerSpec, backed: Mapping[tuple[str, str], str]) -> ContainerSpec:
+    kept = {r: n for r, n in container.devices.items() if (container.name, r) not in backed}
+    return dataclasses.replace(container, devices=kept)
 
 
 def _containers(raw: object, path: str, init: bool, problems: list[str]) -> list[ContainerSpec]:

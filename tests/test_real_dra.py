@@ -1,0 +1,214 @@
+"""DRA through the real kubelet v1.36.2 on the real node (containerd 2.3 with CDI):
+`devplug serve` as a host process of the node registers its driver, publishes slices,
+and prepares what the real scheduler and the resourceclaim controller allocate: a pod
+with a ResourceClaimTemplate, and a pod asking the driver's extended resource by
+count with no claim. The containers see the device nodes and env of the CDI specs;
+deleted pods are unprepared; after kubelet restarts (SIGTERM and SIGKILL) the slices
+the kubelet wipes at start are back and new claims are prepared.
+
+Skipped, saying what to provide, where the node cannot run (see tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devplug.framework.dra.classes import device_class
+from devplug.testing.controlplane import watch_until
+from devplug.testing.realnode import RealNode, pod_ready
+from tests.serve_helpers import wait_for_log
+
+ROOT = Path(__file__).resolve().parent.parent
+RESOURCE = "devplug.io/dratest"
+DRIVER = "dratest.devplug.io"
+DEVICES = ("devplug-dratest0", "devplug-dratest1")
+CDI_DIR = Path("/var/run/cdi")
+ENV = "DEVPLUG_DEVPLUG_IO_DRATEST"
+
+pytestmark = [pytest.mark.timeout(300)]
+
+
+@dataclass
+class DraNode:
+    node: RealNode
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def slices(self) -> list[dict[str, Any]]:
+        from kubernetes import client
+
+        answer = client.ResourceV1Api(self.node.api).list_resource_slice(
+            field_selector=f"spec.driver={DRIVER}", _preload_content=False
+        )
+        items: list[dict[str, Any]] = json.loads(answer.data)["items"]
+        return items
+
+    def wait_slice(self, test: Callable[[dict[str, Any]], bool], timeout: float = 60) -> Any:
+        from kubernetes import client
+
+        return watch_until(
+            self.node.api,
+            client.ResourceV1Api(self.node.api).list_resource_slice,
+            lambda s: s["spec"]["driver"] == DRIVER and test(s),
+            timeout,
+        )
+
+    def in_pod(self, ns: str, pod: str, script: str) -> str:
+        done = self.node.kubectl("exec", "-n", ns, pod, "--", "sh", "-c", script, check=False)
+        return done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def dra(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraNode]:
+    """devplug serving two devices of RESOURCE through DRA on the node, with the
+    DeviceClass `devplug check --device-classes` gives it; all gone afterwards."""
+    from kubernetes import client
+
+    folder = tmp_path_factory.mktemp("dra")
+    for name in DEVICES:
+        os.mknod(f"/dev/{name}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    config = folder / "dra.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "resources": [
+                    {
+                        "name": RESOURCE,
+                        "mode": "dra",
+                        "groups": [
+                            {"id": f"dra{i}", "paths": [{"path": f"/dev/{name}"}]}
+                            for i, name in enumerate(DEVICES)
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    resource = client.ResourceV1Api(real_node.api)
+    resource.create_device_class(device_class(DRIVER, RESOURCE))
+    log = folder / "serve.log"
+    command = [
+        *(sys.executable, "-m", "devplug.cli.main", "serve", "--config", str(config)),
+        *("--kubeconfig", str(real_node.kubeconfig), "--node-name", real_node.node_name),
+        *("--plugin-dir", str(folder / "dp")),  # no device plugin: kept off the kubelet's
+    ]
+    with log.open("wb") as out:
+        process = real_node.popen(*command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_log(log, f"{DRIVER}: registered with the kubelet")
+        yield DraNode(real_node, log, process)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        resource.delete_device_class(DRIVER)
+        for item in DraNode(real_node, log, process).slices():  # the kubelet would, 30 s on
+            resource.delete_resource_slice(item["metadata"]["name"])
+        for name in DEVICES:
+            os.unlink(f"/dev/{name}")
+
+
+def claim_template(name: str) -> dict[str, Any]:
+    request = {"name": "dev", "exactly": {"deviceClassName": DRIVER}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def claim_pod(node: RealNode, name: str, ns: str, template: str) -> dict[str, Any]:
+    pod = node.busybox_pod(name, namespace=ns)
+    pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": template}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "dev"}]}
+    return pod
+
+
+def sees_one_device(dra: DraNode, ns: str, pod: str) -> str:
+    """The device the container got (its node and its env), checked inside it."""
+    env = dra.in_pod(ns, pod, f"echo ${ENV}")
+    device = env.strip()
+    assert device in ("dra0", "dra1"), env
+    node = DEVICES[int(device[-1])]
+    listing = dra.in_pod(ns, pod, f"ls -l /dev/{node}")
+    assert listing.startswith("c"), listing  # a character device: the CDI node
+    assert "1,   3" in listing, listing
+    other = DEVICES[1 - int(device[-1])]
+    assert "No such file" in dra.in_pod(ns, pod, f"ls /dev/{other}")
+    return device
+
+
+def test_a_claim_and_a_count_are_prepared_through_the_real_kubelet(dra: DraNode) -> None:
+    from kubernetes import client
+
+    node = dra.node
+    core, resource = client.CoreV1Api(node.api), client.ResourceV1Api(node.api)
+    published = dra.wait_slice(lambda s: len(s["spec"].get("devices") or []) == 2)
+    assert published["spec"]["nodeName"] == node.node_name
+    with node.namespace("dra") as ns:
+        # A claim from a template: made by the resourceclaim controller, allocated by the
+        # scheduler, prepared by devplug through the kubelet.
+        resource.create_namespaced_resource_claim_template(ns, claim_template("one"))
+        node.create(claim_pod(node, "claimed", ns, "one"))
+        pod = node.wait_pod(ns, "claimed")
+        [claimed] = pod["status"]["resourceClaimStatuses"]
+        claim = resource.read_namespaced_resource_claim(claimed["resourceClaimName"], ns)
+        uid = claim.metadata.uid
+        spec = CDI_DIR / f"{DRIVER}-{uid}.json"
+        assert spec.exists()
+        first = sees_one_device(dra, ns, "claimed")
+        status = json.loads(
+            resource.read_namespaced_resource_claim(
+                claimed["resourceClaimName"], ns, _preload_content=False
+            ).data
+        )
+        [entry] = status["status"].get("devices") or [None]
+        assert entry is not None
+        assert entry["data"]["deviceID"] == first
+
+        # By count, no claim: the scheduler makes the claim from the DeviceClass.
+        node.create(node.busybox_pod("counted", {RESOURCE: 1}, namespace=ns))
+        counted = node.wait_pod(ns, "counted")
+        made = counted["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        assert "-extended-resources-" in made
+        assert sees_one_device(dra, ns, "counted") != first
+
+        # Deleted: unprepared, its CDI spec gone.
+        core.delete_namespaced_pod("claimed", ns, grace_period_seconds=0)
+        wait_for_log(dra.log, f"unprepared claim {ns}/{claimed['resourceClaimName']}")
+        assert not spec.exists()
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["SIGTERM", "SIGKILL"])
+def test_after_a_kubelet_restart_the_slices_are_back_and_claims_are_prepared(
+    dra: DraNode, kill: bool
+) -> None:
+    """The kubelet wipes the node's slices when it starts; devplug puts them back
+    (measured: from the kubelet's start to the slice back), and a new claim is
+    allocated and prepared."""
+    from kubernetes import client
+
+    node = dra.node
+    resource = client.ResourceV1Api(node.api)
+    before = dra.wait_slice(lambda s: len(s["spec"].get("devices") or []) == 2)
+    restored = dra.log.read_text().count("was deleted by someone else: restoring it")
+    node.restart_kubelet(kill=kill)
+    back = dra.wait_slice(lambda s: s["metadata"]["uid"] != before["metadata"]["uid"])
+    assert back["spec"]["devices"] == before["spec"]["devices"]
+    wait_for_log(dra.log, "was deleted by someone else: restoring it", restored + 1)
+    with node.namespace("dra") as ns:
+        resource.create_namespaced_resource_claim_template(ns, claim_template("again"))
+        node.create(claim_pod(node, "again", ns, "again"))
+        assert pod_ready(node.wait_pod(ns, "again"))
+        sees_one_device(dra, ns, "again")
