@@ -1015,3 +1015,53 @@ def test_the_simulator_wipes_the_node_slices_as_the_kubelet_does(
             assert ours["metadata"]["name"] not in names()
 
     asyncio.run(scenario())
+
+
+def test_the_examples_of_the_dra_page_run(
+    kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
+) -> None:
+    """docs/dra.md as written: its config served (the card paths made here), its
+    DeviceClass, claim and pods applied; the scheduler gives the u280 to the claim and
+    the other card to the pod asking by count, and both are prepared."""
+    from kubernetes import client, utils
+
+    from tests.test_dra_docs import config_examples, manifests
+
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    dirs = NodeDirs(short_tmp)
+    for i in (0, 1):
+        dirs.make_device(f"xclmgmt{i}")
+    config = dirs.root / "config.yaml"
+    text = config_examples()[0].replace("/dev/xclmgmt", f"{dirs.dev}/xclmgmt")
+    config.write_text(text.replace("    mode: dra", "    mode: dra\n    allowAnyPath: true", 1))
+    wanted = {"fpga.devplug.io", "one-u280", "synth", "counted-fpga"}
+    objects = [m for m in manifests() if m["metadata"]["name"] in wanted]
+    driver = "fpga.devplug.io"
+
+    async def scenario() -> None:
+        async with node_serving(dirs, api, kubeconfig, config, driver) as kubelet:
+            await asyncio.to_thread(
+                watch_until,
+                api,
+                resource.list_resource_slice,
+                lambda s: s["spec"]["driver"] == driver and len(s["spec"]["devices"]) == 2,
+            )
+            utils.create_from_yaml(api, yaml_objects=objects, namespace=namespace)
+            synth = await admitted(kubelet, "synth", namespace)
+            claim = resource.read_namespaced_resource_claim("one-u280", namespace)
+            assert synth.containers[0].options.cdi_devices == [
+                f"{driver}/claim={claim.metadata.uid}-fpga1"
+            ]
+            counted = await admitted(kubelet, "counted-fpga", namespace)
+            [cdi] = counted.containers[0].options.cdi_devices
+            assert cdi.endswith("-fpga0")
+            spec = json.loads((dirs.cdi / f"{driver}-{claim.metadata.uid}.json").read_text())
+            assert "DEVPLUG_DEVPLUG_IO_FPGA=fpga1" in spec["containerEdits"]["env"]
+            assert core.read_namespaced_pod(
+                "counted-fpga", namespace
+            ).status.extended_resource_claim_status
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        resource.delete_device_class(driver)

@@ -219,8 +219,10 @@ class SlicePublisher:
                 if action == "create":
                     answer = self._resource.create_resource_slice(body, _preload_content=False)
                 elif action == "replace":
+                    old = self._view.get(name)
+                    if old is None:  # deleted meanwhile: the next plan creates it
+                        continue
                     body = json.loads(json.dumps(body))
-                    old = self._view.get(name) or {}
                     body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
                     answer = self._resource.replace_resource_slice(
                         name, body, _preload_content=False
