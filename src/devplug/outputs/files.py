@@ -9,14 +9,20 @@ from pathlib import Path
 
 
 def write_atomic(
-    path: Path | str, data: str | bytes, mode: int = 0o644, *, durable: bool = True
+    path: Path | str,
+    data: str | bytes,
+    mode: int = 0o644,
+    *,
+    durable: bool = True,
+    sync_folder: bool = True,
 ) -> bool:
     """Replace `path` with `data` through a temporary file in the same folder and a
     rename, so a reader sees the old file or the new one, never a partial one.
 
-    `durable` syncs the data and then the folder to disk, as the kubelet does for its
-    checkpoint, so the new file survives a crash of the machine; state that a crash
-    may lose (a simulator's pod list) skips both syncs.
+    `durable` syncs the data and then the folder to disk, so the new file survives a
+    crash of the machine; state that a crash may lose (a simulator's pod list) skips
+    both syncs. `sync_folder=False` syncs the data only, as the kubelet writes its
+    checkpoints (pkg/kubelet/util/store: write, fsync, close, rename).
 
     Returns False, writing nothing, when the file already holds `data` (no needless
     inotify events for watchers such as node-feature-discovery).
@@ -40,7 +46,7 @@ def write_atomic(
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-    if durable:
+    if durable and sync_folder:
         folder = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(folder)
