@@ -30,7 +30,9 @@ def write_atomic(
     target = Path(path)
     content = data.encode() if isinstance(data, str) else data
     with contextlib.suppress(OSError):
-        if target.read_bytes() == content:
+        # Read the old file only when it may hold the same bytes (a big file that
+        # changes on every write, a checkpoint, is not read back each time).
+        if os.stat(target).st_size == len(content) and target.read_bytes() == content:
             return False
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)

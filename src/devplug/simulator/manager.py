@@ -153,7 +153,7 @@ EventSink = Callable[[str, str, str], None]
 class DeviceManager:
     def __init__(
         self,
-        checkpoint_path: Path,
+        checkpoint_path: Path | None,
         *,
         policy: str = topology.POLICY_NONE,
         numa_nodes: Sequence[int] | None = None,
@@ -181,7 +181,10 @@ class DeviceManager:
         self._held: collections.Counter[str] = collections.Counter()
         # the NUMA nodes the devices report (when not configured)
         self._device_numa_nodes = [0]
-        self._checkpoint = checkpoint.CheckpointWriter(checkpoint_path)
+        # None: a node kept in memory only, without a checkpoint
+        self._checkpoint = (
+            checkpoint.CheckpointWriter(checkpoint_path) if checkpoint_path is not None else None
+        )
         self._closed = False
 
     # -- topology ----------------------------------------------------------------------
@@ -207,9 +210,10 @@ class DeviceManager:
             n for state in self.resources.values() for ns in state.topology.values() for n in ns
         }
         self._device_numa_nodes = sorted(seen) or [0]
-        self._checkpoint.set_registered(
-            {resource: state.healthy_ids for resource, state in self.resources.items()}
-        )
+        if self._checkpoint is not None:
+            self._checkpoint.set_registered(
+                {resource: state.healthy_ids for resource, state in self.resources.items()}
+            )
 
     # -- registration and device lists ------------------------------------------------
 
@@ -318,8 +322,10 @@ class DeviceManager:
             self._count_out(resource, previous)
         held[resource] = allocation
         self._held[resource] += 1
-        if allocation.response is not None:
-            self._in_use.setdefault(resource, collections.Counter()).update(allocation.ids())
+        if allocation.response is None:
+            return
+        self._in_use.setdefault(resource, collections.Counter()).update(allocation.ids())
+        if self._checkpoint is not None:
             self._checkpoint.put(
                 checkpoint.Entry(
                     pod_uid,
@@ -350,7 +356,8 @@ class DeviceManager:
         for held in containers.values():
             for resource, allocation in held.items():
                 self._count_out(resource, allocation)
-        self._checkpoint.remove_pod(pod_uid)
+        if self._checkpoint is not None:
+            self._checkpoint.remove_pod(pod_uid)
         return True
 
     def remove_pod(self, pod_uid: str) -> bool:
@@ -667,10 +674,12 @@ class DeviceManager:
 
     def checkpoint_data(self) -> checkpoint.CheckpointData:
         """What the checkpoint holds (and the file, once written)."""
+        if self._checkpoint is None:
+            return checkpoint.CheckpointData(None, {})
         return self._checkpoint.data()
 
     def write_checkpoint(self) -> None:
-        if self._closed:
+        if self._closed or self._checkpoint is None:
             return
         try:
             self._checkpoint.write()
@@ -684,6 +693,8 @@ class DeviceManager:
         those of pods that are no longer active. Returns why the checkpoint could not be
         used, or None.
         """
+        if self.checkpoint_path is None:
+            return None
         try:
             data = checkpoint.read(self.checkpoint_path)
         except checkpoint.CheckpointError as error:
