@@ -10,7 +10,7 @@ from pathlib import Path
 
 def write_atomic(
     path: Path | str,
-    data: str | bytes,
+    data: str | bytes | bytearray,
     mode: int = 0o644,
     *,
     durable: bool = True,

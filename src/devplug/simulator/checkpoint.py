@@ -190,17 +190,15 @@ def _registered_json(registered: Mapping[str, Sequence[str] | None] | None) -> b
 def _document(entries_json: bytes | None, registered_json: bytes, checksum_value: int) -> bytes:
     """The file: the entries' JSON objects (joined by commas; None for null), the
     registered devices' JSON object and the checksum, laid out as encoding/json does."""
-    return b"".join(
-        (
-            b'{"Data":{"PodDeviceEntries":',
-            b"null" if entries_json is None else b"[" + entries_json + b"]",
-            b',"RegisteredDevices":',
-            registered_json,
-            b'},"Checksum":',
-            str(checksum_value).encode(),
-            b"}",
-        )
-    )
+    entries = b"null" if entries_json is None else b"[" + entries_json + b"]"
+    return _JSON_ENTRIES + entries + _json_end(registered_json, checksum_value)
+
+
+_JSON_ENTRIES = b'{"Data":{"PodDeviceEntries":'
+
+
+def _json_end(registered_json: bytes, checksum_value: int) -> bytes:
+    return b',"RegisteredDevices":' + registered_json + b'},"Checksum":%d}' % checksum_value
 
 
 def checksum(data: CheckpointData) -> int:
@@ -336,8 +334,9 @@ class CheckpointWriter:
     Entries are kept per pod, container and resource in the order the file lists them:
     pods and their containers as they were added, a container's resources by name. Each
     keeps its JSON and go-spew text. An entry added at the end (a pod being admitted)
-    carries the checksum on from the state after the entries before it; any other change
-    hashes the entries' text again, in one pass.
+    carries the checksum on from the state after the entries before it, and its JSON
+    onto the end of the file's bytes, kept from the last write; any other change hashes
+    the entries' text again and joins their JSON anew, in one pass each.
     """
 
     def __init__(self, path: Path) -> None:
@@ -349,6 +348,8 @@ class CheckpointWriter:
         self._count = 0
         # FNV-1a state after the go-spew text up to the last entry; None: to be hashed
         self._state: int | None = None
+        # the file's bytes up to the end of the last entry; None: to be joined
+        self._file: bytearray | None = None
         self._registered: dict[str, list[str]] = {}
         self._registered_json = b""
         self._tail = b""
@@ -383,6 +384,10 @@ class CheckpointWriter:
             self._state = _fnv1a32_from(self._state, suffix.encode())
         else:
             self._state = None
+        if at_end and self._file is not None:
+            self._file += rendered.json if self._count == 0 else b"," + rendered.json
+        else:
+            self._file = None
         self._count += 0 if replaced else 1
 
     def remove_pod(self, pod_uid: str) -> bool:
@@ -393,6 +398,7 @@ class CheckpointWriter:
         del self._pod_json[pod_uid], self._pod_spew[pod_uid]
         self._count -= sum(len(resources) for resources in containers.values())
         self._state = None
+        self._file = None
         return True
 
     def set_registered(self, registered: Mapping[str, Sequence[str]]) -> None:
@@ -420,11 +426,33 @@ class CheckpointWriter:
             self._state = fnv1a_32(text.encode())
         return _fnv1a32_from(self._state, self._tail)
 
+    def _complete(self) -> tuple[bytearray, int]:
+        """The file's bytes, and where its entries end (to cut what follows them off
+        again once written)."""
+        if self._file is None:
+            self._file = bytearray(_JSON_ENTRIES + b"[")
+            self._file += b",".join(self._pod_json.values())
+        end = len(self._file)
+        self._file += b"]" + _json_end(self._registered_json, self.checksum())
+        return self._file, end
+
     def encode(self) -> bytes:
         """The file's bytes: those of `encode(self.data())`."""
-        entries = b",".join(self._pod_json.values()) if self._count else None
-        return _document(entries, self._registered_json, self.checksum())
+        if self._count == 0:
+            return _document(None, self._registered_json, self.checksum())
+        buffer, end = self._complete()
+        try:
+            return bytes(buffer)
+        finally:
+            del buffer[end:]
 
     def write(self) -> None:
         # As the kubelet writes it: the data synced, the folder not.
-        write_atomic(self.path, self.encode(), mode=0o600, sync_folder=False)
+        if self._count == 0:
+            write_atomic(self.path, self.encode(), mode=0o600, sync_folder=False)
+            return
+        buffer, end = self._complete()
+        try:
+            write_atomic(self.path, buffer, mode=0o600, sync_folder=False)
+        finally:
+            del buffer[end:]
