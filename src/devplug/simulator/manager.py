@@ -179,6 +179,8 @@ class DeviceManager:
         self._in_use: dict[str, collections.Counter[str]] = {}
         # resource -> how many allocations there are (with a response or not)
         self._held: collections.Counter[str] = collections.Counter()
+        # resource -> its available devices in listing order, while known
+        self._free: dict[str, list[str]] = {}
         # the NUMA nodes the devices report (when not configured)
         self._device_numa_nodes = [0]
         # None: a node kept in memory only, without a checkpoint
@@ -206,6 +208,7 @@ class DeviceManager:
 
     def _devices_changed(self) -> None:
         """Device lists or the set of resources changed: renew what derives from them."""
+        self._free.clear()
         seen = {
             n for state in self.resources.values() for ns in state.topology.values() for n in ns
         }
@@ -325,6 +328,11 @@ class DeviceManager:
         if allocation.response is None:
             return
         self._in_use.setdefault(resource, collections.Counter()).update(allocation.ids())
+        free = self._free.get(resource)
+        if free is not None:
+            for device_id in allocation.ids():
+                with contextlib.suppress(ValueError):  # taken already, or not healthy
+                    free.remove(device_id)
         if self._checkpoint is not None:
             self._checkpoint.put(
                 checkpoint.Entry(
@@ -340,6 +348,7 @@ class DeviceManager:
         self._held[resource] -= 1
         if self._held[resource] <= 0:
             del self._held[resource]
+        self._free.pop(resource, None)
         if allocation.response is not None:
             used = self._in_use[resource]
             used.subtract(allocation.ids())
@@ -371,10 +380,11 @@ class DeviceManager:
         state = self.resources.get(resource)
         if state is None:
             return []
-        used = self._in_use.get(resource)
-        if not used:
-            return list(state.healthy_ids)
-        return [d for d in state.healthy_ids if d not in used]
+        free = self._free.get(resource)
+        if free is None:
+            used: Mapping[str, int] = self._in_use.get(resource) or {}
+            free = self._free[resource] = [d for d in state.healthy_ids if d not in used]
+        return list(free)
 
     # -- admission -------------------------------------------------------------------
 
