@@ -23,7 +23,8 @@ def spread_replicas(devices: Sequence[Device], taken: Sequence[Device] = ()) -> 
     ids = {d.id for d in devices}
     if (
         len(ids) == len(devices)
-        and not any(REPLICA_SEPARATOR in i for i in ids)
+        # joined by NUL, which is no ':', a separator found lies within one ID
+        and REPLICA_SEPARATOR not in "\0".join(ids)
         and not any(REPLICA_SEPARATOR in d.id or d.id in ids for d in taken)
     ):
         # No replicas, none listed twice, none taken: each comes once and first, in
