@@ -122,7 +122,8 @@ def bench_admission(root: Path, repo: Path) -> dict[str, Any]:
             continue
         report[side] = {
             key: statistics.median(r[key] for r in results)
-            for key in ("pods_per_s", "first_100_ms", "last_100_ms")
+            for key in ("pods_per_s", "first_100_ms", "last_100_ms", "deletes_per_s")
+            if key in results[0]
         } | {"runs": results}
     if runs["kubelet"]:
         report["ratio"] = round(
