@@ -135,6 +135,7 @@ def bench_admission(root: Path, repo: Path) -> dict[str, Any]:
         ]
     else:
         report["ratio"] = None
+        report["ratio_skipped"] = dpharness.how_to_provide(repo)
     return report
 
 
@@ -143,7 +144,7 @@ def summary(report: dict[str, Any]) -> str:
     text = f"sim {sim['pods_per_s']} pods/s ({sim['first_100_ms']} -> {sim['last_100_ms']} ms/pod)"
     real = report["kubelet"]
     if "skipped" in real:
-        return text + ", kubelet device manager: skipped"
+        return text + f", ratio skipped: {real['skipped']}"
     return text + (
         f", kubelet {real['pods_per_s']} pods/s ({real['first_100_ms']} -> "
         f"{real['last_100_ms']} ms/pod), x{report['ratio']}"
