@@ -223,6 +223,11 @@ class DeviceManager:
     async def register(self, resource: str, socket_path: Path) -> Endpoint:
         """Connect to a registering plugin and make it the resource's endpoint."""
         endpoint = await Endpoint.connect(resource, socket_path, self.dial_timeout)
+        return await self.attach(resource, endpoint)
+
+    async def attach(self, resource: str, endpoint: Endpoint) -> Endpoint:
+        """Make a connected `endpoint` the resource's one (a registration after the
+        dial; an in-process plugin of a simulated fleet node without one)."""
         if self._closed:
             await endpoint.close()
             raise EndpointError("the kubelet is stopping")
