@@ -5,40 +5,18 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from sim_helpers import FOO, PluginProcess, cli_command, device, devplug, plugin, pod, pods_yaml
-
-
-@contextmanager
-def kubelet_process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`devplug kubelet ARGS`, once it said it is ready; yields it and its ready line."""
-    proc = subprocess.Popen(
-        cli_command("kubelet", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        ready = proc.stdout.readline()
-        if not ready.startswith("kubelet simulator ready"):
-            proc.kill()
-            _, errors = proc.communicate()
-            raise AssertionError(f"devplug kubelet did not start: {ready!r} {errors}")
-        yield proc, ready
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+from sim_helpers import (
+    FOO,
+    PluginProcess,
+    device,
+    devplug,
+    kubelet_process,
+    plugin,
+    pod,
+    pods_yaml,
+)
 
 
 def test_commands_end_to_end(tmp_path: Path) -> None:

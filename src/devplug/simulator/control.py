@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from devplug.framework.unixserver import SocketIdentity, clear_stale_socket, socket_identity
 from devplug.simulator.pods import ManifestError
 from devplug.simulator.results import NodeStatus, PodResult, PodSummary, ResourceStatus
 
@@ -64,13 +65,14 @@ class ControlServer:
         self.path = path
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
+        self._identity: SocketIdentity | None = None
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        clear_stale_socket(self.path)  # never a file, a link or a socket someone serves
         self._server = await asyncio.start_unix_server(self._serve, self.path, limit=LINE_LIMIT)
         self.path.chmod(0o600)
+        self._identity = socket_identity(self.path)
 
     async def stop(self) -> None:
         server, self._server = self._server, None
@@ -81,8 +83,10 @@ class ControlServer:
             task.cancel()
         await asyncio.gather(*self._clients, return_exceptions=True)
         await server.wait_closed()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        if self._identity is not None and socket_identity(self.path) == self._identity:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()  # ours still: not one another process made since
+        self._identity = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
