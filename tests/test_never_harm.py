@@ -21,7 +21,7 @@ from devplug.framework.unixserver import SocketPathTaken, UnixServer, socket_ide
 from devplug.simulator import Kubelet
 from devplug.testing.realnode import RealNode
 
-WAIT_S = 20
+WAIT_S = 60
 
 
 @contextmanager

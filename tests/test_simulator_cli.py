@@ -123,3 +123,63 @@ def test_pods_at_start_and_usage_errors(tmp_path: Path) -> None:
     assert "cannot reach the kubelet simulator" in gone.stderr
     no_file = devplug("pods", "apply", "-f", str(tmp_path / "missing.yaml"), "--control", "x")
     assert no_file.returncode == 2
+
+
+def test_wait_for_ends_at_its_timeout_and_applies_nothing(tmp_path: Path) -> None:
+    manifest = tmp_path / "pods.yaml"
+    manifest.write_text(pods_yaml(pod("early", {"c": {FOO: 1}})))
+    args = ["--plugin-dir", str(tmp_path / "plugins"), "-f", str(manifest)]
+    args += ["--wait-for", f"{FOO}=2", "--timeout", "0.5", "--log-level", "warning"]
+    done = devplug("kubelet", *args, timeout=30)
+    assert done.returncode == 1
+    assert done.stdout.startswith("kubelet simulator ready")
+    assert "early" not in done.stdout
+    [line] = done.stderr.splitlines()
+    assert line == (
+        f"devplug kubelet: --wait-for {FOO}=2: not registered and listed within --timeout "
+        "0.5 s; no pod applied"
+    )
+
+
+def test_wait_for_ends_at_once_on_sigterm(tmp_path: Path) -> None:
+    manifest = tmp_path / "pods.yaml"
+    manifest.write_text(pods_yaml(pod("early", {"c": {FOO: 1}})))
+    args = ["--plugin-dir", str(tmp_path / "plugins"), "-f", str(manifest)]
+    args += ["--wait-for", FOO, "--timeout", "600"]
+    with kubelet_process(*args) as (kubelet, _):
+        kubelet.send_signal(signal.SIGTERM)
+        assert kubelet.wait(timeout=10) == 0  # not the 600 s of the wait
+        assert kubelet.stdout is not None
+        assert "early" not in kubelet.stdout.read()
+
+
+def test_a_reader_that_went_away_is_no_error(tmp_path: Path) -> None:
+    """`devplug node | head -1` and `devplug pods list | head -1`: nothing said about
+    the simulator, which answered."""
+    import os
+    import subprocess
+
+    from sim_helpers import cli_command
+
+    plugins, state = tmp_path / "plugins", tmp_path / "state"
+    with (
+        kubelet_process("--plugin-dir", str(plugins), "--state-dir", str(state)),
+        PluginProcess(tmp_path, plugins, [plugin(FOO, [device(f"d{i}") for i in range(50)])]),
+    ):
+        control = str(state / "control.sock")
+        assert devplug("node", "--control", control, "--wait-for", f"{FOO}=50").returncode == 0
+        for command in (["node"], ["pods", "list"], ["node", "-o", "yaml"]):
+            read, write = os.pipe()
+            os.close(read)
+            try:
+                done = subprocess.run(
+                    cli_command(*command, "--control", control),
+                    stdout=write,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    timeout=30,
+                )
+            finally:
+                os.close(write)
+            assert done.stderr == "", done.stderr
+            assert done.returncode == 1

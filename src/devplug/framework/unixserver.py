@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import socket
 import stat
 import struct
@@ -158,7 +157,7 @@ class UnixServer:
     async def start(self) -> None:
         self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         clear_stale_socket(self.path)
-        hidden = self.path.with_name(f".dp-{secrets.token_hex(4)}")
+        hidden = self.path.with_name(f".dp-{os.urandom(4).hex()}")
         if socket_path_problem(hidden) is not None:
             hidden = self.path  # no room for a longer name: bound where it is served
         server = grpc.aio.server(options=self._options)

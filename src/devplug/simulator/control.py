@@ -10,6 +10,7 @@ Each request is one line `{"op": NAME, ...arguments}`; each answer one line,
 | pods      |                                             | list of PodSummary         |
 | node      |                                             | NodeStatus                 |
 | wait      | resource, count (optional), timeout         | ResourceStatus             |
+| wait_driver | driver (a DRA driver's name), timeout     | its registrations          |
 | restart   | wait_for (list of resources), timeout       | {resource: registrations}  |
 | metrics   |                                             | Prometheus text            |
 
@@ -146,6 +147,11 @@ class ControlServer:
             return await kubelet.wait_for_resource(
                 resource, count=int(count) if count is not None else None, timeout=timeout
             )
+        if op == "wait_driver":
+            driver = request.get("driver")
+            if not isinstance(driver, str):
+                raise ControlError('wait_driver needs a "driver"')
+            return await kubelet.wait_for_registration(driver, timeout=timeout)
         if op == "restart":
             wait_for = [str(r) for r in request.get("wait_for") or []]
             before = {r: kubelet.registrations(r) for r in wait_for}
@@ -208,6 +214,10 @@ class ControlClient:
         return msgspec.convert(
             self.call("wait", resource=resource, count=count, timeout=timeout), ResourceStatus
         )
+
+    def wait_driver(self, driver: str, timeout: float = 10.0) -> int:
+        """Wait until the DRA driver `driver` has registered; its registrations."""
+        return int(self.call("wait_driver", driver=driver, timeout=timeout))
 
     def restart(self, wait_for: list[str] | None = None, timeout: float = 10.0) -> dict[str, int]:
         return msgspec.convert(

@@ -527,13 +527,17 @@ class Kubelet:
         manager = self._require_running()
         if isinstance(item, InvalidPod):
             return self._rejected(item.name, item.namespace, "", REASON_INVALID, item.message)
-        if item.key in self._pods or any(p.spec.uid == item.uid for p in self._pods.values()):
+        existing = self._pods.get(item.key)
+        if existing is not None and _same_pod(existing.spec, item):
+            return msgspec.structs.replace(existing.result, unchanged=True)
+        if existing is not None or any(p.spec.uid == item.uid for p in self._pods.values()):
             return self._rejected(
                 item.name,
                 item.namespace,
                 item.uid,
                 REASON_ALREADY_EXISTS,
-                f'pods "{item.name}" already exists',
+                f'pods "{item.name}" already exists with another spec (or uid); delete it '
+                "to apply this one",
             )
         rejection = await manager.admit(item)
         if rejection is not None:
@@ -798,3 +802,15 @@ def _with_cdi(options: RuntimeOptions, cdi: Sequence[str]) -> RuntimeOptions:
         return options
     merged = list(dict.fromkeys([*options.cdi_devices, *cdi]))
     return msgspec.structs.replace(options, cdi_devices=merged)
+
+
+def _same_pod(running: PodSpec, applied: PodSpec) -> bool:
+    """Whether `applied` is the pod that runs again: the same containers and requests,
+    and the same uid when the manifest gives one (without one, a uid is made up)."""
+    meta = applied.manifest.get("metadata") if isinstance(applied.manifest, Mapping) else None
+    uid_given = isinstance(meta, Mapping) and bool(meta.get("uid"))
+    return (
+        running.init_containers == applied.init_containers
+        and running.containers == applied.containers
+        and (not uid_given or running.uid == applied.uid)
+    )
