@@ -224,7 +224,6 @@ def test_serve_never_replaces_another_s_feature_file_or_cdi_spec(short_tmp: Path
     cdi = short_tmp / "cdi"
     cdi.mkdir()
     spec = cdi / "devplug-example.com_fake.json"
-    spec.write_text('{"kind": "other.example/fake"}\n')
     config = short_tmp / "config.yaml"
     config.write_text(
         "resources:\n  - name: example.com/fake\n    groups: [{paths: [{path: /dev/null}]}]\n"
@@ -232,6 +231,9 @@ def test_serve_never_replaces_another_s_feature_file_or_cdi_spec(short_tmp: Path
     )
     plugins = short_tmp / "plugins"
     for extra, path in ((["--feature-file", str(features)], features), ([], spec)):
+        if path == spec:  # one at a time: each stops the daemon
+            spec.unlink(missing_ok=True)  # devplug's own, if the first run wrote it
+            spec.write_text('{"kind": "other.example/fake"}\n')
         done = subprocess.run(
             serve_command(plugins, config, *extra),
             capture_output=True,
