@@ -9,11 +9,12 @@ name, so the node plugin and the slice publisher deal with one kind of object.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from devplug.framework.device import Attribute, ContainerEdits, Device
+from devplug.framework.dra.layout import Layout, Partition, partition_device
 from devplug.framework.dra.names import default_driver_name, device_name, driver_name_problem
 from devplug.framework.plugin import Plugin
 
@@ -33,11 +34,38 @@ class ClaimRef:
 
 @dataclass(frozen=True, slots=True)
 class AllocatedDevice:
-    """One result of a claim's allocation that belongs to this driver and pool."""
+    """One result of a claim's allocation that belongs to this driver and pool: with
+    the share ID and consumed capacity of a share of a shared device."""
 
     request: str
     pool: str
     device: str
+    share_id: str = ""
+    consumed: Mapping[str, str] = field(default_factory=dict)
+    admin_access: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A device as the slices publish it: a physical device, or one partition of it.
+    `device` is what the containers of a claim get."""
+
+    name: str
+    device: Device
+    parent: Device
+    layout: Layout | None = None
+    partition: Partition | None = None
+
+    @property
+    def shared(self) -> bool:
+        """Several claims may hold it at once (allowMultipleAllocations)."""
+        return self.layout is not None and bool(self.layout.shared)
+
+    @property
+    def counter_set(self) -> str:
+        """The counter set a partition consumes from: its parent's, named as the
+        parent would be; "" for a whole device."""
+        return device_name(self.parent.id) if self.partition is not None else ""
 
 
 class DraDriver(Plugin):
@@ -72,16 +100,26 @@ class DraDriver(Plugin):
     async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None:
         """Undo `prepare` (devices that are gone meanwhile are left out)."""
 
+    def layout(self, device: Device) -> Layout | None:
+        """How `device` is offered: as partitions, as shared capacity, or (None) as one
+        device for one claim."""
+        return None
+
 
 @dataclass(slots=True)
 class Driver:
     """A plugin served as the DRA driver `name`, with slice attributes added from the
-    config (`attributes`, for every device) and renamed (`attribute_names`)."""
+    config (`attributes`, for every device) and renamed (`attribute_names`), and the
+    layout of each device (`layout_of`: partitions or shared capacity)."""
 
     plugin: Plugin
     name: str
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
     attribute_names: Mapping[str, str] = field(default_factory=dict)
+    layout_of: Callable[[Device], Layout | None] | None = None
+    _offers: tuple[int, dict[str, Offer]] = field(
+        default=(-1, {}), init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if problem := driver_name_problem(self.name):
@@ -95,9 +133,35 @@ class Driver:
         name = plugin.driver_name if isinstance(plugin, DraDriver) else ""
         return cls(plugin, name or default_driver_name(plugin.resource_name))
 
+    def layout(self, device: Device) -> Layout | None:
+        if isinstance(self.plugin, DraDriver) and (own := self.plugin.layout(device)):
+            return own
+        return self.layout_of(device) if self.layout_of is not None else None
+
+    def offers(self) -> dict[str, Offer]:
+        """What the slices publish, by device name: each device, or each partition in
+        its place (kept until the plugin's devices change)."""
+        generation = self.plugin.generation
+        if self._offers[0] == generation:
+            return self._offers[1]
+        offers: dict[str, Offer] = {}
+        for device in self.plugin.devices.values():
+            layout = self.layout(device)
+            if layout is None or not layout.partitions:
+                name = device_name(device.id)
+                offers[name] = Offer(name, device, device, layout)
+                continue
+            for partition in layout.partitions:
+                part = partition_device(device, partition)
+                name = device_name(part.id)
+                offers[name] = Offer(name, part, device, layout, partition)
+        self._offers = (generation, offers)
+        return offers
+
     def devices_by_name(self) -> dict[str, Device]:
-        """The published devices by their name in the slices."""
-        return {device_name(d.id): d for d in self.plugin.devices.values()}
+        """The published devices by their name in the slices (partitions in place of
+        the devices they divide)."""
+        return {name: offer.device for name, offer in self.offers().items()}
 
     def describe(self, device: Device) -> tuple[dict[str, Attribute], dict[str, int]]:
         """A device's slice attributes and capacities, by their published names."""

@@ -23,7 +23,7 @@ from devplug.framework.dra.prepare import Preparer
 
 if TYPE_CHECKING:
     from devplug.framework.daemon import Daemon
-    from devplug.framework.dra.publisher import SlicePublisher
+    from devplug.framework.dra.publisher import PoolPublisher
 
 log = logging.getLogger("devplug.dra")
 
@@ -38,8 +38,8 @@ class DraSettings:
     cdi_dir: Path = Path(dra.CDI_PATH)
     # A kubeconfig file; None: $KUBECONFIG or the in-cluster service account.
     kubeconfig: str | None = None
-    # Read claims from this folder instead of the API server, and publish no slices
-    # (the kubelet simulator without an API server).
+    # Read claims from this folder instead of the API server, and write the slices
+    # there (the kubelet simulator without an API server).
     claims_dir: Path | None = None
 
 
@@ -53,7 +53,7 @@ class DraService:
         self.drivers = list(drivers)
         self.settings = settings
         self.node_plugins: list[NodePlugin] = []
-        self.publishers: list[SlicePublisher] = []
+        self.publishers: list[PoolPublisher] = []
         self._api: Any = None
         claims: ClaimSource
         if settings.claims_dir is not None:
@@ -79,6 +79,13 @@ class DraService:
 
             self.publishers = [
                 SlicePublisher(d, settings.node_name, self._api) for d in self.drivers
+            ]
+        elif settings.claims_dir is not None:
+            from devplug.framework.dra.publisher import FolderSlicePublisher
+
+            folder = settings.claims_dir
+            self.publishers = [
+                FolderSlicePublisher(d, settings.node_name, folder) for d in self.drivers
             ]
 
     async def run(self, daemon: Daemon | None = None) -> None:
