@@ -63,6 +63,20 @@ class NodeDirs:
         return path
 
 
+def kubelet_for(dirs: NodeDirs) -> Any:
+    """The simulator's kubelet of the node, claims from its claims folder."""
+    from devplug.framework.dra.claims import FileClaims
+    from devplug.simulator import Kubelet
+
+    return Kubelet(
+        dirs.plugin_dir,
+        dirs.state_dir,
+        control_socket=False,
+        dra_registry_dir=dirs.registry,
+        claims=FileClaims(dirs.claims),
+    )
+
+
 def accelerator_config(
     dirs: NodeDirs, models: Mapping[str, str], mode: str = "dra", **extra: Any
 ) -> Path:

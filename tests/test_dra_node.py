@@ -22,7 +22,6 @@ from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as healthgrpc
 from devplug.api.pluginregistration.v1 import api_pb2 as regpb
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reggrpc
 from devplug.framework.channel import unix_channel
-from devplug.framework.dra.claims import FileClaims
 from devplug.simulator import Kubelet
 from devplug.simulator.report import node_text
 from devplug.simulator.results import REASON_FAILED_PREPARE, REASON_UNSCHEDULABLE
@@ -34,6 +33,7 @@ from tests.dra_helpers import (
     allocated_claim,
     claim_pod,
     first_result,
+    kubelet_for,
     kubelet_process,
     serve_command,
 )
@@ -42,16 +42,6 @@ from tests.sim_helpers import run
 
 MODELS = {"acc0": "u250", "acc1": "u280"}
 CDI_KIND = f"{DRIVER}/claim"
-
-
-def kubelet_for(dirs: NodeDirs) -> Kubelet:
-    return Kubelet(
-        dirs.plugin_dir,
-        dirs.state_dir,
-        control_socket=False,
-        dra_registry_dir=dirs.registry,
-        claims=FileClaims(dirs.claims),
-    )
 
 
 @contextlib.asynccontextmanager

@@ -196,7 +196,11 @@ def _check_partitions(spec: PartitionsSpec, at: str, fail: _Fail) -> None:
 
 
 def quantity(value: Quantity) -> Decimal:
-    """A quantity's value ('1Gi' -> 1073741824); ValueError when it is none."""
+    """A quantity's value ('1Gi' -> 1073741824); ValueError when it is none. The
+    Kubernetes client's parser: the driver that shares capacity loads it anyway."""
+    from devplug.lazy import allow_ssl
+
+    allow_ssl()
     from kubernetes.utils.quantity import parse_quantity
 
     result: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]

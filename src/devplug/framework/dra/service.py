@@ -20,10 +20,10 @@ from devplug.framework.dra.claims import ApiClaims, ClaimSource, FileClaims
 from devplug.framework.dra.driver import Driver
 from devplug.framework.dra.nodeplugin import NodePlugin
 from devplug.framework.dra.prepare import Preparer
+from devplug.framework.dra.publisher import FolderSlicePublisher, PoolPublisher
 
 if TYPE_CHECKING:
     from devplug.framework.daemon import Daemon
-    from devplug.framework.dra.publisher import PoolPublisher
 
 log = logging.getLogger("devplug.dra")
 
@@ -81,8 +81,6 @@ class DraService:
                 SlicePublisher(d, settings.node_name, self._api) for d in self.drivers
             ]
         elif settings.claims_dir is not None:
-            from devplug.framework.dra.publisher import FolderSlicePublisher
-
             folder = settings.claims_dir
             self.publishers = [
                 FolderSlicePublisher(d, settings.node_name, folder) for d in self.drivers
@@ -94,8 +92,12 @@ class DraService:
         for driver in self.drivers:
             if id(driver.plugin) not in served:
                 tasks.append(asyncio.create_task(_scan(driver), name=f"scan {driver.name}"))
+        # Slices written to the claims folder are there before the driver registers, as
+        # a scheduler has them before it allocates; the API server may be away a while.
+        first = {id(p.driver): p for p in self.publishers if isinstance(p, FolderSlicePublisher)}
         for node_plugin, driver in zip(self.node_plugins, self.drivers, strict=True):
-            tasks.append(asyncio.create_task(_serve(node_plugin, driver), name=driver.name))
+            serve = _serve(node_plugin, driver, first.get(id(driver)))
+            tasks.append(asyncio.create_task(serve, name=driver.name))
         for publisher in self.publishers:
             tasks.append(
                 asyncio.create_task(publisher.run(), name=f"slices {publisher.driver.name}")
@@ -120,9 +122,13 @@ async def _scan(driver: Driver) -> None:
         raise RuntimeError(f"{driver.name}: scan() returned without publishing devices")
 
 
-async def _serve(node_plugin: NodePlugin, driver: Driver) -> None:
+async def _serve(
+    node_plugin: NodePlugin, driver: Driver, slices: PoolPublisher | None = None
+) -> None:
     # Registered only once the devices are known, as the device plugins are.
     await driver.plugin.wait_published()
+    if slices is not None:
+        await slices.wait_published(driver.plugin.generation)
     log.info(
         "%s: serving %s, registration %s",
         driver.name,
