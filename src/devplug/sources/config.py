@@ -256,7 +256,15 @@ def _check(config: Config, source: str) -> None:
         if problem := _int_problem(resource.count, 1, MAX_COUNT):
             fail(f"{at}.count", problem)
         if resource.dra is not None:
-            check_dra(resource.dra, f"{at}.dra", fail, mode=resource.mode, count=resource.count)
+            nvidia = resource.nvidia is not None
+            check_dra(
+                resource.dra,
+                f"{at}.dra",
+                fail,
+                mode=resource.mode,
+                count=resource.nvidia.replicas if resource.nvidia else resource.count,
+                nvidia=nvidia,
+            )
         if resource.nvidia is not None:
             if resource.groups is not None or resource.virtual is not None:
                 fail(at, "'nvidia' is set with 'groups' or 'virtual': a resource has one of them")

@@ -13,9 +13,12 @@ import msgspec
 from devplug.framework.device import Attribute
 
 if TYPE_CHECKING:
-    from devplug.framework.device import Device
-    from devplug.framework.dra.driver import Driver
+    from collections.abc import Sequence
+
+    from devplug.framework.device import ContainerEdits, Device
+    from devplug.framework.dra.driver import ClaimRef, Driver
     from devplug.framework.dra.layout import Layout
+    from devplug.framework.plugin import Plugin
 
 MODE_DEVICE_PLUGIN = "devicePlugin"
 MODE_DRA = "dra"
@@ -48,6 +51,9 @@ class PartitionsSpec(_Spec):
     sizes: list[int] = []
     counters: dict[str, int] = {}
     devices: list[PartitionSpec] = []
+    # An `nvidia` entry: each GPU in MIG mode offered as its MIG profiles at every
+    # placement, made when a claim is prepared and removed when it is unprepared.
+    mig: bool = False
 
 
 class RangeSpec(_Spec):
@@ -107,7 +113,15 @@ _Fail = Callable[[str, str], NoReturn]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-def check_dra(spec: DraSpec, at: str, fail: _Fail, *, mode: str = MODE_DRA, count: int = 1) -> None:
+def check_dra(
+    spec: DraSpec,
+    at: str,
+    fail: _Fail,
+    *,
+    mode: str = MODE_DRA,
+    count: int = 1,
+    nvidia: bool = False,
+) -> None:
     from devplug.framework.dra.names import attribute_name_problem, driver_name_problem
 
     if spec.driver is not None and (problem := driver_name_problem(spec.driver)):
@@ -128,8 +142,15 @@ def check_dra(spec: DraSpec, at: str, fail: _Fail, *, mode: str = MODE_DRA, coun
             f"needs mode: dra (a device plugin hands out whole devices, never {shaped})",
         )
     if count != 1:
-        fail(f"{at}.{shaped}", "not with 'count': a device is shared by DRA or by replicas")
-    if spec.partitions is not None:
+        replicas = "'nvidia.replicas'" if nvidia else "'count'"
+        fail(f"{at}.{shaped}", f"not with {replicas}: a device is shared by DRA or by replicas")
+    if spec.partitions is not None and spec.partitions.mig:
+        if not nvidia:
+            fail(f"{at}.partitions.mig", "only for an 'nvidia' entry")
+        rest = spec.partitions.slots, spec.partitions.counters, spec.partitions.sizes
+        if any(rest) or spec.partitions.devices:
+            fail(f"{at}.partitions", "'mig' takes its partitions from NVML: nothing else")
+    elif spec.partitions is not None:
         _check_partitions(spec.partitions, f"{at}.partitions", fail)
     for name, capacity in spec.consumable_capacity.items():
         _check_capacity(name, capacity, f"{at}.consumableCapacity.{name}", fail)
@@ -269,6 +290,21 @@ def _check_capacity(name: str, spec: CapacitySpec, at: str, fail: _Fail) -> None
                 fail(f"{where}.validRange.max", f"{bounds.max!r} is not min plus a number of steps")
 
 
+class ConfigLayout:
+    """The hooks of a config-built plugin whose `dra` block shapes its devices: each
+    device offered as the config says, prepared with what Allocate gives."""
+
+    def __init__(self, plugin: Plugin, layout: Callable[[Device], Layout | None]) -> None:
+        self.plugin = plugin
+        self.layout = layout
+
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Device]) -> ContainerEdits:
+        return await self.plugin.allocate(devices)
+
+    async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None:
+        return None
+
+
 def layout_of(spec: DraSpec | None) -> Callable[[Device], Layout | None] | None:
     """How the config offers each device: as partitions, with shared capacity, or
     (None) whole."""
@@ -323,20 +359,6 @@ def _text(value: Quantity | None) -> str | None:
     return None if value is None else str(value)
 
 
-def config_driver(plugin: Any) -> Driver:
-    """The DRA driver of a config-built plugin (its `spec` is its config entry)."""
-    from devplug.framework.dra.driver import Driver
-
-    spec = plugin.spec
-    return Driver(
-        plugin,
-        plugin_driver_name(plugin.resource_name, spec.name, spec.dra),
-        spec.dra.attributes if spec.dra else {},
-        spec.dra.attribute_names if spec.dra else {},
-        layout_of(spec.dra),
-    )
-
-
 def driver_name(resource_name: str, spec: DraSpec | None) -> str:
     """The resource's DRA driver: `dra.driver`, or one derived from the resource name."""
     if spec is not None and spec.driver is not None:
@@ -359,3 +381,23 @@ def plugin_driver_name(resource_name: str, spec_name: str, spec: DraSpec | None)
         return spec.driver
     label = default_driver_name(resource_name).partition(".")[0]
     return f"{label}.{spec.driver}"[:MAX_LABEL].rstrip(".-")
+
+
+def config_driver(plugin: Any) -> Driver:
+    """The DRA driver of a config-built plugin (its `spec` is its config entry)."""
+    from devplug.framework.dra.driver import Driver
+
+    spec = plugin.spec
+    driver = Driver(
+        plugin,
+        plugin_driver_name(plugin.resource_name, spec.name, spec.dra),
+        spec.dra.attributes if spec.dra else {},
+        spec.dra.attribute_names if spec.dra else {},
+    )
+    if spec.dra is not None and spec.dra.partitions is not None and spec.dra.partitions.mig:
+        from devplug.sources.nvidia.partitions import MigPartitions
+
+        driver.hooks = MigPartitions(plugin, lambda: driver.held)
+    elif (shape := layout_of(spec.dra)) is not None:
+        driver.hooks = ConfigLayout(plugin, shape)
+    return driver

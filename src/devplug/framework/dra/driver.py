@@ -9,9 +9,10 @@ name, so the node plugin and the slice publisher deal with one kind of object.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol
 
 from devplug.framework.device import Attribute, ContainerEdits, Device
 from devplug.framework.dra.layout import Layout, Partition, partition_device
@@ -68,10 +69,23 @@ class Offer:
         return device_name(self.parent.id) if self.partition is not None else ""
 
 
+class DraHooks(Protocol):
+    """What a driver does beyond a device plugin: how each device is offered, and the
+    work of preparing a claim's devices (a DraDriver, or what a source adds to a
+    config-built plugin: partitions, MIG instances made at prepare)."""
+
+    def layout(self, device: Device) -> Layout | None: ...
+
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Device]) -> ContainerEdits: ...
+
+    async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None: ...
+
+
 class DraDriver(Plugin):
     """A Plugin that is also a DRA driver: set `driver_name` (or pass it), describe the
     devices as for a device plugin, and override `prepare` / `unprepare` to do more
-    than hand out the devices' container edits.
+    than hand out the devices' container edits, and `layout` to offer devices as
+    partitions or shared capacity.
     """
 
     driver_name: str = ""
@@ -109,34 +123,38 @@ class DraDriver(Plugin):
 @dataclass(slots=True)
 class Driver:
     """A plugin served as the DRA driver `name`, with slice attributes added from the
-    config (`attributes`, for every device) and renamed (`attribute_names`), and the
-    layout of each device (`layout_of`: partitions or shared capacity)."""
+    config (`attributes`, for every device) and renamed (`attribute_names`), and its
+    hooks (a DraDriver's own; without, each device is whole and gets what Allocate
+    gives)."""
 
     plugin: Plugin
     name: str
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
     attribute_names: Mapping[str, str] = field(default_factory=dict)
-    layout_of: Callable[[Device], Layout | None] | None = None
+    hooks: DraHooks | None = None
+    # The names of the devices prepared for a claim on this node (the Preparer keeps it).
+    held: set[str] = field(default_factory=set)
     _offers: tuple[int, dict[str, Offer]] = field(
         default=(-1, {}), init=False, repr=False, compare=False
     )
+
+    @classmethod
+    def of(cls, plugin: Plugin) -> Driver:
+        """The driver of a DraDriver, or of a plain plugin under its default name."""
+        if isinstance(plugin, DraDriver):
+            return cls(plugin, plugin.driver_name, hooks=plugin)
+        return cls(plugin, default_driver_name(plugin.resource_name))
 
     def __post_init__(self) -> None:
         if problem := driver_name_problem(self.name):
             raise ValueError(problem)
         self.attributes = MappingProxyType(dict(self.attributes))
         self.attribute_names = MappingProxyType(dict(self.attribute_names))
-
-    @classmethod
-    def of(cls, plugin: Plugin) -> Driver:
-        """The driver of a DraDriver, or of a plain plugin under its default name."""
-        name = plugin.driver_name if isinstance(plugin, DraDriver) else ""
-        return cls(plugin, name or default_driver_name(plugin.resource_name))
+        if self.hooks is None and isinstance(self.plugin, DraDriver):
+            self.hooks = self.plugin
 
     def layout(self, device: Device) -> Layout | None:
-        if isinstance(self.plugin, DraDriver) and (own := self.plugin.layout(device)):
-            return own
-        return self.layout_of(device) if self.layout_of is not None else None
+        return self.hooks.layout(device) if self.hooks is not None else None
 
     def offers(self) -> dict[str, Offer]:
         """What the slices publish, by device name: each device, or each partition in
@@ -178,10 +196,10 @@ class Driver:
         return attributes, capacity
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Device]) -> ContainerEdits:
-        if isinstance(self.plugin, DraDriver):
-            return await self.plugin.prepare(claim, devices)
+        if self.hooks is not None:
+            return await self.hooks.prepare(claim, devices)
         return await self.plugin.allocate(devices)
 
     async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None:
-        if isinstance(self.plugin, DraDriver):
-            await self.plugin.unprepare(claim, devices)
+        if self.hooks is not None:
+            await self.hooks.unprepare(claim, devices)

@@ -96,6 +96,7 @@ class Preparer:
         self.cdi_kind = f"{driver.name}/{CDI_CLASS}"
         self._lock = asyncio.Lock()
         self.prepared: dict[str, PreparedClaim] = self._load()
+        self._tell_held()
 
     def _load(self) -> dict[str, PreparedClaim]:
         try:
@@ -113,6 +114,12 @@ class Preparer:
     def _save(self) -> None:
         data = msgspec.json.encode(Checkpoint(self.prepared))
         write_atomic(self.checkpoint_path, data, mode=0o600)
+        self._tell_held()
+
+    def _tell_held(self) -> None:
+        """The driver's hooks may ask what is prepared (a MIG instance found at start is
+        one devplug made when a claim holds its partition)."""
+        self.driver.held = {d.device for c in self.prepared.values() for d in c.devices}
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_dir / f"{self.driver.name}-{claim_uid}.json"
