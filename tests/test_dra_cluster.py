@@ -806,3 +806,90 @@ def test_the_api_server_accepts_what_the_config_accepts(api: Any) -> None:
             assert problem in said
             assert refused is not None, policy
             assert refused.startswith("422 "), refused
+
+
+def test_the_scheduler_allocates_mig_partitions_that_never_overlap(
+    kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
+) -> None:
+    """An A100 40GB in MIG mode (fake NVML) offered as its MIG profiles: the real
+    scheduler gives two 3g.20gb claims the two halves and leaves a 1g.5gb claim
+    waiting; the node makes each instance at prepare."""
+    import yaml
+    from kubernetes import client
+
+    from devplug.testing.fakegpus import gpu as mig_gpu
+
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    driver = "mig.devplug.io"
+    resource.create_device_class(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": driver},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+        }
+    )
+    dirs = NodeDirs(short_tmp)
+    description = {
+        "driver": {"loaded": True},
+        "gpus": [mig_gpu(0, model_key="A100-SXM4-40GB", mig=[])],
+    }
+    host = FakeGpuHost(dirs.root / "gpus", description)
+    entry = {
+        "nvidia": {"hostRoot": host.host_root},
+        "mode": "dra",
+        "dra": {"driver": driver, "partitions": {"mig": True}},
+    }
+    path = dirs.root / "config.yaml"
+    path.write_text(yaml.safe_dump({"resources": [entry]}))
+
+    def mig_claim(name: str, profile: str) -> dict[str, Any]:
+        expression = f'device.attributes["{driver}"].migProfile == "{profile}"'
+        request = {
+            "name": "mig",
+            "exactly": {
+                "deviceClassName": driver,
+                "selectors": [{"cel": {"expression": expression}}],
+            },
+        }
+        return {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}
+
+    async def scenario() -> None:
+        async with node_serving(dirs, api, kubeconfig, path, driver, host.env) as kubelet:
+            await asyncio.to_thread(
+                watch_until,
+                api,
+                resource.list_resource_slice,
+                lambda o: o["spec"]["driver"] == driver and "sharedCounters" in o["spec"],
+            )
+            for name, profile in (("half-a", "3g.20gb"), ("half-b", "3g.20gb")):
+                resource.create_namespaced_resource_claim(namespace, mig_claim(name, profile))
+                core.create_namespaced_pod(namespace, pod_body(f"p-{name}", name))
+            for name in ("half-a", "half-b"):
+                await admitted(kubelet, f"p-{name}", namespace)
+            response = resource.list_resource_slice(_preload_content=False)
+            offered = {
+                d["name"]: d
+                for s in json.loads(response.data)["items"]
+                if s["spec"]["driver"] == driver
+                for d in s["spec"].get("devices") or []
+            }
+            starts = []
+            for name in ("half-a", "half-b"):
+                [result] = allocation(resource, name, namespace)
+                attributes = offered[result["device"]]["attributes"]
+                assert attributes["migProfile"] == {"string": "3g.20gb"}
+                starts.append(attributes["migPlacement"]["int"])
+            assert sorted(starts) == [0, 4]
+            resource.create_namespaced_resource_claim(namespace, mig_claim("small", "1g.5gb"))
+            core.create_namespaced_pod(namespace, pod_body("p-small", "small"))
+            pending = await asyncio.to_thread(unschedulable, api, "p-small", namespace)
+            assert "cannot allocate all claims" in scheduled_message(pending)
+            host.reload()
+            made = sorted((g["start"], g["size"]) for g in host.gpu(0)["gpuInstances"])
+            assert made == [(0, 4), (4, 4)]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        resource.delete_device_class(driver)
