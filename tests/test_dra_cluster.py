@@ -811,7 +811,7 @@ def test_the_api_server_accepts_what_the_config_accepts(api: Any) -> None:
 def test_the_scheduler_allocates_mig_partitions_that_never_overlap(
     kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
 ) -> None:
-    """An A100 40GB in MIG mode (fake NVML) offered as its MIG profiles: the real
+    """The doc's MIG example on an A100 40GB in MIG mode (fake NVML): the real
     scheduler gives two 3g.20gb claims the two halves and leaves a 1g.5gb claim
     waiting; the node makes each instance at prepare."""
     import yaml
@@ -821,38 +821,24 @@ def test_the_scheduler_allocates_mig_partitions_that_never_overlap(
 
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     driver = "mig.devplug.io"
-    resource.create_device_class(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": driver},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
-        }
-    )
+    device_class, template, pod = doc_objects(driver, "mig-3g", "finetune")
+    resource.create_device_class(device_class)
     dirs = NodeDirs(short_tmp)
     description = {
         "driver": {"loaded": True},
         "gpus": [mig_gpu(0, model_key="A100-SXM4-40GB", mig=[])],
     }
     host = FakeGpuHost(dirs.root / "gpus", description)
-    entry = {
-        "nvidia": {"hostRoot": host.host_root},
-        "mode": "dra",
-        "dra": {"driver": driver, "partitions": {"mig": True}},
-    }
+    config = doc_config("{mig: true}")
+    config["resources"][0]["nvidia"] = {"hostRoot": host.host_root}
     path = dirs.root / "config.yaml"
-    path.write_text(yaml.safe_dump({"resources": [entry]}))
+    path.write_text(yaml.safe_dump(config))
 
-    def mig_claim(name: str, profile: str) -> dict[str, Any]:
-        expression = f'device.attributes["{driver}"].migProfile == "{profile}"'
-        request = {
-            "name": "mig",
-            "exactly": {
-                "deviceClassName": driver,
-                "selectors": [{"cel": {"expression": expression}}],
-            },
-        }
-        return {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}
+    small = json.loads(json.dumps(template))
+    [request] = small["spec"]["spec"]["devices"]["requests"]
+    request["exactly"]["selectors"][0]["cel"]["expression"] = (
+        f'device.attributes["{driver}"].migProfile == "1g.5gb"'
+    )
 
     async def scenario() -> None:
         async with node_serving(dirs, api, kubeconfig, path, driver, host.env) as kubelet:
@@ -862,9 +848,9 @@ def test_the_scheduler_allocates_mig_partitions_that_never_overlap(
                 resource.list_resource_slice,
                 lambda o: o["spec"]["driver"] == driver and "sharedCounters" in o["spec"],
             )
-            for name, profile in (("half-a", "3g.20gb"), ("half-b", "3g.20gb")):
-                resource.create_namespaced_resource_claim(namespace, mig_claim(name, profile))
-                core.create_namespaced_pod(namespace, pod_body(f"p-{name}", name))
+            for name in ("half-a", "half-b"):
+                resource.create_namespaced_resource_claim(namespace, claim_from(template, name))
+                core.create_namespaced_pod(namespace, pod_from(pod, f"p-{name}", name))
             for name in ("half-a", "half-b"):
                 await admitted(kubelet, f"p-{name}", namespace)
             response = resource.list_resource_slice(_preload_content=False)
@@ -881,8 +867,8 @@ def test_the_scheduler_allocates_mig_partitions_that_never_overlap(
                 assert attributes["migProfile"] == {"string": "3g.20gb"}
                 starts.append(attributes["migPlacement"]["int"])
             assert sorted(starts) == [0, 4]
-            resource.create_namespaced_resource_claim(namespace, mig_claim("small", "1g.5gb"))
-            core.create_namespaced_pod(namespace, pod_body("p-small", "small"))
+            resource.create_namespaced_resource_claim(namespace, claim_from(small, "small"))
+            core.create_namespaced_pod(namespace, pod_from(pod, "p-small", "small"))
             pending = await asyncio.to_thread(unschedulable, api, "p-small", namespace)
             assert "cannot allocate all claims" in scheduled_message(pending)
             host.reload()

@@ -31,6 +31,7 @@ def test_config_examples_are_valid() -> None:
         "example.com/fpga",
         "example.com/fpga-region",
         "nvidia.com/gpu",
+        "nvidia.com/gpu",
     ]
     [plugin] = build_plugins(configs[0])
     assert plugin.resource_name == "example.com/fpga"
