@@ -8,7 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,11 +168,15 @@ class Daemon:
     """`devplug serve` as a process; stderr goes to a file read at the end."""
 
     def __init__(
-        self, command: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+        self,
+        command: Sequence[str],
+        log: Path,
+        env: Mapping[str, str] | None = None,
+        popen: Callable[..., subprocess.Popen[Any]] = subprocess.Popen,
     ) -> None:
         self.log = log
         self._file = log.open("a")
-        self.proc = subprocess.Popen(
+        self.proc = popen(
             list(command),
             stdin=subprocess.DEVNULL,
             stdout=self._file,

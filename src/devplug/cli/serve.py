@@ -114,7 +114,7 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
         "--claims-dir",
         type=style.folder,
         metavar="DIR",
-        help="read claims from YAML files in DIR instead of the API server; publish no slices",
+        help="read claims from YAML files in DIR, and write the slices there (no API server)",
     )
 
 
