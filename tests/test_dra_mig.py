@@ -220,3 +220,24 @@ def test_instances_devplug_did_not_make_are_left_alone(short_tmp: Path) -> None:
                     daemon.stop()
 
     run(scenario())
+
+
+def test_the_real_gpu_check_runs_with_the_fake() -> None:
+    """tools/mig_partitions_check.py, for hosts with GPUs in MIG mode, works end to end
+    on the fake NVML: slices, a partition prepared (its instance made), unprepared."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parent.parent / "tools" / "mig_partitions_check.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--fake"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "== slices: 2, 25 device(s), 25 MIG partition(s)" in result.stdout
+    assert "NVIDIA_VISIBLE_DEVICES=MIG-" in result.stdout
+    assert "(the MIG instance destroyed)" in result.stdout
+    assert "published 25 device(s)" in result.stdout

@@ -72,7 +72,7 @@ class PoolPublisher:
                 retry = min(retry * 2, _RETRY_MAX_S)
                 continue
             retry = _RETRY_FIRST_S
-            healthy = sum(d.healthy for d in plugin.devices.values())
+            healthy = sum(o.device.healthy for o in self.driver.offers().values())
             log.info(
                 "%s: published %d device(s) for node %s (pool generation %d)",
                 self.driver.name,
