@@ -118,24 +118,21 @@ def _timed(socket: Path, claims: list[dra.Claim]) -> dict[str, dict[str, float]]
     with grpc.insecure_channel(f"unix://{socket}", options=FAST_RECONNECT) as channel:
         stub = dra_grpc.DRAPluginStub(channel)
         stub.NodePrepareResources(dra.NodePrepareResourcesRequest(), wait_for_ready=True)
-        prepare, unprepare = [], []
-        for claim in claims:
-            begin = time.perf_counter()
-            answer = stub.NodePrepareResources(
-                dra.NodePrepareResourcesRequest(claims=[claim]), timeout=30
-            )
-            if answer.claims[claim.uid].error:
-                raise RuntimeError(answer.claims[claim.uid].error)
-            prepare.append(time.perf_counter() - begin)
-        for claim in claims:
-            begin = time.perf_counter()
-            answer = stub.NodeUnprepareResources(
-                dra.NodeUnprepareResourcesRequest(claims=[claim]), timeout=30
-            )
-            if answer.claims[claim.uid].error:
-                raise RuntimeError(answer.claims[claim.uid].error)
-            unprepare.append(time.perf_counter() - begin)
-    return {"prepare": percentiles(prepare), "unprepare": percentiles(unprepare)}
+        calls = (
+            ("prepare", stub.NodePrepareResources, dra.NodePrepareResourcesRequest),
+            ("unprepare", stub.NodeUnprepareResources, dra.NodeUnprepareResourcesRequest),
+        )
+        report = {}
+        for key, call, message in calls:
+            samples = []
+            for claim in claims:
+                begin = time.perf_counter()
+                answer = call(message(claims=[claim]), timeout=30)
+                if answer.claims[claim.uid].error:
+                    raise RuntimeError(answer.claims[claim.uid].error)
+                samples.append(time.perf_counter() - begin)
+            report[key] = percentiles(samples)
+    return report
 
 
 def _mig(root: Path, api: Any, kubeconfig: str, namespace: str) -> dict[str, Any]:

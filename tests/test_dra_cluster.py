@@ -506,6 +506,28 @@ def allocation(resource: Any, name: str, namespace: str) -> list[dict[str, Any]]
     return results
 
 
+async def published_by(
+    api: Any, driver: str, predicate: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """A slice of `driver` that `predicate` accepts, once published."""
+    from kubernetes import client
+
+    return await asyncio.to_thread(
+        watch_until,
+        api,
+        client.ResourceV1Api(api).list_resource_slice,
+        lambda o: o["spec"]["driver"] == driver and predicate(o["spec"]),
+    )
+
+
+def variant(template: dict[str, Any], expression: str) -> dict[str, Any]:
+    """A copy of a claim template whose request selects by `expression` instead."""
+    copy: dict[str, Any] = json.loads(json.dumps(template))
+    [request] = copy["spec"]["spec"]["devices"]["requests"]
+    request["exactly"]["selectors"][0]["cel"]["expression"] = expression
+    return copy
+
+
 def release(resource: Any, name: str, namespace: str) -> None:
     """Deallocate a claim whose pod is gone (the controller-manager's work)."""
     resource.patch_namespaced_resource_claim_status(
@@ -532,11 +554,7 @@ def test_the_scheduler_never_allocates_overlapping_partitions(
     config["resources"][0]["groups"][0]["paths"] = [{"path": str(card)}]
     path = dirs.root / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    one_slot = json.loads(json.dumps(template))
-    [request] = one_slot["spec"]["spec"]["devices"]["requests"]
-    request["exactly"]["selectors"][0]["cel"]["expression"] = (
-        f'device.attributes["{driver}"].slots == 1'
-    )
+    one_slot = variant(template, f'device.attributes["{driver}"].slots == 1')
 
     def slots(claim: str) -> set[int]:
         """The slots of the partition allocated to `claim` (none if it waits)."""
@@ -555,12 +573,7 @@ def test_the_scheduler_never_allocates_overlapping_partitions(
                 pods = [(n, kubelet.pod(n, namespace)) for n in names]
                 return [n for n, p in pods if p is not None and p.admitted]
 
-            await asyncio.to_thread(
-                watch_until,
-                api,
-                resource.list_resource_slice,
-                lambda o: o["spec"]["driver"] == driver and "sharedCounters" in o["spec"],
-            )
+            await published_by(api, driver, lambda spec: "sharedCounters" in spec)
             halves = [f"half-{i}" for i in range(3)]
             for i, name in enumerate(halves):
                 resource.create_namespaced_resource_claim(namespace, claim_from(template, f"h{i}"))
@@ -643,17 +656,11 @@ def test_the_scheduler_shares_a_gpu_by_memory(
 
     async def scenario() -> None:
         async with node_serving(dirs, api, kubeconfig, path, driver, host.env) as kubelet:
-            await asyncio.to_thread(
-                watch_until,
-                api,
-                resource.list_resource_slice,
-                lambda o: (
-                    o["spec"]["driver"] == driver
-                    and any(
-                        d.get("allowMultipleAllocations") for d in o["spec"].get("devices") or []
-                    )
-                ),
-            )
+
+            def shared(spec: dict[str, Any]) -> bool:
+                return any(d.get("allowMultipleAllocations") for d in spec.get("devices", []))
+
+            await published_by(api, driver, shared)
             uids = {}
             for name, source in claims.items():
                 body = claim_from(source, name)
@@ -834,20 +841,11 @@ def test_the_scheduler_allocates_mig_partitions_that_never_overlap(
     path = dirs.root / "config.yaml"
     path.write_text(yaml.safe_dump(config))
 
-    small = json.loads(json.dumps(template))
-    [request] = small["spec"]["spec"]["devices"]["requests"]
-    request["exactly"]["selectors"][0]["cel"]["expression"] = (
-        f'device.attributes["{driver}"].migProfile == "1g.5gb"'
-    )
+    small = variant(template, f'device.attributes["{driver}"].migProfile == "1g.5gb"')
 
     async def scenario() -> None:
         async with node_serving(dirs, api, kubeconfig, path, driver, host.env) as kubelet:
-            await asyncio.to_thread(
-                watch_until,
-                api,
-                resource.list_resource_slice,
-                lambda o: o["spec"]["driver"] == driver and "sharedCounters" in o["spec"],
-            )
+            await published_by(api, driver, lambda spec: "sharedCounters" in spec)
             for name in ("half-a", "half-b"):
                 resource.create_namespaced_resource_claim(namespace, claim_from(template, name))
                 core.create_namespaced_pod(namespace, pod_from(pod, f"p-{name}", name))

@@ -119,29 +119,27 @@ def _check(root: Path, claims: Path, proc: subprocess.Popen[str]) -> int:
         }
         (claims / "check.yaml").write_text(yaml.safe_dump(claim))
         ref = dra.Claim(namespace="default", name="check", uid="mig-check-1")
-        begin = time.perf_counter()
-        answer = stub.NodePrepareResources(
-            dra.NodePrepareResourcesRequest(claims=[ref]), timeout=60
-        )
-        took = (time.perf_counter() - begin) * 1000
+        answer, took = _timed(stub.NodePrepareResources, dra.NodePrepareResourcesRequest, ref)
         if error := answer.claims[ref.uid].error:
             print(f"prepare failed: {error}")
             return 1
-        print(
-            f"prepared in {took:.1f} ms: {list(answer.claims[ref.uid].devices[0].cdi_device_ids)}"
-        )
+        ids = list(answer.claims[ref.uid].devices[0].cdi_device_ids)
+        print(f"prepared in {took:.1f} ms: {ids}")
         spec = json.loads((root / "cdi" / f"{DRIVER}-{ref.uid}.json").read_text())
         print(json.dumps(spec["containerEdits"], indent=1))
-        begin = time.perf_counter()
-        undone = stub.NodeUnprepareResources(
-            dra.NodeUnprepareResourcesRequest(claims=[ref]), timeout=60
-        )
-        took = (time.perf_counter() - begin) * 1000
+        undone, took = _timed(stub.NodeUnprepareResources, dra.NodeUnprepareResourcesRequest, ref)
         if error := undone.claims[ref.uid].error:
             print(f"unprepare failed: {error}")
             return 1
         print(f"unprepared in {took:.1f} ms (the MIG instance destroyed)")
     return 0
+
+
+def _timed(call: Any, message: Any, claim: dra.Claim) -> tuple[Any, float]:
+    """The answer of one claim's call, and its milliseconds."""
+    begin = time.perf_counter()
+    answer = call(message(claims=[claim]), timeout=60)
+    return answer, (time.perf_counter() - begin) * 1000
 
 
 def _profile(device: dict[str, Any]) -> str:
