@@ -37,11 +37,36 @@ def config_examples() -> list[str]:
 
 
 def test_config_examples_are_valid() -> None:
-    first, migration = config_examples()
-    [plugin] = build_plugins(parse_config(first, "docs/dra.md"))
+    configs = [parse_config(b, "docs/dra.md") for b in config_examples()]
+    assert [r.name for c in configs for r in c.resources] == [
+        "devplug.io/fpga",
+        "devplug.io/fpga",
+        "example.com/fpga-region",
+        "nvidia.com/gpu",
+        "nvidia.com/gpu",
+    ]
+    [plugin] = build_plugins(configs[0])
     assert (plugin.resource_name, plugin.spec.mode) == ("devplug.io/fpga", "dra")
-    [counted] = parse_config(migration, "docs/dra.md").resources
+    [counted] = configs[1].resources
     assert (counted.mode, counted.node_mode_label) == ("devicePlugin", "devplug.io/fpga-mode")
+
+
+def test_partition_example_publishes_what_the_doc_shows() -> None:
+    """The `devplug check` lines of the partition section are those of its config."""
+    from devplug.framework.dra.slices import slice_bodies
+    from devplug.sources.draconfig import config_driver
+
+    [config] = [b for b in blocks("yaml") if b.startswith("resources:") and "region" in b]
+    [plugin] = build_plugins(parse_config(config.replace("/dev/xclmgmt0", "/dev/null")))
+    plugin.publish(plugin.discover())
+    counters, devices = slice_bodies(config_driver(plugin), "node-a", 1)
+    shown = DOC.read_text()
+    assert f"slice {counters['metadata']['name']} (node node-a): 1 counter set(s)" in shown
+    names = [d["name"] for d in devices["spec"]["devices"]]
+    assert f"slice {devices['metadata']['name']} (node node-a): {len(names)} device(s)" in shown
+    for name in ("fpga0-slot-0", "fpga0-slots-2-3", "fpga0-slots-0-3"):
+        assert f"    {name}: model=u250 slots=" in shown
+        assert name in names
 
 
 def test_driver_example_defines_a_driver(tmp_path: Path) -> None:
@@ -54,7 +79,7 @@ def test_driver_example_defines_a_driver(tmp_path: Path) -> None:
 
 def test_every_feature_has_its_class_claim_and_pod() -> None:
     kinds = [(m["kind"], m["metadata"]["name"]) for m in manifests()]
-    assert kinds == [
+    for wanted in [
         ("DeviceClass", "fpga.devplug.io"),
         ("ResourceClaim", "one-u280"),
         ("Pod", "synth"),
@@ -64,7 +89,11 @@ def test_every_feature_has_its_class_claim_and_pod() -> None:
         ("Pod", "train"),
         ("ResourceClaim", "diagnose-fpga"),
         ("Pod", "diagnose"),
-    ]
+        ("ResourceClaimTemplate", "half-fpga"),
+        ("ResourceClaimTemplate", "gpu-10gib-share"),
+        ("DeviceClass", "gpu-share.devplug.io"),
+    ]:
+        assert wanted in kinds
 
 
 def test_the_class_of_the_page_is_the_one_check_prints() -> None:

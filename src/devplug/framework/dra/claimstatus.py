@@ -49,11 +49,17 @@ def device_data(device: Device, cdi_ids: Sequence[str]) -> dict[str, Any]:
 
 
 def status_entry(
-    driver: str, pool: str, name: str, data: dict[str, Any], now: str | None = None
+    driver: str,
+    pool: str,
+    name: str,
+    data: dict[str, Any],
+    share_id: str = "",
+    now: str | None = None,
 ) -> dict[str, Any]:
-    """One `status.devices` entry (resource.k8s.io/v1 AllocatedDeviceStatus)."""
+    """One `status.devices` entry (resource.k8s.io/v1 AllocatedDeviceStatus); a share of
+    a device shared by capacity is told apart by its share ID."""
     when = now or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
+    entry: dict[str, Any] = {
         "driver": driver,
         "pool": pool,
         "device": name,
@@ -68,6 +74,9 @@ def status_entry(
         ],
         "data": data,
     }
+    if share_id:
+        entry["shareID"] = share_id
+    return entry
 
 
 class ClaimStatusWriter:

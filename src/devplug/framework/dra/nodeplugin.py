@@ -28,11 +28,11 @@ from devplug.api.drahealth.v1alpha1 import api_pb2 as health
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from devplug.framework.device import Device
 from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.dra.claims import ClaimError
 from devplug.framework.dra.claimstatus import ClaimStatusWriter, device_data, status_entry
 from devplug.framework.dra.driver import ClaimRef
-from devplug.framework.dra.names import device_name
 from devplug.framework.dra.prepare import PreparedDevice, Preparer
 from devplug.framework.unixserver import UnixServer
 
@@ -64,6 +64,7 @@ class DraServicer:
                 d.pool,
                 d.device,
                 device_data(by_name[d.device], d.cdi_ids),
+                d.share_id,
             )
             for d in devices
             if d.device in by_name
@@ -153,14 +154,12 @@ class HealthServicer:
         return health.NodeWatchResourcesResponse(
             devices=[
                 health.DeviceHealth(
-                    device=health.DeviceIdentifier(
-                        pool_name=self.preparer.pool, device_name=device_name(d.id)
-                    ),
-                    health=health.HEALTHY if d.healthy else health.UNHEALTHY,
+                    device=health.DeviceIdentifier(pool_name=self.preparer.pool, device_name=name),
+                    health=health.HEALTHY if offer.device.healthy else health.UNHEALTHY,
                     last_updated_time=now,
-                    message="" if d.healthy else d.health_reason or "unhealthy",
+                    message=_health_message(offer.device),
                 )
-                for d in self.preparer.driver.plugin.devices.values()
+                for name, offer in self.preparer.driver.offers().items()
             ]
         )
 
@@ -184,6 +183,10 @@ class HealthServicer:
                 yield self._message()
         finally:
             closing.cancel()
+
+
+def _health_message(device: Device) -> str:
+    return "" if device.healthy else device.health_reason or "unhealthy"
 
 
 class RegistrationServicer:

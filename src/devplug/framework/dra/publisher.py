@@ -11,6 +11,10 @@ keeps the generation it had. During a rolling update two devplug pods publish th
 same pool: each stamps its slices, and the older one leaves alone a slice the newer
 one wrote, so the two never take turns rewriting it. API failures are retried with
 backoff; the node plugin keeps serving meanwhile.
+
+Without an API server (the kubelet simulator's claims folder), the slices are written
+as documents into that folder instead, where the simulator reads them as the
+scheduler would.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from devplug.framework.dra.driver import Driver
@@ -60,23 +65,111 @@ def _generation_of(obj: Mapping[str, Any]) -> int:
     return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
 
 
-class SlicePublisher:
+class PoolPublisher:
+    """Publishes the node's pool of one driver on every change of its devices."""
+
+    def __init__(self, driver: Driver, node: str) -> None:
+        self.driver = driver
+        self.node = node
+        self.published_generation = 0  # the plugin generation last published
+        self.pool_generation = 0
+        self._published = asyncio.Event()
+
+    def problems(self) -> list[str]:
+        """Why the node's slices are not what the devices say now (for /readyz)."""
+        if self.published_generation < self.driver.plugin.generation:
+            return [f"{self.driver.name}: ResourceSlices of node {self.node} not published yet"]
+        return []
+
+    async def wait_published(self, plugin_generation: int) -> None:
+        """Wait until the devices of `plugin_generation` (or newer) are published."""
+        while self.published_generation < plugin_generation:
+            event = self._published
+            await event.wait()
+
+    def _sync(self) -> int:
+        """Publish the current devices as the next pool generation; returns it."""
+        raise NotImplementedError
+
+    def _retried(self) -> tuple[type[BaseException], ...]:
+        """The failures a later attempt may overcome."""
+        return (OSError,)
+
+    async def run(self) -> None:
+        plugin = self.driver.plugin
+        await plugin.wait_published()
+        retried = self._retried()
+        retry = _RETRY_FIRST_S
+        while True:
+            seen = plugin.generation
+            try:
+                generation = await asyncio.to_thread(self._sync)
+            except retried as error:
+                reason = getattr(error, "reason", None) or error
+                log.warning(
+                    "%s: publishing slices failed (%s); retrying in %.1f s",
+                    self.driver.name,
+                    reason,
+                    retry,
+                )
+                await asyncio.sleep(retry)
+                retry = min(retry * 2, _RETRY_MAX_S)
+                continue
+            retry = _RETRY_FIRST_S
+            healthy = sum(o.device.healthy for o in self.driver.offers().values())
+            log.info(
+                "%s: published %d device(s) for node %s (pool generation %d)",
+                self.driver.name,
+                healthy,
+                self.node,
+                generation,
+            )
+            self.published_generation = seen
+            published, self._published = self._published, asyncio.Event()
+            published.set()
+            await plugin.wait_changed(seen)
+
+
+class FolderSlicePublisher(PoolPublisher):
+    """The slices as JSON documents in a folder ('<slice name>.json'): the simulator's
+    stand-in for the API server, beside the claim documents."""
+
+    def __init__(self, driver: Driver, node: str, folder: Path) -> None:
+        super().__init__(driver, node)
+        self.folder = folder
+        self._written: set[str] = set()
+
+    def _sync(self) -> int:
+        from devplug.outputs.files import remove_quietly, write_atomic
+
+        self.pool_generation += 1
+        bodies = slice_bodies(self.driver, self.node, self.pool_generation)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        names = {f"{b['metadata']['name']}.json" for b in bodies}
+        for body in bodies:
+            data = json.dumps(body, indent=1).encode()
+            write_atomic(self.folder / f"{body['metadata']['name']}.json", data, mode=0o644)
+        for stale in self._written - names:
+            remove_quietly(self.folder / stale)
+        self._written = names
+        return self.pool_generation
+
+
+class SlicePublisher(PoolPublisher):
+    """The slices on the API server, owned by the Node object, kept so by a watch."""
+
     def __init__(self, driver: Driver, node: str, api_client: Any, stamp: str = "") -> None:
         from kubernetes import client
 
-        self.driver = driver
-        self.node = node
+        super().__init__(driver, node)
         self.stamp = stamp or publisher_stamp("devplug")
         # Any: bodies are plain dicts in the API's JSON form, answers read as JSON.
         self._resource: Any = client.ResourceV1Api(api_client)
         self._core: Any = client.CoreV1Api(api_client)
         self._watch = SliceWatch(api_client, node, driver.name, self._on_update)
-        self.published_generation = 0  # the plugin generation last published
-        self.pool_generation = 0
         self.restored = 0  # slices put back after someone else deleted or changed them
         self._owner: dict[str, Any] | None = None
         self._owner_known = False
-        self._published = asyncio.Event()
         self._changed = asyncio.Event()
         self._listed = False
         self._view: dict[str, dict[str, Any]] = {}  # the API server's slices, by name
@@ -88,12 +181,6 @@ class SlicePublisher:
         self._in_sync = False
         self._yielded: set[str] = set()  # slices left to a newer instance (logged once)
         self._foreign: set[str] = set()  # slices of our pool devplug did not make
-
-    async def wait_published(self, plugin_generation: int) -> None:
-        """Wait until the devices of `plugin_generation` (or newer) are published."""
-        while self.published_generation < plugin_generation:
-            event = self._published
-            await event.wait()
 
     def problems(self) -> list[str]:
         """Why the node's slices are not what the devices say now (for /readyz)."""
@@ -282,7 +369,7 @@ class SlicePublisher:
                     continue
                 retry = _RETRY_FIRST_S
                 if not self._in_sync or self.published_generation < seen:
-                    healthy = sum(d.healthy for d in plugin.devices.values())
+                    healthy = sum(o.device.healthy for o in self.driver.offers().values())
                     log.info(
                         "%s: published %d device(s) for node %s (pool generation %d)",
                         self.driver.name,
