@@ -344,3 +344,35 @@ def test_a_spec_that_cannot_be_written_fails_the_claim(dirs: NodeDirs) -> None:
             assert result.admitted, result.message
 
     run(scenario())
+
+
+def test_a_tainted_device_goes_only_to_a_claim_that_tolerates_it(dirs: NodeDirs) -> None:
+    """With claims from a folder the simulator stands in for the scheduler: a device the
+    driver publishes tainted (its node gone) is refused to a claim whose request does not
+    tolerate the taint, and prepared for one that does."""
+    from tests.serve_helpers import wait_for_log
+
+    config = accelerator_config(dirs, MODELS)
+    write_claim(dirs, "plain", "uid-plain", ["acc0"])
+    tolerant = allocated_claim("tolerant", "uid-tolerant", ["acc0"])
+    toleration = {"key": "devplug.io/unhealthy", "operator": "Exists"}
+    tolerant["status"]["allocation"]["devices"]["results"][0]["tolerations"] = [toleration]
+    (dirs.claims / "tolerant.yaml").write_text(yaml.safe_dump(tolerant))
+
+    async def scenario() -> None:
+        async with serving(dirs, config) as kubelet:
+            (dirs.dev / "acc0").unlink()
+            # The second publish: the slice documents now carry the taint.
+            await asyncio.to_thread(wait_for_log, dirs.root / "daemon.log", "published", 2)
+            [refused] = await kubelet.apply(claim_pod("p-plain", "plain"))
+            assert refused.reason == REASON_UNSCHEDULABLE
+            assert refused.message == (
+                "claim default/plain: device acc0 has the taint "
+                "devplug.io/unhealthy=device-node-missing:NoSchedule, which the claim does "
+                "not tolerate"
+            )
+            [allowed] = await kubelet.apply(claim_pod("p-tolerant", "tolerant"))
+            assert allowed.admitted, allowed.message
+            assert allowed.containers[0].options.cdi_devices == [f"{CDI_KIND}=uid-tolerant-acc0"]
+
+    run(scenario())

@@ -2,7 +2,8 @@
 reads from a folder (no scheduler made them): every allocated device is in the
 newest slices of its pool; a device that is not shareable is held by one claim; the
 partitions allocated never consume more than their counter sets hold; the shares of
-a shared device carry a share ID, consume valid amounts and stay within its capacity.
+a shared device carry a share ID, consume valid amounts and stay within its capacity;
+a tainted device goes only to a request that tolerates its taint.
 
 The slices are the documents the drivers write beside the claims (`devplug serve
 --claims-dir`). A claim that breaks one of these rules is refused as the scheduler
@@ -106,6 +107,7 @@ def check(
                 f"claim {claim}: device {key[2]} of driver {key[0]} is in no ResourceSlice of "
                 f"pool {key[1]}"
             )
+        _check_taints(claim, key, device, result)
         if result.get("adminAccess"):
             continue
         if not device.get("allowMultipleAllocations"):
@@ -124,6 +126,23 @@ def check(
                     f"{set_key[2]} beyond its {limit if limit is not None else 0}: "
                     "it overlaps a partition already allocated"
                 )
+
+
+def _check_taints(
+    claim: str, key: DeviceKey, device: Mapping[str, Any], result: Mapping[str, Any]
+) -> None:
+    """A tainted device (NoSchedule or NoExecute) only for a request that tolerates it:
+    the scheduler copies the request's tolerations into the result."""
+    from devplug.framework.dra.driver import tolerates
+
+    tolerations = [t for t in result.get("tolerations") or () if isinstance(t, Mapping)]
+    for taint in device.get("taints") or ():
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
+            shown = f"{taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
+            raise AllocationError(
+                f"claim {claim}: device {key[2]} has the taint {shown}, which the claim "
+                "does not tolerate"
+            )
 
 
 def _add_counters(
