@@ -57,12 +57,42 @@ class DraNode:
     def wait_slice(self, test: Callable[[dict[str, Any]], bool], timeout: float = 60) -> Any:
         from kubernetes import client
 
-        return watch_until(
-            self.node.api,
-            client.ResourceV1Api(self.node.api).list_resource_slice,
-            lambda s: s["spec"]["driver"] == DRIVER and test(s),
-            timeout,
-        )
+        try:
+            return watch_until(
+                self.node.api,
+                client.ResourceV1Api(self.node.api).list_resource_slice,
+                lambda s: s["spec"]["driver"] == DRIVER and test(s),
+                timeout,
+            )
+        except TimeoutError:
+            state = "running" if self.process.poll() is None else f"exited {self.process.poll()}"
+            wiped = [line for line in self.node.kubelet_lines() if "Deleted ResourceSlices" in line]
+            raise AssertionError(
+                f"no such slice of {DRIVER}; devplug {state}, its log ends:\n"
+                + "\n".join(self.log.read_text().splitlines()[-25:])
+                + "\nthe kubelet's wipes:\n"
+                + "\n".join(wiped[-4:])
+            ) from None
+
+    def running(self, ns: str, pod: str) -> dict[str, Any]:
+        """The pod once Ready; on a timeout, what the API and devplug say of it."""
+        try:
+            return self.node.wait_pod(ns, pod)
+        except TimeoutError:
+            described = self.node.kubectl("describe", "pod", "-n", ns, pod, check=False).stdout
+            raise AssertionError(
+                f"pod {ns}/{pod} not Ready:\n{described[-2500:]}\ndevplug's log ends:\n"
+                + "\n".join(self.log.read_text().splitlines()[-15:])
+            ) from None
+
+    def gone(self, ns: str, pod: str, claim: str) -> None:
+        """Delete the pod and wait until the kubelet had devplug unprepare its claim:
+        the device is free again before the next test restarts the kubelet (a kubelet
+        started after a pod vanished unprepares its claim only in its next sweep)."""
+        from kubernetes import client
+
+        client.CoreV1Api(self.node.api).delete_namespaced_pod(pod, ns, grace_period_seconds=0)
+        wait_for_log(self.log, f"unprepared claim {ns}/{claim}")
 
     def in_pod(self, ns: str, pod: str, script: str) -> str:
         done = self.node.kubectl("exec", "-n", ns, pod, "--", "sh", "-c", script, check=False)
@@ -153,7 +183,7 @@ def test_a_claim_and_a_count_are_prepared_through_the_real_kubelet(dra: DraNode)
     from kubernetes import client
 
     node = dra.node
-    core, resource = client.CoreV1Api(node.api), client.ResourceV1Api(node.api)
+    resource = client.ResourceV1Api(node.api)
     published = dra.wait_slice(lambda s: len(s["spec"].get("devices") or []) == 2)
     assert published["spec"]["nodeName"] == node.node_name
     with node.namespace("dra") as ns:
@@ -161,7 +191,7 @@ def test_a_claim_and_a_count_are_prepared_through_the_real_kubelet(dra: DraNode)
         # scheduler, prepared by devplug through the kubelet.
         resource.create_namespaced_resource_claim_template(ns, claim_template("one"))
         node.create(claim_pod(node, "claimed", ns, "one"))
-        pod = node.wait_pod(ns, "claimed")
+        pod = dra.running(ns, "claimed")
         [claimed] = pod["status"]["resourceClaimStatuses"]
         claim = resource.read_namespaced_resource_claim(claimed["resourceClaimName"], ns)
         uid = claim.metadata.uid
@@ -179,15 +209,15 @@ def test_a_claim_and_a_count_are_prepared_through_the_real_kubelet(dra: DraNode)
 
         # By count, no claim: the scheduler makes the claim from the DeviceClass.
         node.create(node.busybox_pod("counted", {RESOURCE: 1}, namespace=ns))
-        counted = node.wait_pod(ns, "counted")
+        counted = dra.running(ns, "counted")
         made = counted["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
         assert "-extended-resources-" in made
         assert sees_one_device(dra, ns, "counted") != first
 
         # Deleted: unprepared, its CDI spec gone.
-        core.delete_namespaced_pod("claimed", ns, grace_period_seconds=0)
-        wait_for_log(dra.log, f"unprepared claim {ns}/{claimed['resourceClaimName']}")
+        dra.gone(ns, "claimed", claimed["resourceClaimName"])
         assert not spec.exists()
+        dra.gone(ns, "counted", made)
 
 
 @pytest.mark.parametrize("kill", [False, True], ids=["SIGTERM", "SIGKILL"])
@@ -210,5 +240,7 @@ def test_after_a_kubelet_restart_the_slices_are_back_and_claims_are_prepared(
     with node.namespace("dra") as ns:
         resource.create_namespaced_resource_claim_template(ns, claim_template("again"))
         node.create(claim_pod(node, "again", ns, "again"))
-        assert pod_ready(node.wait_pod(ns, "again"))
+        again = dra.running(ns, "again")
+        assert pod_ready(again)
         sees_one_device(dra, ns, "again")
+        dra.gone(ns, "again", again["status"]["resourceClaimStatuses"][0]["resourceClaimName"])

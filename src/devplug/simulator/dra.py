@@ -288,6 +288,8 @@ class DraManager:
             self._consider(folder / name)
 
     def _consider(self, path: Path) -> None:
+        if path.name.startswith("."):
+            return  # the kubelet's plugin watcher ignores hidden files (a socket being made)
         try:
             is_socket = stat.S_ISSOCK(path.lstat().st_mode)
         except OSError:

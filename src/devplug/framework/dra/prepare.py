@@ -162,12 +162,23 @@ class Preparer:
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_dir / f"{self.driver.name}-{claim_uid}.json"
 
+    def _already(self, claim: ClaimRef) -> list[PreparedDevice] | None:
+        """The devices of `claim` if it is prepared (its CDI spec there), else None."""
+        done = self.prepared.get(claim.uid)
+        if done is not None and (not done.devices or self.spec_path(claim.uid).exists()):
+            return done.devices
+        return None
+
     async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
         async with self._serialized():
-            done = self.prepared.get(claim.uid)
-            if done is not None and (not done.devices or self.spec_path(claim.uid).exists()):
-                return done.devices
-            obj = await asyncio.to_thread(self.claims.get, claim)
+            if (done := self._already(claim)) is not None:
+                return done
+        # Read outside the lock: claims of concurrent calls are read side by side, and
+        # only what touches the node (checkpoint, CDI spec, the hooks) is serialized.
+        obj = await asyncio.to_thread(self.claims.get, claim)
+        async with self._serialized():
+            if (done := self._already(claim)) is not None:
+                return done  # prepared meanwhile (the kubelet called again, or the other pod)
             picks = self._picks(allocated_devices(claim, obj, self.driver.name, self.pool))
             self._refuse_double_allocation(claim, picks)
             devices = list({id(p.offer): p.offer.device for p in picks}.values())
