@@ -44,7 +44,7 @@ def serve(kubelet: KubeletHarness, host: FakeGpuHost, text: str, count: int) -> 
 
 @pytest.fixture
 def eight(short_tmp: Path) -> FakeGpuHost:
-    return FakeGpuHost(short_tmp / "gpus", eight_gpus())
+    return FakeGpuHost(short_tmp / "gpus", eight_gpus() | {"machine": "DGX H100"})
 
 
 def test_discovery_allocation_topology_and_labels(
@@ -89,8 +89,12 @@ def test_discovery_allocation_topology_and_labels(
     assert labels["nvidia.com/gpu.replicas"] == "1"
     assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
     assert labels["nvidia.com/mig.capable"] == "true"  # an H100 is, MIG off
-    assert labels["nvidia.com/mig.strategy"] == "none"
+    assert "nvidia.com/mig.strategy" not in labels  # GFD labels none only by leaving it out
+    assert labels["nvidia.com/mps.capable"] == "false"
+    assert labels["nvidia.com/gpu.mode"] == "compute"  # PCI class 0x030200
+    assert labels["nvidia.com/gpu.machine"] == "DGX-H100"
     assert labels["nvidia.com/cuda.driver-version.full"] == "550.54.15"
+    assert labels["nvidia.com/cuda.driver.major"] == "550"  # GFD's deprecated name too
     assert labels["nvidia.com/cuda.runtime-version.full"] == "12.4"
 
 

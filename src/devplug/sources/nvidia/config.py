@@ -20,6 +20,21 @@ DEFAULT_RESOURCE = "nvidia.com/gpu"
 MAX_REPLICAS = 256
 
 MigStrategy = Literal["none", "single", "mixed"]
+Sharing = Literal["timeSlicing", "mps"]
+
+
+class MpsSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    """MPS sharing: one control daemon per shared GPU, its folders under `root`."""
+
+    # <root>/<resource>/<GPU UUID>/{pipe,log} and <root>/shm, the same path on the host
+    # and in the daemon's container (the client containers get them mounted).
+    root: str = "/run/nvidia/mps"
+    # The control daemon's program: a name looked up on PATH, or a path.
+    control: str = "nvidia-cuda-mps-control"
+    # Seconds between checks that each daemon still answers its control interface.
+    check_seconds: float = 5.0
+
+
 ListStrategy = Literal["envvar", "volume-mounts", "cdi"]
 
 
@@ -27,8 +42,11 @@ class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     # MIG: `none` serves whole GPUs, `single` serves every MIG device under the
     # resource's name, `mixed` serves each profile as '<domain>/mig-<profile>'.
     mig_strategy: MigStrategy = "none"
-    # Time-slicing: each GPU (or MIG device) is advertised `replicas` times.
+    # Sharing: each GPU (or MIG device) is advertised `replicas` times, time-sliced or
+    # through MPS (a memory and compute limit per replica).
     replicas: int = 1
+    sharing: Sharing = "timeSlicing"
+    mps: MpsSpec = msgspec.field(default_factory=MpsSpec)
     replica_policy: Literal["spread", "pack"] = "spread"
     fail_requests_greater_than_one: bool = False
     # How the container learns its GPUs: NVIDIA_VISIBLE_DEVICES with UUIDs (`envvar`),
@@ -71,6 +89,17 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
     at = f"{at}.nvidia"
     if not 1 <= spec.replicas <= MAX_REPLICAS:
         fail(f"{at}.replicas", f"expected an integer from 1 to {MAX_REPLICAS}, got {spec.replicas}")
+    if spec.sharing == "mps":
+        if spec.replicas < 2:
+            fail(f"{at}.replicas", "MPS sharing needs at least 2 replicas per GPU")
+        if spec.mig_strategy != "none":
+            fail(f"{at}.sharing", "MPS sharing is not supported with MIG (migStrategy none only)")
+        if not spec.mps.root.startswith("/"):
+            fail(f"{at}.mps.root", f"expected an absolute path, got {spec.mps.root!r}")
+        if not spec.mps.control:
+            fail(f"{at}.mps.control", "expected a program name or path")
+        if not spec.mps.check_seconds > 0:
+            fail(f"{at}.mps.checkSeconds", f"expected a number > 0, got {spec.mps.check_seconds}")
     strategies = spec.device_list_strategy
     if not strategies:
         fail(f"{at}.deviceListStrategy", "expected at least one of envvar, volume-mounts, cdi")

@@ -32,6 +32,7 @@ class Unit:
     numa: int | None
     nodes: tuple[DeviceNode, ...]
     attributes: dict[str, Attribute] = field(default_factory=dict)
+    pci_class: str = ""  # '0x030200' (3D controller), from sysfs
 
 
 def host_path(root: str, path: str) -> str:
@@ -46,6 +47,15 @@ def numa_node(root: str, bus: str) -> int | None:
     except (OSError, ValueError):
         return None
     return value if value >= 0 else None
+
+
+def pci_class(root: str, bus: str) -> str:
+    """The PCI class sysfs gives the device ('0x030200'), '' when unknown."""
+    try:
+        with open(host_path(root, f"/sys/bus/pci/devices/{bus}/class")) as f:
+            return f.read().strip().lower()
+    except OSError:
+        return ""
 
 
 def mig_minors(root: str) -> dict[str, int]:
@@ -95,6 +105,7 @@ def units(view: NvmlView, name: str, spec: NvidiaSpec) -> tuple[list[Unit], list
     warnings: list[str] = []
     for gpu in view.gpus:
         numa = numa_node(root, gpu.bus_id)
+        kind = pci_class(root, gpu.bus_id)
         gpu_node = DeviceNode(f"/dev/nvidia{gpu.minor}")
         attributes: dict[str, Attribute] = {
             "vendor": "NVIDIA",
@@ -118,7 +129,8 @@ def units(view: NvmlView, name: str, spec: NvidiaSpec) -> tuple[list[Unit], list
                     "served whole"
                 )
             resource = gpu_resource(gpu, name, spec)
-            found.append(Unit(gpu.uuid, gpu, None, resource, numa, (gpu_node, *shared), attributes))
+            nodes = (gpu_node, *shared)
+            found.append(Unit(gpu.uuid, gpu, None, resource, numa, nodes, attributes, kind))
             continue
         if gpu.mig_problem:
             warnings.append(f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled: {gpu.mig_problem}")
@@ -138,16 +150,28 @@ def units(view: NvmlView, name: str, spec: NvidiaSpec) -> tuple[list[Unit], list
             mig_attributes["migProfile"] = mig.profile
             resource = mig_resource(mig, name, spec)
             nodes = (gpu_node, *caps, *shared)
-            found.append(Unit(mig.uuid, gpu, mig, resource, numa, nodes, mig_attributes))
-    if spec.mig_strategy == "single":
-        profiles = {u.mig.profile for u in found if u.mig is not None}
-        whole = [u.gpu.index for u in found if u.mig is None]
-        if len(profiles) > 1 or (profiles and whole):
-            warnings.append(
-                "migStrategy single expects every GPU in MIG mode with one profile; found "
-                f"profiles {sorted(profiles)} and {len(whole)} GPU(s) without MIG"
-            )
+            found.append(Unit(mig.uuid, gpu, mig, resource, numa, nodes, mig_attributes, kind))
+    if spec.mig_strategy == "single" and (problem := single_problem(view)):
+        warnings.append(
+            f"migStrategy single expects every GPU in MIG mode with one profile: {problem}"
+        )
     return found, warnings
+
+
+def single_problem(view: NvmlView) -> str:
+    """Why `migStrategy: single` cannot serve this layout ('' when it can), as GPU feature
+    discovery says it: an empty MIG-enabled GPU, GPUs with and without MIG, or more than
+    one profile."""
+    enabled = [g for g in view.gpus if g.mig_enabled]
+    if not enabled:
+        return ""
+    if any(not g.migs for g in enabled):
+        return "at least one MIG device is enabled but empty"
+    if len(enabled) != len(view.gpus):
+        return "devices with MIG enabled and disabled detected"
+    if len({m.profile for g in enabled for m in g.migs}) > 1:
+        return "more than one MIG device type present on node"
+    return ""
 
 
 def resource_names(view: NvmlView | None, name: str, spec: NvidiaSpec) -> list[str]:

@@ -47,6 +47,12 @@ class MigInfo:
     gpu_slices: int = 0
     compute_slices: int = 0
     placement: Placement | None = None  # of its GPU instance (memory slices)
+    # The engines it shares with the other compute instances of its GPU instance.
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpegs: int = 0
+    ofas: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +230,11 @@ class Nvml:
                     gpu_slices=g,
                     compute_slices=c,
                     placement=placement,
+                    copy_engines=int(attrs.sharedCopyEngineCount),
+                    decoders=int(attrs.sharedDecoderCount),
+                    encoders=int(attrs.sharedEncoderCount),
+                    jpegs=int(attrs.sharedJpegCount),
+                    ofas=int(attrs.sharedOfaCount),
                 )
             )
         return tuple(migs)
