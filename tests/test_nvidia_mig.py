@@ -246,7 +246,7 @@ def test_host_descriptions_from_yaml() -> None:
 
 
 def test_geometry_is_plain_values() -> None:
-    geometry = MigGeometry(0, "GPU-x", True, (), ())
+    geometry = MigGeometry(0, "GPU-x", (), ())
     assert geometry.memory_slices == 0
     with pytest.raises(KeyError):
         geometry.profile("1g.10gb")

@@ -270,6 +270,8 @@ class Nvml:
         handle = self._handles[index]
         total = int(lib.nvmlDeviceGetMemoryInfo(handle).total)
         current, _pending = lib.nvmlDeviceGetMigMode(handle)
+        if current != lib.NVML_DEVICE_MIG_ENABLE:
+            raise lib.NVMLError_NotSupported()  # what NVML answers for profiles then
         profiles: list[GpuInstanceProfile] = []
         instances: list[GpuInstance] = []
         for enum, info in self._gpu_profiles(handle):
@@ -301,7 +303,6 @@ class Nvml:
         return MigGeometry(
             index=index,
             uuid=_text(lib.nvmlDeviceGetUUID(handle)),
-            enabled=current == lib.NVML_DEVICE_MIG_ENABLE,
             profiles=tuple(profiles),
             instances=tuple(sorted(instances, key=lambda i: i.id)),
         )
