@@ -84,7 +84,8 @@ def test_mig_single_invalid_layouts(short_tmp: Path) -> None:
     """GFD's -MIG-INVALID labels for what `migStrategy: single` cannot serve."""
     layouts = {
         "two profiles": "gpus: [{model: H100-SXM5-80GB, mig: [3g.40gb, 2g.20gb]}]",
-        "empty": "gpus: [{model: H100-SXM5-80GB, mig: [1g.10gb]}, {model: H100-SXM5-80GB, mig: []}]",
+        "empty": "gpus: [{model: H100-SXM5-80GB, mig: [1g.10gb]}, "
+        "{model: H100-SXM5-80GB, mig: []}]",
         "mixed modes": "gpus: [{model: H100-SXM5-80GB, mig: [1g.10gb]}, {model: H100-SXM5-80GB}]",
     }
     for name, layout in layouts.items():

@@ -13,8 +13,9 @@ A description is JSON: {"driver": {"loaded", "library", "version", "cuda", "hang
 "profile", "start", "size", "uuid"}]}], "migAccess", "migConfig", "lost", "error",
 "events", "recoveryAction", "nvlinks": [remote bus IDs, one per link]}], "topology":
 N x N common-ancestor levels, "events": [{"gpu", "type" (xid, dbe, sbe), "xid", "gi",
-"ci"}], "machine": DMI product name}. MIG instances follow the model's profile table (`devplug.testing.gpumodels`)
-with NVML's rules: placements, instance limits and overlaps, errors included.
+"ci"}], "machine": DMI product name}. MIG instances follow the model's profile table
+(`devplug.testing.gpumodels`) with NVML's rules: placements, instance limits and
+overlaps, errors included.
 """
 
 from __future__ import annotations
