@@ -11,6 +11,7 @@ from devplug.framework.device import Attribute, Device, DeviceNode, Mount
 from devplug.sources.config import replica_ids
 from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.sources.nvidia.mig import resource_suffix
+from devplug.sources.nvidia.mps import client_edits, mps_gpu
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo, NvmlView
 
 VENDOR_ID = "0x10de"
@@ -194,6 +195,11 @@ def devices(unit: Unit, spec: NvidiaSpec, healthy: bool) -> list[Device]:
         mounts = (Mount("/dev/null", f"{VOLUME_MOUNTS_DIR}/{unit.uuid}"),)
     if "cdi" in spec.device_list_strategy:
         cdi = (f"{CDI_KIND}={unit.uuid}",)
+    if spec.sharing == "mps":
+        gpu = mps_gpu(spec, unit.resource, unit.uuid, unit.gpu.index, unit.gpu.memory)
+        mps_env, mps_mounts = client_edits(gpu, spec)
+        env |= mps_env
+        mounts += mps_mounts
     return [
         Device(
             device_id,

@@ -388,6 +388,13 @@ class Nvml:
                 continue
         return links, ancestors
 
+    def set_compute_mode(self, index: int, exclusive: bool) -> None:
+        """EXCLUSIVE_PROCESS (for an MPS daemon) or DEFAULT; NVML's errors raised
+        (NoPermission without root)."""
+        lib = self.lib
+        mode = lib.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS if exclusive else lib.NVML_COMPUTEMODE_DEFAULT
+        lib.nvmlDeviceSetComputeMode(self._handles[index], mode)
+
     # -- health ----------------------------------------------------------------------
 
     def probe(self, index: int) -> int:

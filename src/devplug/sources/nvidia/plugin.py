@@ -63,6 +63,12 @@ class NvidiaPlugin(Plugin):
             await self.source.detach()
 
     async def allocate(self, devices: Sequence[Device]) -> ContainerEdits:
+        if self.nvidia.sharing == "mps" and len(devices) > 1:
+            raise AllocationError(
+                f"{len(devices)} replicas of {self.resource_name} requested by one "
+                "container: a container gets one MPS replica (one GPU's control daemon, "
+                "one share of its memory and SMs), as NVIDIA's plugin allows; ask for 1"
+            )
         shared = self.nvidia.replicas > 1
         if self.nvidia.fail_requests_greater_than_one and shared and len(devices) > 1:
             raise AllocationError(
