@@ -1,5 +1,6 @@
-"""Shared fixtures: a short temp folder, and the real one-node cluster (`real_node`,
-`real_node_image`) that every real-node test of a run shares."""
+"""Shared fixtures: a short temp folder, a throwaway control plane (`kubeconfig`), and
+the real one-node cluster (`real_node`, `real_node_image`) that every real-node test of
+a run shares."""
 
 from __future__ import annotations
 
@@ -27,6 +28,21 @@ def short_tmp() -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[str]:
+    """A throwaway control plane (etcd, kube-apiserver, kube-scheduler) for the run: the
+    kubeconfig of it. Skips with a how-to when its binaries are absent."""
+    from devplug.testing.controlplane import ControlPlane, how_to_provide
+
+    plane = ControlPlane.find(ROOT)
+    if plane is None:
+        pytest.skip(how_to_provide(ROOT))
+    try:
+        yield plane.start()
+    finally:
+        plane.stop()
 
 
 def _node_lock(config: pytest.Config) -> MachineLock:

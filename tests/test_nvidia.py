@@ -243,14 +243,21 @@ def test_time_slicing_spread_pack_and_one_replica_per_container(
     assert kubelet.admit({"example.com/strict": 1}).admitted
 
 
-def test_volume_mounts_and_cdi(kubelet: KubeletHarness, eight: FakeGpuHost) -> None:
-    text = config(eight, deviceListStrategy=["volume-mounts", "cdi"], passDeviceSpecs=False)
+def test_volume_mounts_and_cdi(
+    kubelet: KubeletHarness, eight: FakeGpuHost, short_tmp: Path
+) -> None:
+    text = config(
+        eight,
+        deviceListStrategy=["volume-mounts", "cdi-cri"],
+        passDeviceSpecs=False,
+        cdiDir=str(short_tmp / "cdi"),
+    )
     serve(kubelet, eight, text, 8)
     pod = kubelet.admit({GPU: 1})
     [uuid] = pod.devices()[GPU]
     assert pod.env()["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
     assert pod.mounts() == {f"/var/run/nvidia-container-devices/{uuid}": "/dev/null"}
-    assert pod.cdi_devices() == [f"nvidia.com/gpu={uuid}"]
+    assert pod.cdi_devices() == [f"k8s.device-plugin.nvidia.com/gpu={uuid}"]
     assert pod.device_nodes() == {}
 
 

@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 
 from devplug.framework.device import Attribute, Device, DeviceNode, Mount
 from devplug.sources.config import replica_ids
-from devplug.sources.nvidia.config import NvidiaSpec
+from devplug.sources.nvidia.config import (
+    CDI_STRATEGIES,
+    NvidiaSpec,
+    cdi_only,
+    replicas_of,
+)
 from devplug.sources.nvidia.mig import resource_suffix
 from devplug.sources.nvidia.mps import client_edits, mps_gpu
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo, NvmlView
@@ -19,7 +24,7 @@ SHARED_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/
 MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_DIR = "/var/run/nvidia-container-devices"
-CDI_KIND = "nvidia.com/gpu"
+CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"  # the kind NVIDIA's plugin names in Allocate
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,21 @@ class Unit:
 
 def host_path(root: str, path: str) -> str:
     return path if root == "/" else root + path
+
+
+def driver_node(spec: NvidiaSpec, path: str) -> DeviceNode:
+    """A driver device node: on the host under `driverRoot`, at `path` in the container."""
+    return DeviceNode(host_path(spec.driver_root, path), path)
+
+
+def container_id(unit: Unit, spec: NvidiaSpec) -> str:
+    """The ID the container is given: the UUID, or the index ('0', '0:1' for the MIG
+    device in slot 1 of GPU 0) with `deviceIDStrategy: index`, as NVIDIA's plugin."""
+    if spec.device_id_strategy == "uuid":
+        return unit.uuid
+    if unit.mig is None:
+        return str(unit.gpu.index)
+    return f"{unit.gpu.index}:{unit.mig.slot}"
 
 
 def numa_node(root: str, bus: str) -> int | None:
@@ -100,14 +120,15 @@ def mig_resource(mig: MigInfo, name: str, spec: NvidiaSpec) -> str:
 def units(view: NvmlView, name: str, spec: NvidiaSpec) -> tuple[list[Unit], list[str]]:
     """The units to serve, in GPU order, and one-line warnings about the layout."""
     root = spec.host_root
-    shared = tuple(DeviceNode(p) for p in SHARED_NODES if os.path.exists(host_path(root, p)))
+    on_host = host_path(root, spec.driver_root.rstrip("/"))
+    shared = tuple(driver_node(spec, p) for p in SHARED_NODES if os.path.exists(on_host + p))
     minors = mig_minors(root) if any(g.mig_enabled for g in view.gpus) else {}
     found: list[Unit] = []
     warnings: list[str] = []
     for gpu in view.gpus:
         numa = numa_node(root, gpu.bus_id)
         kind = pci_class(root, gpu.bus_id)
-        gpu_node = DeviceNode(f"/dev/nvidia{gpu.minor}")
+        gpu_node = driver_node(spec, f"/dev/nvidia{gpu.minor}")
         attributes: dict[str, Attribute] = {
             "vendor": "NVIDIA",
             "vendorID": VENDOR_ID,
@@ -144,7 +165,7 @@ def units(view: NvmlView, name: str, spec: NvidiaSpec) -> tuple[list[Unit], list
                 f"gpu{gpu.minor}/gi{mig.gpu_instance}/ci{mig.compute_instance}/access",
             ):
                 if key in minors:
-                    caps.append(DeviceNode(f"/dev/nvidia-caps/nvidia-cap{minors[key]}"))
+                    caps.append(driver_node(spec, f"/dev/nvidia-caps/nvidia-cap{minors[key]}"))
                 else:
                     warnings.append(f"MIG device {mig.uuid}: no {key} in {MIG_MINORS}")
             mig_attributes = dict(attributes, uuid=mig.uuid, memory=mig.memory)
@@ -184,17 +205,29 @@ def resource_names(view: NvmlView | None, name: str, spec: NvidiaSpec) -> list[s
 
 
 def devices(unit: Unit, spec: NvidiaSpec, healthy: bool) -> list[Device]:
-    """The unit's Devices: one per replica, each with the container edits it needs."""
+    """The unit's Devices: one per replica, each with the container edits it needs.
+    With CDI strategies only, the container gets CDI names and no env or device
+    specs, as from NVIDIA's plugin (MPS's folders still)."""
     env: dict[str, str] = {}
     mounts: tuple[Mount, ...] = ()
     cdi: tuple[str, ...] = ()
+    ident = container_id(unit, spec)
+    only_cdi = cdi_only(spec)
     if "envvar" in spec.device_list_strategy:
-        env[VISIBLE_DEVICES] = unit.uuid
+        env[VISIBLE_DEVICES] = ident
     if "volume-mounts" in spec.device_list_strategy:
         env[VISIBLE_DEVICES] = VOLUME_MOUNTS_DIR
-        mounts = (Mount("/dev/null", f"{VOLUME_MOUNTS_DIR}/{unit.uuid}"),)
-    if "cdi" in spec.device_list_strategy:
-        cdi = (f"{CDI_KIND}={unit.uuid}",)
+        mounts = (Mount("/dev/null", f"{VOLUME_MOUNTS_DIR}/{ident}"),)
+    if not only_cdi:
+        for name, on in (
+            ("NVIDIA_GDS", spec.gds_enabled),
+            ("NVIDIA_MOFED", spec.mofed_enabled),
+            ("NVIDIA_GDRCOPY", spec.gdrcopy_enabled),
+        ):
+            if on:
+                env[name] = "enabled"
+    if any(s in CDI_STRATEGIES for s in spec.device_list_strategy):
+        cdi = (f"{CDI_KIND}={ident}",)
     if spec.sharing == "mps":
         gpu = mps_gpu(spec, unit.resource, unit.uuid, unit.gpu.index, unit.gpu.memory)
         mps_env, mps_mounts = client_edits(gpu, spec)
@@ -205,11 +238,11 @@ def devices(unit: Unit, spec: NvidiaSpec, healthy: bool) -> list[Device]:
             device_id,
             healthy,
             numa_nodes=() if unit.numa is None else (unit.numa,),
-            nodes=unit.nodes if spec.pass_device_specs else (),
+            nodes=unit.nodes if spec.pass_device_specs and not only_cdi else (),
             mounts=mounts,
             env=env,
             cdi_devices=cdi,
             attributes=unit.attributes,
         )
-        for device_id in replica_ids(unit.uuid, spec.replicas)
+        for device_id in replica_ids(unit.uuid, replicas_of(spec, unit.resource))
     ]

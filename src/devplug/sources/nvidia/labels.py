@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from devplug.framework.device import Device
 from devplug.framework.preferred import physical_id
 from devplug.outputs.nfd import MAX_LABEL_VALUE, label_value
+from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
 from devplug.sources.nvidia.discovery import Unit, host_path, single_problem
 from devplug.sources.nvidia.nvml import MigInfo
 
@@ -77,12 +78,14 @@ def _mig_labels(resource: str, mig: MigInfo) -> dict[str, str]:
     return {f"{resource}.{key}": str(value) for key, value in values.items()}
 
 
-def _resource_labels(
-    resource: str, product: str, count: int, replicas: int, strategy: str
-) -> dict[str, str]:
+def _resource_labels(resource: str, product: str, count: int, spec: NvidiaSpec) -> dict[str, str]:
+    """Product, count, replicas and sharing strategy, as GFD labels them: a shared
+    resource's product ends in -SHARED unless it is served renamed ('.shared')."""
+    replicas = replicas_of(spec, resource)
     shared = replicas > 1
+    strategy = "mps" if spec.sharing == "mps" else "time-slicing"
     return {
-        f"{resource}.product": _product(product, shared=shared),
+        f"{resource}.product": _product(product, shared=shared and not spec.rename_shared),
         f"{resource}.count": str(count),
         f"{resource}.replicas": str(replicas),
         f"{resource}.sharing-strategy": strategy if shared else "none",
@@ -96,16 +99,15 @@ def node_labels(
     if view is None:
         return {}
     spec = source.spec
-    strategy = "mps" if spec.sharing == "mps" else "time-slicing"
     served = [u for u in source.units if u.resource == resource]
     if not primary:
-        return _served_labels(resource, served, spec.replicas, strategy)
+        return _served_labels(resource, served, spec)
     domain = resource.partition("/")[0]
     gpu = f"{domain}/gpu"
     labels: dict[str, str] = {}
     if view.gpus:
         first = view.gpus[0]
-        labels |= _resource_labels(gpu, first.model, len(view.gpus), spec.replicas, strategy)
+        labels |= _resource_labels(gpu, first.model, len(view.gpus), spec)
         labels[f"{gpu}.memory"] = _mib(first.memory)
         if spec.mig_strategy == "single" and any(g.mig_enabled for g in view.gpus):
             if single_problem(view):
@@ -117,14 +119,14 @@ def node_labels(
                 }
             else:
                 count = len({physical_id(d.id) for d in devices})
-                labels |= _served_labels(gpu, served, spec.replicas, strategy, count)
+                labels |= _served_labels(gpu, served, spec, count)
         major, minor = first.compute_capability
         labels |= {
             f"{gpu}.compute.major": str(major),
             f"{gpu}.compute.minor": str(minor),
             f"{gpu}.family": family(major, minor),
             f"{gpu}.mode": _gpu_mode(source.units),
-            f"{gpu}.machine": _machine(source.spec.host_root),
+            f"{gpu}.machine": _machine(spec.host_root, spec.machine_type_file),
         }
     labels[f"{domain}/mig.capable"] = str(any(g.mig_capable for g in view.gpus)).lower()
     if spec.mig_strategy != "none":  # GFD labels a strategy only when there is one
@@ -136,7 +138,7 @@ def node_labels(
 
 
 def _served_labels(
-    resource: str, served: list[Unit], replicas: int, strategy: str, count: int | None = None
+    resource: str, served: list[Unit], spec: NvidiaSpec, count: int | None = None
 ) -> dict[str, str]:
     """The labels of a MIG-profile or per-model resource (or of the GPUs' resource under
     `migStrategy: single`), from the first unit it serves."""
@@ -145,12 +147,10 @@ def _served_labels(
     first = served[0]
     number = len(served) if count is None else count
     if first.mig is None:
-        labels = _resource_labels(resource, first.gpu.model, number, replicas, strategy)
+        labels = _resource_labels(resource, first.gpu.model, number, spec)
         labels[f"{resource}.memory"] = _mib(first.gpu.memory)
         return labels
-    labels = _resource_labels(
-        resource, f"{first.gpu.model}-MIG-{first.mig.profile}", number, replicas, strategy
-    )
+    labels = _resource_labels(resource, f"{first.gpu.model}-MIG-{first.mig.profile}", number, spec)
     return labels | _mig_labels(resource, first.mig)
 
 
@@ -160,10 +160,10 @@ def _gpu_mode(units: list[Unit]) -> str:
     return GPU_MODES.get(classes[0], "unknown") if classes else "unknown"
 
 
-def _machine(root: str) -> str:
-    """The machine type from DMI (GFD's default machine type file)."""
+def _machine(root: str, path: str) -> str:
+    """The machine type from the machine type file (GFD's default: DMI's product name)."""
     try:
-        with open(host_path(root, "/sys/class/dmi/id/product_name")) as f:
+        with open(host_path(root, path)) as f:
             text = f.read().strip()
     except OSError:
         return "unknown"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devplug.framework.device import Mount
-from devplug.sources.nvidia.config import NvidiaSpec
+from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
 
 log = logging.getLogger("devplug.sources.nvidia.mps")
 
@@ -36,13 +36,14 @@ class MpsGpu:
     uuid: str
     index: int
     memory: int  # bytes
+    replicas: int
     pipe: Path
     log: Path
 
-    def limits(self, replicas: int) -> tuple[str, str]:
+    def limits(self) -> tuple[str, str]:
         """(pinned memory per replica as MPS writes it, SM percentage per replica)."""
-        memory = f"{self.memory // replicas // (1024 * 1024)}M"
-        return memory, f"{100 // replicas}"
+        memory = f"{self.memory // self.replicas // (1024 * 1024)}M"
+        return memory, f"{100 // self.replicas}"
 
 
 def folder(root: str, resource: str, uuid: str) -> Path:
@@ -51,13 +52,13 @@ def folder(root: str, resource: str, uuid: str) -> Path:
 
 def mps_gpu(spec: NvidiaSpec, resource: str, uuid: str, index: int, memory: int) -> MpsGpu:
     base = folder(spec.mps.root, resource, uuid)
-    return MpsGpu(uuid, index, memory, base / "pipe", base / "log")
+    return MpsGpu(uuid, index, memory, replicas_of(spec, resource), base / "pipe", base / "log")
 
 
 def client_edits(gpu: MpsGpu, spec: NvidiaSpec) -> tuple[dict[str, str], tuple[Mount, ...]]:
     """What a container using a replica needs: the daemon's pipe folder (where CUDA
     finds it), its log folder, the shared /dev/shm, and its replica's limits."""
-    memory, percentage = gpu.limits(spec.replicas)
+    memory, percentage = gpu.limits()
     env = {
         "CUDA_MPS_PIPE_DIRECTORY": str(gpu.pipe),
         "CUDA_MPS_LOG_DIRECTORY": str(gpu.log),
@@ -168,7 +169,7 @@ class MpsDaemons:
             code, output = await self._control(gpu, ["-d"], None)
             if code != 0:
                 raise RuntimeError(f"{self.spec.mps.control} -d exited {code}: {output.strip()}")
-        memory, percentage = gpu.limits(self.spec.replicas)
+        memory, percentage = gpu.limits()
         commands = [
             f"set_default_device_pinned_mem_limit 0 {memory}",
             f"set_default_active_thread_percentage {percentage}",

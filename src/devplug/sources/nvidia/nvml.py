@@ -39,6 +39,7 @@ class MigInfo:
     uuid: str
     gpu_instance: int
     compute_instance: int
+    slot: int  # its MIG device index on the GPU ('<GPU index>:<slot>' for deviceIDStrategy index)
     # NVIDIA's name: '1g.10gb', '1g.10gb+me', or '1c.2g.20gb' when it takes part of its
     # GPU instance (devplug.sources.nvidia.mig).
     profile: str
@@ -224,6 +225,7 @@ class Nvml:
                     uuid=_text(lib.nvmlDeviceGetUUID(mig)),
                     gpu_instance=gi,
                     compute_instance=int(lib.nvmlDeviceGetComputeInstanceId(mig)),
+                    slot=slot,
                     profile=name,
                     memory=int(attrs.memorySizeMB) * 1024 * 1024,
                     multiprocessors=int(attrs.multiprocessorCount),
