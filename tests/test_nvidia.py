@@ -420,19 +420,6 @@ def test_nvml_binding_loads_with_a_gpu_resource(kubelet: KubeletHarness, short_t
     assert not kubelet.admit(pod_manifest("p", {"main": {GPU: 1}})).admitted
 
 
-def test_gpu_check_script_runs_with_the_fake() -> None:
-    """The real-GPU check script, on the fake driver: every section prints."""
-    script = Path(__file__).resolve().parent.parent / "tools" / "gpu_check.py"
-    result = subprocess.run(
-        [sys.executable, str(script), "--fake"], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    for heading in ("== discovery: 8 device(s)", "== pod", "== labels file", "== Allocate latency"):
-        assert heading in result.stdout
-    assert f"env NVIDIA_VISIBLE_DEVICES={gpu_uuid(0)}" in result.stdout
-    assert "MISSING" not in result.stdout
-
-
 def test_event_wait_failure_marks_every_gpu_until_watched_again(
     kubelet: KubeletHarness, eight: FakeGpuHost
 ) -> None:

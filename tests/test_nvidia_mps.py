@@ -24,7 +24,7 @@ from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid
 
 GPU = "nvidia.com/gpu"
 FAST = {"probeSeconds": 0.05, "retryMaxSeconds": 0.2, "nvmlTimeoutSeconds": 5}
-EXCLUSIVE_PROCESS, DEFAULT = 3, 0  # NVML_COMPUTEMODE_*
+EXCLUSIVE_PROCESS, PROHIBITED, DEFAULT = 3, 2, 0  # NVML_COMPUTEMODE_*
 
 
 @pytest.fixture
@@ -113,6 +113,7 @@ def test_one_supervised_daemon_per_gpu_and_each_replica_gets_its_share(
     kubelet: KubeletHarness, short_tmp: Path, mps_root: Path
 ) -> None:
     host = h100s(short_tmp, 2)
+    host.set(1, computeMode=PROHIBITED)  # given back as it was
     features = short_tmp / "features"
     text = yaml.safe_load(mps_config(host, mps_root, short_tmp / "bin"))
     text["nodeFeatures"] = {"path": str(features)}
@@ -191,7 +192,7 @@ def test_one_supervised_daemon_per_gpu_and_each_replica_gets_its_share(
     )
     assert "MPS control daemon of " + uuids[1] + " does not answer" in process.output
 
-    # Stopping devplug stops its daemons and gives the GPUs back their DEFAULT mode.
+    # Stopping devplug stops its daemons and gives the GPUs back the modes they had.
     assert process.stop() == 0
     for uuid in uuids:
         assert daemon_pid(mps_root, uuid) is None
@@ -199,7 +200,7 @@ def test_one_supervised_daemon_per_gpu_and_each_replica_gets_its_share(
         assert s is not None
         assert s["commands"][-1] == "quit"
     host.reload()
-    assert [host.gpu(i)["computeMode"] for i in (0, 1)] == [DEFAULT] * 2
+    assert [host.gpu(i)["computeMode"] for i in (0, 1)] == [DEFAULT, PROHIBITED]
 
 
 def test_no_control_program_leaves_the_replicas_unhealthy(

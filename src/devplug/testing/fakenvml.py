@@ -379,6 +379,12 @@ def nvmlDeviceGetMinorNumber(handle: Any) -> int:
     return int(entry["minor"])
 
 
+def nvmlDeviceGetPersistenceMode(handle: Any) -> int:
+    """NVML_FEATURE_ENABLED unless the GPU says 'persistence': false."""
+    _, entry, _ = _target(handle)
+    return int(bool(entry.get("persistence", True)))
+
+
 def nvmlDeviceGetComputeMode(handle: Any) -> int:
     _, entry, _ = _target(handle)
     return int(entry.get("computeMode", NVML_COMPUTEMODE_DEFAULT))

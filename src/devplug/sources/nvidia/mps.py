@@ -6,7 +6,8 @@ visible; through its control interface (commands on the program's stdin, as NVID
 device plugin sends them) it is told the limits of one replica: the GPU's memory and
 100 % of its SMs divided by the replicas (`set_default_device_pinned_mem_limit`,
 `set_default_active_thread_percentage`). The GPU is put in EXCLUSIVE_PROCESS compute
-mode first, as NVIDIA's plugin does, and back to DEFAULT when the daemon is stopped.
+mode first, as NVIDIA's plugin does, and given back the mode it had when the daemon is
+stopped.
 Every `mps.checkSeconds` each daemon is asked `get_default_active_thread_percentage`;
 one that does not answer has its replicas Unhealthy and is started again.
 """
@@ -74,8 +75,8 @@ def client_edits(gpu: MpsGpu, spec: NvidiaSpec) -> tuple[dict[str, str], tuple[M
     return env, mounts
 
 
-# Sets a GPU's compute mode (True: EXCLUSIVE_PROCESS, False: DEFAULT) through NVML.
-ComputeMode = Callable[[int, bool], Awaitable[None]]
+# Sets GPU `index`'s NVML compute mode (None: EXCLUSIVE_PROCESS); returns the one it had.
+ComputeMode = Callable[[int, int | None], Awaitable[int]]
 
 
 class MpsDaemons:
@@ -94,6 +95,7 @@ class MpsDaemons:
         self._running: set[str] = set()  # UUIDs whose daemon answered last time
         self._started: dict[str, MpsGpu] = {}  # daemons started (or tried) here, to stop
         self._failing: set[str] = set()  # UUIDs whose daemon cannot start (said once)
+        self._modes: dict[str, int] = {}  # the compute mode each GPU had, given back on stop
         self._lock = asyncio.Lock()  # one round (start, check or stop) at a time
         self._closed = False
 
@@ -121,7 +123,7 @@ class MpsDaemons:
                 await asyncio.gather(*(self._keep(g) for g in self.gpus.values()))
 
     async def stop(self) -> None:
-        """Stop every daemon started here and give its GPU back the DEFAULT mode."""
+        """Stop every daemon started here and give its GPU back the mode it had."""
         async with self._lock:
             self._closed = True
             await asyncio.gather(*(self._stop(g) for g in list(self._started.values())))
@@ -155,8 +157,9 @@ class MpsDaemons:
         code, _ = await self._control(gpu, [], "quit\n")
         if code == 0:
             log.info("MPS control daemon of %s stopped", gpu.uuid)
-        with contextlib.suppress(Exception):
-            await self.compute_mode(gpu.index, False)
+        if (mode := self._modes.pop(gpu.uuid, None)) is not None:
+            with contextlib.suppress(Exception):
+                await self.compute_mode(gpu.index, mode)
         self._started.pop(gpu.uuid, None)
         self._running.discard(gpu.uuid)
 
@@ -164,7 +167,8 @@ class MpsDaemons:
         for path in (gpu.pipe, gpu.log, Path(self.spec.mps.root) / SHM):
             path.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(Exception):  # not allowed everywhere: MPS works without
-            await self.compute_mode(gpu.index, True)
+            before = await self.compute_mode(gpu.index, None)
+            self._modes.setdefault(gpu.uuid, before)
         if launch:
             code, output = await self._control(gpu, ["-d"], None)
             if code != 0:

@@ -390,12 +390,16 @@ class Nvml:
                 continue
         return links, ancestors
 
-    def set_compute_mode(self, index: int, exclusive: bool) -> None:
-        """EXCLUSIVE_PROCESS (for an MPS daemon) or DEFAULT; NVML's errors raised
-        (NoPermission without root)."""
+    def compute_mode(self, index: int) -> int:
+        """The GPU's NVML_COMPUTEMODE_*."""
+        return int(self.lib.nvmlDeviceGetComputeMode(self._handles[index]))
+
+    def set_compute_mode(self, index: int, mode: int | None) -> None:
+        """Set an NVML_COMPUTEMODE_* (None: EXCLUSIVE_PROCESS, for an MPS daemon);
+        NVML's errors raised (NoPermission without root)."""
         lib = self.lib
-        mode = lib.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS if exclusive else lib.NVML_COMPUTEMODE_DEFAULT
-        lib.nvmlDeviceSetComputeMode(self._handles[index], mode)
+        wanted = lib.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS if mode is None else mode
+        lib.nvmlDeviceSetComputeMode(self._handles[index], wanted)
 
     # -- health ----------------------------------------------------------------------
 

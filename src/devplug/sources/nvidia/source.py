@@ -131,15 +131,18 @@ class GpuSource:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
-    async def _compute_mode(self, index: int, exclusive: bool) -> None:
+    async def _compute_mode(self, index: int, mode: int | None) -> int:
+        """Set GPU `index`'s compute mode (None: EXCLUSIVE_PROCESS); the one it had."""
         nvml = self._nvml
         if nvml is None:
             raise RuntimeError("NVML is not usable")
-        await blocking.call(
-            lambda: nvml.set_compute_mode(index, exclusive),
-            self.spec.nvml_timeout_seconds,
-            "nvmlDeviceSetComputeMode",
-        )
+
+        def swap() -> int:
+            before = nvml.compute_mode(index)
+            nvml.set_compute_mode(index, mode)
+            return before
+
+        return await blocking.call(swap, self.spec.nvml_timeout_seconds, "nvmlDeviceSetComputeMode")
 
     async def _follow_mps(self) -> None:
         """Have a running MPS daemon for each GPU served, before the devices are listed."""
