@@ -499,3 +499,15 @@ def test_mig_devices_the_container_may_not_list(kubelet: KubeletHarness, short_t
     kubelet.wait_until(lambda: "NVIDIA_MIG_MONITOR_DEVICES=all" in daemon.output, what="")
     assert daemon.output.count("cannot be listed") == 1
     assert "cannot be used now" not in daemon.output
+
+
+def test_a_stop_during_busy_health_reports_ends_the_daemon(
+    kubelet: KubeletHarness, eight: FakeGpuHost
+) -> None:
+    """SIGTERM while the health thread reports all the time (a probe round every
+    millisecond): the stop is never lost (Python 3.11's wait_for could swallow it)."""
+    busy = {**FAST, "probeSeconds": 0.001}
+    for _ in range(3):
+        daemon = kubelet.start_serve(config(eight, **busy), env=eight.env)
+        kubelet.wait_for_resource(GPU, count=8)
+        assert daemon.stop() == 0, daemon.output[-2000:]

@@ -223,7 +223,8 @@ class GpuSource:
                 # Serve the GPUs that answer; look for the others (or any, when NVML
                 # sees none: a driver still coming up) again after a while.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._watch(nvml, events), delay)
+                    async with asyncio.timeout(delay):
+                        await self._watch(nvml, events)
                 delay = min(delay * 2, self.spec.retry_max_seconds)
             finally:
                 self._nvml = None
@@ -249,7 +250,10 @@ class GpuSource:
         try:
             while True:
                 try:
-                    report = await asyncio.wait_for(queue.get(), silence)
+                    # Not wait_for: on Python 3.11 it can swallow the cancellation of a
+                    # stop that comes as a report arrives, and the stop would hang.
+                    async with asyncio.timeout(silence):
+                        report = await queue.get()
                 except TimeoutError:
                     if not self._hung:
                         log.warning(
