@@ -129,7 +129,7 @@ EventSink = Callable[[str, str, str], None]
 class DeviceManager:
     def __init__(
         self,
-        checkpoint_path: Path,
+        checkpoint_path: Path | None,
         *,
         policy: str = topology.POLICY_NONE,
         numa_nodes: Sequence[int] | None = None,
@@ -179,6 +179,11 @@ class DeviceManager:
     async def register(self, resource: str, socket_path: Path) -> Endpoint:
         """Connect to a registering plugin and make it the resource's endpoint."""
         endpoint = await Endpoint.connect(resource, socket_path, self.dial_timeout)
+        return await self.attach(resource, endpoint)
+
+    async def attach(self, resource: str, endpoint: Endpoint) -> Endpoint:
+        """Make a connected `endpoint` the resource's one (a registration after the
+        dial; an in-process plugin of a simulated fleet node without one)."""
         if self._closed:
             await endpoint.close()
             raise EndpointError("the kubelet is stopping")
@@ -620,7 +625,7 @@ class DeviceManager:
         return checkpoint.CheckpointData(entries or None, registered)
 
     def write_checkpoint(self) -> None:
-        if self._closed:
+        if self._closed or self.checkpoint_path is None:  # None: a node kept in memory
             return
         try:
             checkpoint.write(self.checkpoint_path, self.checkpoint_data())
@@ -634,6 +639,8 @@ class DeviceManager:
         those of pods that are no longer active. Returns why the checkpoint could not be
         used, or None.
         """
+        if self.checkpoint_path is None:
+            return None
         try:
             data = checkpoint.read(self.checkpoint_path)
         except checkpoint.CheckpointError as error:
