@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench soak clean image image-deps
+.PHONY: demo test lint proto bench fleet-bench soak clean image image-deps
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
@@ -31,6 +31,11 @@ proto: $(STAMP)
 
 bench: $(STAMP) image
 	@$(BIN)/python bench/run.py
+
+# `devplug fleet` at full size: 1,000 nodes x 8 devices, 10,000 pods through the real
+# kube-scheduler (minutes; JSON on stdout). `make bench` runs the same at 100 nodes.
+fleet-bench: $(STAMP)
+	@$(BIN)/python bench/fleet.py --nodes 1000 --pods 8000
 
 # The container image (Dockerfile) as an OCI archive, built with buildah from a Debian
 # base made by mmdebstrap: no docker engine, no registry. Debian packages are installed

@@ -33,6 +33,7 @@ from common import (
     wait_for_health,
 )
 from dra import bench_dra
+from fleet import bench_fleet
 from nvidia import bench_nvidia
 from sysfs import bench_sysfs
 
@@ -193,6 +194,7 @@ def main() -> int:
         report.update(run_async_benches(root))
         report["sysfs_hotplug"] = bench_sysfs(root)
         report["dra"] = bench_dra(root)
+        report["fleet"] = bench_fleet(root)
         from startup import bench_startup  # bench/startup.py
 
         report["startup"] = bench_startup(root)
@@ -302,6 +304,12 @@ def summary(report: dict[str, Any]) -> str:
         parts.append(f"re-register p99 {report['reregister']['p99_ms']} ms")
     if "simulator" in report:
         parts.append(f"sim {report['simulator']['pods_per_s']} pods/s")
+    fleet = report.get("fleet", {})
+    if "end_to_end" in fleet:
+        parts.append(
+            f"fleet {fleet['nodes']} nodes in {fleet['registered_s']} s, "
+            f"{fleet['end_to_end']['pods_per_s']} pods/s"
+        )
     if "nvidia" in report:
         gpus = report["nvidia"]
         parts.append(

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("node", "show a kubelet simulator's resources, allocations and registrations"),
     "kubelet-restart": ("kubelet_restart", "restart a kubelet simulator as a kubelet restarts"),
     "cluster": ("cluster", "place pods on N simulated nodes: scheduler fit, kubelet admission"),
+    "fleet": ("fleet", "simulated device nodes for a real API server: check, up, down"),
     "demo": ("demo", "run the kubelet simulator with real plugins and sample pods, as a story"),
     "status": ("status", "show a node's devices, their health and the pods holding them"),
 }

@@ -50,6 +50,7 @@ from devplug.fleet.objects import (
     taints,
 )
 from devplug.fleet.spec import Fleet, Pool
+from devplug.framework.generation import Generation
 
 log = logging.getLogger("devplug.fleet")
 
@@ -112,6 +113,8 @@ class FleetRunner:
         self._gate = asyncio.Semaphore(api.concurrency)
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
+        # Bumped by every pod decision, relist and failed lease renewal: what to wait on.
+        self.changes = Generation()
         # Called with (pod, node, admitted) after each decision: capacity runs follow it.
         self.on_pod: Callable[[Mapping[str, Any], str, bool], None] | None = None
 
@@ -275,6 +278,16 @@ class FleetRunner:
             for node in self.nodes.values():
                 await node.stop()
 
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+        """Wait until `predicate()` holds, checked after every change."""
+
+        async def wait() -> None:
+            seen = self.changes.value
+            while not predicate():
+                seen = await self.changes.wait_newer(seen)
+
+        await asyncio.wait_for(wait(), timeout)
+
     async def flush(self, timeout: float) -> None:
         """Wait (up to `timeout`) for the writes in flight."""
         pending = set(self._writes)
@@ -337,6 +350,7 @@ class FleetRunner:
                 delay = min(delay * 2, 5.0)
                 version = ""  # relist: reconcile what happened while away
                 self.counters.relists += 1
+                self.changes.bump()
 
     async def _reconcile(self, items: Sequence[dict[str, Any]]) -> None:
         """After a (re)list: pods gone meanwhile are released, new ones admitted."""
@@ -345,6 +359,7 @@ class FleetRunner:
             for uid in [u for u in node.held if u not in present]:
                 await node.release(uid)
                 self.counters.deleted += 1
+                self.changes.bump()
         for pod in items:
             await self._on_pod("ADDED", pod)
 
@@ -357,12 +372,14 @@ class FleetRunner:
         if kind == "DELETED":
             if await node.release(uid):
                 self.counters.deleted += 1
+                self.changes.bump()
             self._done.discard(uid)
             self._finishing.discard(uid)
             return
         if meta.get("deletionTimestamp"):
             if await node.release(uid):
                 self.counters.deleted += 1
+                self.changes.bump()
             if uid not in self._finishing:
                 self._finishing.add(uid)
                 self._finish_deletion(meta)
@@ -393,6 +410,7 @@ class FleetRunner:
                 await self.api.call("PATCH", path, patch, content_type=STRATEGIC_PATCH)
                 self.counters.status_writes += 1
                 self.counters.written_at[uid] = time.monotonic()
+                self.changes.bump()
 
             self._write(f"status of pod {namespace}/{name}", write_status)
         if admission.event is not None:
@@ -403,6 +421,7 @@ class FleetRunner:
             )
         if self.on_pod is not None:
             self.on_pod(pod, node.name, admission.admitted)
+        self.changes.bump()
 
     async def _claims_of(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         """The ResourceClaims the pod names, read now (the scheduler wrote their
@@ -487,6 +506,7 @@ class FleetRunner:
             self.counters.lease_renewals += 1
         except (ApiError, Unavailable) as error:
             self.counters.lease_failures += 1
+            self.changes.bump()
             log.debug("renewing the lease of %s: %s", name, error)
 
     async def _heartbeats(self) -> None:

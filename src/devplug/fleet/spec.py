@@ -131,7 +131,10 @@ def parse_fleet(text: str, source: str = "<fleet>", folder: Path | None = None) 
         raise ConfigError(f"{where}: invalid YAML: {' '.join(str(problem).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping with 'pools'")
-    spec = convert(data, FleetFile, source)
+    try:
+        spec = convert(data, FleetFile, source)
+    except ConfigError as error:
+        raise ConfigError(_with_pool_name(str(error), data)) from None
     base = folder or Path.cwd()
 
     def fail(field: str, problem: str) -> NoReturn:
@@ -159,6 +162,19 @@ def parse_fleet(text: str, source: str = "<fleet>", folder: Path | None = None) 
     if len(seen_nodes) > MAX_NODES:
         fail("pools", f"{len(seen_nodes)} nodes, more than {MAX_NODES}")
     return Fleet(name, source, tuple(pools))
+
+
+def _with_pool_name(message: str, data: dict[str, Any]) -> str:
+    """'pools[1].colour: ...' -> 'pools[1] (h100).colour: ...' when the pool has a name."""
+    match = re.search(r"pools\[(\d+)\]", message)
+    pools = data.get("pools")
+    if match is None or not isinstance(pools, list) or int(match[1]) >= len(pools):
+        return message
+    pool = pools[int(match[1])]
+    name = pool.get("name") if isinstance(pool, dict) else None
+    if not isinstance(name, str) or not name:
+        return message
+    return message.replace(match[0], f"{match[0]} ({name})", 1)
 
 
 def _stem_name(source: str) -> str:
