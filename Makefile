@@ -32,10 +32,10 @@ proto: $(STAMP)
 bench: $(STAMP) image
 	@$(BIN)/python bench/run.py
 
-# `devplug fleet` at full size: 1,000 nodes x 8 devices, 10,000 pods through the real
+# `devplug fleet` at full size: 1,000 nodes x 8 devices (each shared twice), 10,000 pods through the real
 # kube-scheduler (minutes; JSON on stdout). `make bench` runs the same at 100 nodes.
 fleet-bench: $(STAMP)
-	@$(BIN)/python bench/fleet.py --nodes 1000 --pods 8000
+	@$(BIN)/python bench/fleet.py --nodes 1000 --pods 10000
 
 # The container image (Dockerfile) as an OCI archive, built with buildah from a Debian
 # base made by mmdebstrap: no docker engine, no registry. Debian packages are installed

@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCHEDULER = "devplug-bench"
 RESOURCE = "bench.devplug.io/gpu"
 DEVICES_PER_NODE = 8
+SHARES = 2  # each device served twice: 10,000 pods fit on 1,000 nodes
 CLIENT_CALLS = 300
 NAMESPACE = "default"
 
@@ -168,6 +169,7 @@ pools:
       resources:
         - name: {RESOURCE}
           virtual: {DEVICES_PER_NODE}
+          count: {SHARES}
 """
     )
     return path
@@ -244,7 +246,12 @@ def _bench(
     plane_dir = str(Path(kubeconfig).parent)
     apiserver = _pids(f"--cert-dir={plane_dir}/certs")
     etcd = _pids(f"--data-dir={plane_dir}/etcd")
-    report: dict[str, Any] = {"nodes": nodes, "devices_per_node": DEVICES_PER_NODE, "pods": pods}
+    report: dict[str, Any] = {
+        "nodes": nodes,
+        "devices_per_node": DEVICES_PER_NODE,
+        "shares_per_device": SHARES,
+        "pods": pods,
+    }
     report["scheduler_client_qps"] = qps or "default"
     scheduler, port = _start_scheduler(folder, kubeconfig, bin_dir, qps)
     fleet_file = _fleet_file(folder, nodes)
