@@ -5,7 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+<<<<<<< HEAD
 .PHONY: demo test lint proto bench fleet-bench soak clean image image-deps
+=======
+.PHONY: demo test lint proto bench soak clean image image-deps node-deps
+>>>>>>> main
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
@@ -18,7 +22,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/devplug demo
 
-test: lint image-deps
+test: lint image-deps node-deps
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -43,6 +47,17 @@ fleet-bench: $(STAMP)
 IMAGE_TOOLS := buildah mmdebstrap umoci podman containerd
 image-deps:
 	@missing=$$(for t in $(IMAGE_TOOLS); do command -v $$t >/dev/null || echo $$t; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing" >&2; \
+		apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >&2; \
+	fi
+
+# What the real one-node cluster of the tests (../shared/k8s/node.sh) runs from Debian:
+# runc, the CNI plugins and a static busybox (its pod image), installed only when missing.
+NODE_PACKAGES := runc containernetworking-plugins busybox-static
+node-deps:
+	@missing=$$(for p in $(NODE_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+		| grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing $$missing" >&2; \
 		apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >&2; \

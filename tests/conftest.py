@@ -1,17 +1,22 @@
-"""Shared fixtures."""
+"""Shared fixtures: a short temp folder, and the real one-node cluster (`real_node`,
+`real_node_image`) that every real-node test of a run shares."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from devplug.testing.controlplane import ControlPlane, how_to_provide
+from devplug.testing.realnode import MachineLock, RealNode, missing
 
 ROOT = Path(__file__).resolve().parent.parent
+_NODE_LOCK = pytest.StashKey[MachineLock]()
+_NODE_LOCK_ERROR = pytest.StashKey[str]()
 
 
 @pytest.fixture
@@ -23,6 +28,70 @@ def short_tmp() -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _node_lock(config: pytest.Config) -> MachineLock:
+    """Wait for this machine's one real cluster (another checkout's run may hold it);
+    the wait is told on the terminal, and a timeout fails the tests that need it."""
+    lock = config.stash.setdefault(_NODE_LOCK, MachineLock())
+    if lock.held or _NODE_LOCK_ERROR in config.stash:
+        return lock
+    node = RealNode.find(ROOT)
+    lock.node_sh = node.script if node is not None else None
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(message: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"real node: {message}")
+        else:
+            print(f"real node: {message}", file=sys.stderr)
+
+    try:
+        lock.acquire(say=say)
+    except TimeoutError as error:
+        config.stash[_NODE_LOCK_ERROR] = str(error)
+    return lock
+
+
+@pytest.hookimpl(tryfirst=True, wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    # Outside pytest-timeout's timer: the wait for the lock is not the test's time.
+    if "real_node" in getattr(item, "fixturenames", ()) and missing(ROOT) is None:
+        _node_lock(item.config)
+    return (yield)
+
+
+@pytest.fixture(scope="session")
+def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
+    """The real one-node cluster (node.sh: kubelet, containerd, control plane), started
+    once per test run and shared by every test that asks for it. Skipped, saying how to
+    provide it, where root, the binaries or the packages are missing. Tests use a
+    namespace of their own (`real_node.namespace()`) and leave the node as they found it."""
+    why = missing(ROOT)
+    if why is not None:
+        pytest.skip(f"no real node: {why}")
+    lock = _node_lock(request.config)
+    if error := request.config.stash.get(_NODE_LOCK_ERROR, None):
+        pytest.fail(error)
+    node = RealNode.find(ROOT)
+    assert node is not None
+    try:
+        node.up()
+        yield node
+    finally:
+        node.down()
+        lock.release()
+
+
+@pytest.fixture(scope="session")
+def real_node_image(real_node: RealNode) -> str:
+    """The image of `make image`, imported into the real node; its name."""
+    from image_helpers import build_image, image_name
+
+    real_node.import_image(build_image())
+    return image_name()
 
 
 @pytest.fixture(scope="session")

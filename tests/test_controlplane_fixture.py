@@ -3,13 +3,10 @@ them when they are absent (a fresh clone without ../shared/k8s)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clone_helpers import pytest_in_bare_clone
 
 from devplug.testing.controlplane import ENV_DIR, ControlPlane, how_to_provide, source_dir
 
@@ -54,27 +51,7 @@ def test_the_named_folder_wins_over_the_one_beside_the_repository(
 def test_cluster_tests_skip_with_the_how_to(tmp_path: Path) -> None:
     """The real-control-plane tests, run from a copy of the repository with no
     binaries beside it nor named: all skipped, with the how-to, none failed."""
-    clone = tmp_path / "clone"
-    shutil.copytree(ROOT / "tests", clone / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", clone)
-    env = {**os.environ, ENV_DIR: str(tmp_path / "nowhere")}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-rs",
-            "-p",
-            "no:cacheprovider",
-            "tests/test_dra_cluster.py",
-        ],
-        cwd=clone,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = pytest_in_bare_clone(tmp_path, "tests/test_dra_cluster.py")
     assert result.returncode == 0, result.stdout + result.stderr
     assert " skipped" in result.stdout
     assert " passed" not in result.stdout

@@ -8,7 +8,6 @@ kubelet simulator's plugin folder bind-mounted where the kubelet's would be.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import shutil
 import subprocess
@@ -18,27 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from image_helpers import ARCHIVE, build_image, image_name, project_version
 from serve_helpers import free_port, http_get, wait_for_path
 
 from devplug.testing import KubeletHarness
 from devplug.testing.harness import PluginProcess
 
 ROOT = Path(__file__).resolve().parent.parent
-ARCHIVE = ROOT / "build" / "devplug-image.tar"
 IMAGE_CONFIG = "/etc/devplug/config.yaml"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-def project_version() -> str:
-    found = re.search(r'^version = "(.*)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    assert found is not None
-    return found.group(1)
-
-
-def image_name() -> str:
-    # `devplug/devplug:VERSION`, fully qualified as the kubelet reads that name.
-    return f"docker.io/devplug/devplug:{project_version()}"
 
 
 @dataclass
@@ -50,8 +38,7 @@ class Unpacked:
 
 @pytest.fixture(scope="module")
 def image() -> Iterator[Unpacked]:
-    build = subprocess.run(["make", "-s", "image"], cwd=ROOT, capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr[-4000:]
+    build_image()
     work = Path(tempfile.mkdtemp(prefix="dp-img-"))
     try:
         layout = work / "oci"

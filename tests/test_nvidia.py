@@ -15,7 +15,15 @@ import yaml
 
 from devplug.outputs.nfd import parse_features
 from devplug.testing import KubeletHarness, PodAdmission, pod_manifest
-from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu, gpu_uuid, mig_layout, mig_uuid
+from devplug.testing.fakenvml import (
+    FakeGpuHost,
+    eight_gpus,
+    fake_host,
+    gpu,
+    gpu_uuid,
+    mig_layout,
+    mig_uuid,
+)
 
 GPU = "nvidia.com/gpu"
 FAST = {"probeSeconds": 0.05, "retryMaxSeconds": 0.2, "nvmlTimeoutSeconds": 2}
@@ -72,7 +80,7 @@ def test_discovery_allocation_topology_and_labels(
     labels = parse_features(features.read_text())
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert labels["nvidia.com/gpu.count"] == "8"
-    assert labels["nvidia.com/gpu.memory"] == "81920"
+    assert labels["nvidia.com/gpu.memory"] == "81559"  # what NVML reports for an H100 80GB
     assert (labels["nvidia.com/gpu.compute.major"], labels["nvidia.com/gpu.compute.minor"]) == (
         "9",
         "0",
@@ -80,25 +88,35 @@ def test_discovery_allocation_topology_and_labels(
     assert labels["nvidia.com/gpu.family"] == "hopper"
     assert labels["nvidia.com/gpu.replicas"] == "1"
     assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
-    assert labels["nvidia.com/mig.capable"] == "false"
+    assert labels["nvidia.com/mig.capable"] == "true"  # an H100 is, MIG off
     assert labels["nvidia.com/mig.strategy"] == "none"
     assert labels["nvidia.com/cuda.driver-version.full"] == "550.54.15"
     assert labels["nvidia.com/cuda.runtime-version.full"] == "12.4"
 
 
-def test_xid_turns_gpu_unhealthy_then_it_recovers(
+def test_xid_policy_transient_recovers_reset_waits_for_a_reset(
     kubelet: KubeletHarness, eight: FakeGpuHost
 ) -> None:
-    serve(kubelet, eight, config(eight, recoverySeconds=2, ignoredXids=[13, 48]), 8)
-    eight.inject_xid(2, 13)  # application error: ignored
-    eight.inject_xid(4, 48)  # double-bit ECC error: critical, but ignored as configured
-    eight.inject_xid(3, 79)  # fallen off the bus
+    daemon = kubelet.start_serve(config(eight, recoverySeconds=1, ignoredXids=[48]), env=eight.env)
+    kubelet.wait_for_resource(GPU, count=8)
+    eight.inject_xid(2, 13)  # application error: ignored by default
+    eight.inject_xid(4, 48)  # double-bit ECC error: needs a reset, but ignored as configured
+    eight.inject_xid(5, 95)  # uncontained memory error: the catalog says RESET_GPU
+    eight.inject_xid(3, 94)  # contained memory error: RESTART_APP, transient
     kubelet.wait_until(
-        lambda: kubelet.device_ids(GPU, healthy=False) == [gpu_uuid(3)], what="GPU 3 unhealthy"
+        lambda: kubelet.device_ids(GPU, healthy=False) == [gpu_uuid(3), gpu_uuid(5)],
+        what="GPUs 3 and 5 unhealthy",
     )
     # Events are handled in order: the ignored Xids came first and changed nothing.
     assert {gpu_uuid(2), gpu_uuid(4)} <= set(kubelet.device_ids(GPU, healthy=True))
-    kubelet.wait_for_resource(GPU, count=8)  # recovery after 2 quiet seconds
+    # GPU 3 recovers after the quiet time; GPU 5 does not: it waits for a reset.
+    kubelet.wait_until(
+        lambda: kubelet.device_ids(GPU, healthy=False) == [gpu_uuid(5)], what="GPU 3 healthy"
+    )
+    eight.set_lost(5, True)  # a reset takes the GPU off the bus and back
+    kubelet.wait_until(lambda: "GPU 5 does not answer" in daemon.output, what="GPU 5 lost")
+    eight.set_lost(5, False)
+    kubelet.wait_for_resource(GPU, count=8)
     assert kubelet.admit({GPU: 8}).admitted
 
 
@@ -242,11 +260,12 @@ def test_mig_mixed_serves_one_resource_per_profile(
     kubelet.wait_for_resource("nvidia.com/mig-2g.10gb", count=2)
     kubelet.wait_for_resource("nvidia.com/mig-3g.20gb", count=1)
     pod = kubelet.admit({"nvidia.com/mig-3g.20gb": 1})
-    assert pod.devices()["nvidia.com/mig-3g.20gb"] == [mig_uuid(1, 0)]
-    assert pod.env()["NVIDIA_VISIBLE_DEVICES"] == mig_uuid(1, 0)
+    # GPU 1's 3g.20gb took the upper half (GPU instance 2), its 2g.10gb 2:2 and 0:2.
+    assert pod.devices()["nvidia.com/mig-3g.20gb"] == [mig_uuid(1, 2)]
+    assert pod.env()["NVIDIA_VISIBLE_DEVICES"] == mig_uuid(1, 2)
     minors = (Path(host.host_root) / "proc/driver/nvidia-caps/mig-minors").read_text().split()
-    gi = minors[minors.index("gpu1/gi1/access") + 1]
-    ci = minors[minors.index("gpu1/gi1/ci0/access") + 1]
+    gi = minors[minors.index("gpu1/gi2/access") + 1]
+    ci = minors[minors.index("gpu1/gi2/ci0/access") + 1]
     assert set(pod.device_nodes()) >= {
         "/dev/nvidia1",
         f"/dev/nvidia-caps/nvidia-cap{gi}",
@@ -254,10 +273,28 @@ def test_mig_mixed_serves_one_resource_per_profile(
         "/dev/nvidiactl",
     }
     # An Xid on one GPU instance turns only that MIG device Unhealthy.
-    host.inject_xid(1, 94, gi=2)
+    host.inject_xid(1, 94, gi=4)
     kubelet.wait_for_resource("nvidia.com/mig-2g.10gb", count=1)
-    assert kubelet.device_ids("nvidia.com/mig-2g.10gb", healthy=False) == [mig_uuid(1, 1)]
-    assert kubelet.device_ids("nvidia.com/mig-3g.20gb", healthy=True) == [mig_uuid(1, 0)]
+    assert kubelet.device_ids("nvidia.com/mig-2g.10gb", healthy=False) == [mig_uuid(1, 4)]
+    assert kubelet.device_ids("nvidia.com/mig-3g.20gb", healthy=True) == [mig_uuid(1, 2)]
+
+
+def test_mig_names_on_an_h200_are_nvidias(kubelet: KubeletHarness, short_tmp: Path) -> None:
+    """1g.18gb on an H200 (its 16 GiB alone would say 1g.16gb), and the +me profile a
+    resource of its own, not folded into the plain one."""
+    host = FakeGpuHost(
+        short_tmp / "h200",
+        fake_host("gpus: [{model: H200-SXM5-141GB, mig: [3g.71gb, 1g.18gb+me, 1g.18gb]}]"),
+    )
+    features = short_tmp / "features"
+    kubelet.start_serve(config(host, features, migStrategy="mixed"), env=host.env, wait=False)
+    kubelet.wait_for_resource("nvidia.com/mig-1g.18gb", count=1)
+    kubelet.wait_for_resource("nvidia.com/mig-1g.18gb.me", count=1)
+    kubelet.wait_for_resource("nvidia.com/mig-3g.71gb", count=1)
+    kubelet.wait_until(features.exists, what="the feature file")
+    labels = parse_features(features.read_text())
+    assert labels["nvidia.com/mig-1g.18gb.product"] == "NVIDIA-H200-MIG-1g.18gb"
+    assert labels["nvidia.com/mig-1g.18gb.memory"] == "16384"
 
 
 def test_xid_on_a_mig_instance_of_a_gpu_served_whole(
@@ -275,7 +312,7 @@ def test_mig_single_and_per_model_names(kubelet: KubeletHarness, short_tmp: Path
     a100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_gib": 40, "cc": (8, 0)}
     single = FakeGpuHost(
         short_tmp / "single",
-        {"gpus": [gpu(i, mig=[(1, 4864)] * 7, **a100) for i in range(2)]},  # type: ignore[arg-type]
+        {"gpus": [gpu(i, model_key="A100-SXM4-40GB", mig=["1g.5gb"] * 7) for i in range(2)]},
     )
     features = short_tmp / "features"
     kubelet.start_serve(config(single, features, migStrategy="single"), env=single.env)
@@ -323,7 +360,7 @@ def test_gpus_command(short_tmp: Path) -> None:
     text = devplug("gpus", "--config", str(path), env=host.env)
     assert text.returncode == 0, text.stderr
     assert "driver 550.54.15, CUDA 12.4, 3 GPU(s)" in text.stdout
-    assert mig_uuid(0, 6) in text.stdout
+    assert mig_uuid(0, 13) in text.stdout  # the 1g.5gb at memory slice 6
     assert "serves nvidia.com/mig-1g.5gb: 7 device(s)" in text.stdout
     assert "nvidia.com/mig.strategy=mixed" in text.stdout
     assert "nvidia.com/mig-2g.10gb.product=NVIDIA-A100-SXM4-40GB-MIG-2g.10gb" in text.stdout

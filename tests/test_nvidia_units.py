@@ -33,7 +33,7 @@ def test_config_defaults_and_errors() -> None:
     [resource] = parse_config("resources:\n- nvidia: {}\n").resources
     assert resource.name == "nvidia.com/gpu"
     assert resource.nvidia is not None
-    assert resource.nvidia.ignored_xids == [13, 31, 43, 45, 68, 109]
+    assert resource.nvidia.ignored_xids == []  # added to NVIDIA's defaults
     assert resource.nvidia.device_list_strategy == ["envvar"]
     assert error("resources:\n- nvidia: {replicas: 0}\n") == (
         "c.yaml: resources[0].nvidia.replicas: expected an integer from 1 to 256, got 0"
@@ -96,11 +96,11 @@ def test_nvml_interface_over_the_fake(fake: FakeGpuHost) -> None:
     assert [(g.mig_capable, g.mig_enabled) for g in view.gpus][2] == (True, False)
     assert view.gpus[0].compute_capability == (8, 0)
     assert view.cuda_version == "12.4"
-    events, unwatched = nvml.watch_xids()
+    events, unwatched = nvml.watch_events()
     assert unwatched == []
-    assert nvml.wait_xid(events, 1) is None  # NVMLError_Timeout: nothing happened
+    assert nvml.wait_event(events, 1) is None  # NVMLError_Timeout: nothing happened
     fake.inject_xid(1, 48)
-    event = nvml.wait_xid(events, 1000)
+    event = nvml.wait_event(events, 1000)
     assert event is not None
     assert (event.index, event.xid) == (1, 48)
     fake.set_lost(2, True)
@@ -234,3 +234,27 @@ def test_docs_examples_are_valid() -> None:
     for block in blocks:
         [resource] = parse_config(block, "docs/nvidia.md").resources
         assert resource.nvidia is not None
+
+
+def test_xid_policy() -> None:
+    """The catalog's immediate resolution decides; ignoredXids adds to NVIDIA's defaults
+    and enabledXids takes out, as DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS do."""
+    from devplug.sources.nvidia.xids import ignored_xids, needs_reset, resolution, xid_action
+
+    ignored = ignored_xids([999])
+    assert {13, 31, 43, 45, 68, 109, 999} == ignored
+    assert xid_action(13, ignored) == "ignore"
+    assert xid_action(13, ignored_xids([], [13])) == "transient"
+    assert [xid_action(x) for x in (94, 63, 8, 92)] == ["transient"] * 4
+    for xid in (48, 64, 74, 79, 95, 119, 120, 145, 151):
+        assert xid_action(xid) == "reset", xid
+    assert xid_action(5000) == "reset"  # not in the catalog: as NVIDIA's plugin treats it
+    assert needs_reset(109)  # RESET_GPU in the catalog,
+    assert xid_action(109) == "ignore"  # but ignored by default
+    assert resolution(79) == "RESTART_BM"
+    assert error("resources:\n- nvidia: {enabledXids: [-1]}\n") == (
+        "c.yaml: resources[0].nvidia.enabledXids: expected Xid numbers >= 0, got -1"
+    )
+    assert error("resources:\n- nvidia: {resetCheck: {checks: []}}\n") == (
+        "c.yaml: resources[0].nvidia.resetCheck.checks: expected at least one check"
+    )

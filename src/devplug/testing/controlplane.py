@@ -38,22 +38,22 @@ def how_to_provide(root: Path) -> str:
     )
 
 
-def source_dir(root: Path) -> Path | None:
-    """The folder of the compressed binaries and start.sh, if there is one."""
+def source_dir(
+    root: Path, binaries: tuple[str, ...] = BINARIES, script: str = "start.sh"
+) -> Path | None:
+    """The folder of the compressed `binaries` and `script`, if there is one."""
     candidates = [Path(os.environ[ENV_DIR])] if os.environ.get(ENV_DIR) else []
     candidates.append(root.parent / "shared" / "k8s")
     for folder in candidates:
-        if (folder / "start.sh").is_file() and all(
-            (folder / f"{b}.xz").is_file() for b in BINARIES
-        ):
+        if (folder / script).is_file() and all((folder / f"{b}.xz").is_file() for b in binaries):
             return folder
     return None
 
 
-def decompress(source: Path, bin_dir: Path) -> None:
+def decompress(source: Path, bin_dir: Path, binaries: tuple[str, ...] = BINARIES) -> None:
     """Decompress the binaries into `bin_dir` unless an up-to-date copy is there."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name in BINARIES:
+    for name in binaries:
         packed, target = source / f"{name}.xz", bin_dir / name
         if target.exists() and target.stat().st_mtime >= packed.stat().st_mtime:
             continue

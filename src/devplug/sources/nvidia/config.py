@@ -14,12 +14,9 @@ from typing import Literal, NoReturn
 import msgspec
 
 from devplug.framework.names import resource_name_problem
+from devplug.sources.hardware import HealthSpec, check_health
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
-# Xids caused by applications, not by the GPU (the NVIDIA device plugin's defaults):
-# 13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing,
-# 45 preemptive cleanup, 68 video processor exception, 109 context switch timeout.
-DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 MAX_REPLICAS = 256
 
 MigStrategy = Literal["none", "single", "mixed"]
@@ -44,12 +41,18 @@ class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     # model -> resource name map (the map wins).
     per_model_names: bool = False
     resource_names: dict[str, str] = {}
-    # Health: critical Xid events turn a GPU Unhealthy, except these.
+    # Health: critical Xid and double-bit ECC events turn a GPU Unhealthy, except the
+    # Xids ignored: NVIDIA's defaults (devplug.sources.nvidia.xids), plus these, minus
+    # `enabledXids`.
     health_checks: bool = True
-    ignored_xids: list[int] = msgspec.field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
-    # A GPU turns Healthy again once it answers NVML and has had no critical event for
-    # this long.
+    ignored_xids: list[int] = []
+    enabled_xids: list[int] = []
+    # After a transient Xid a GPU turns Healthy again once it answers NVML and has had
+    # no critical event for this long; after one that needs a reset, once it was reset.
     recovery_seconds: float = 60.0
+    # Checks that say a GPU awaiting a reset was reset (a file a reset tool writes, a
+    # command): when they all pass for it, it is Healthy again.
+    reset_check: HealthSpec | None = None
     # How often each GPU is asked whether it is still there (GpuIsLost).
     probe_seconds: float = 5.0
     # The longest an NVML call may take before it counts as hung.
@@ -83,9 +86,12 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
         if not value > 0:
             camel = key.split("_")[0] + "".join(w.title() for w in key.split("_")[1:])
             fail(f"{at}.{camel}", f"expected a number > 0, got {value}")
-    for xid in spec.ignored_xids:
-        if xid < 0:
-            fail(f"{at}.ignoredXids", f"expected Xid numbers >= 0, got {xid}")
+    for key, xids in (("ignoredXids", spec.ignored_xids), ("enabledXids", spec.enabled_xids)):
+        for xid in xids:
+            if xid < 0:
+                fail(f"{at}.{key}", f"expected Xid numbers >= 0, got {xid}")
+    if spec.reset_check is not None:
+        check_health(spec.reset_check, f"{at}.resetCheck", True, fail)
     domain = name.partition("/")[0]
     for model, resource in spec.resource_names.items():
         if problem := resource_name_problem(resource):

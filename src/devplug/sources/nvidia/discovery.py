@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from devplug.framework.device import Attribute, Device, DeviceNode, Mount
 from devplug.sources.config import replica_ids
 from devplug.sources.nvidia.config import NvidiaSpec
+from devplug.sources.nvidia.mig import resource_suffix
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo, NvmlView
 
 VENDOR_ID = "0x10de"
@@ -79,8 +80,9 @@ def gpu_resource(gpu: GpuInfo, name: str, spec: NvidiaSpec) -> str:
 
 
 def mig_resource(mig: MigInfo, name: str, spec: NvidiaSpec) -> str:
+    """'nvidia.com/mig-1g.10gb.me' for a '1g.10gb+me' device with migStrategy mixed."""
     if spec.mig_strategy == "mixed":
-        return f"{name.partition('/')[0]}/mig-{mig.profile}"
+        return f"{name.partition('/')[0]}/{resource_suffix(mig.profile)}"
     return name
 
 
@@ -118,7 +120,9 @@ def units(view: NvmlView, name: str, spec: NvidiaSpec) -> tuple[list[Unit], list
             resource = gpu_resource(gpu, name, spec)
             found.append(Unit(gpu.uuid, gpu, None, resource, numa, (gpu_node, *shared), attributes))
             continue
-        if not gpu.migs:
+        if gpu.mig_problem:
+            warnings.append(f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled: {gpu.mig_problem}")
+        elif not gpu.migs:
             warnings.append(f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled and no MIG devices")
         for mig in gpu.migs:
             caps = []

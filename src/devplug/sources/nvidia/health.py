@@ -1,9 +1,13 @@
-"""The health thread: NVML's critical Xid events and a periodic 'are you there' per GPU.
+"""The health thread: NVML's critical Xid and double-bit ECC events, and a periodic
+'are you there' per GPU.
 
 NVML's event wait blocks, so it runs on a thread of its own and hands what it sees to
 the event loop (`report`, called on the thread: it must be thread-safe, such as
 `loop.call_soon_threadsafe`). The loop never waits for this thread; a `Round` report
-after each probe round lets it notice when NVML stops answering altogether.
+after each probe round lets it notice when NVML stops answering altogether. When the
+wait itself fails (GpuIsLost: a GPU of the set fell off the bus), the thread says so
+(`WaitFailed`), probes every GPU at once and watches the ones that answer on a new
+event set (`Rewatched`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from devplug.sources.nvidia.nvml import Nvml, XidEvent
+from devplug.sources.nvidia.nvml import RECOVERY_NONE, Nvml, XidEvent
 
 log = logging.getLogger("devplug.sources.nvidia")
 
@@ -26,6 +30,7 @@ WAIT_SLICE_MS = 250  # the longest single event wait: how soon a stop is seen
 class Probe:
     index: int
     error: str  # empty: the GPU answered
+    recovery_action: int = RECOVERY_NONE  # what the driver asks for (NVML_GPU_RECOVERY_ACTION_*)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +38,21 @@ class Round:
     """A probe round finished (every GPU answered or failed)."""
 
 
-Report = XidEvent | Probe | Round
+@dataclass(frozen=True, slots=True)
+class WaitFailed:
+    """The event wait failed: no Xid can be seen until the GPUs are watched again."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rewatched:
+    """Watched again on a new event set, without the GPUs in `unwatched`."""
+
+    unwatched: tuple[int, ...]
+
+
+Report = XidEvent | Probe | Round | WaitFailed | Rewatched
 
 
 class HealthThread:
@@ -51,6 +70,8 @@ class HealthThread:
         self.probe_seconds = probe_seconds
         self.report = report
         self._stop = threading.Event()
+        self._lost: list[int] = []
+        self._rewatching = False
         self._thread = threading.Thread(target=self._run, name="nvml health", daemon=True)
 
     def start(self) -> None:
@@ -71,32 +92,58 @@ class HealthThread:
                 now = time.monotonic()
                 if now >= next_probe:
                     self._probe_all()
+                    if self._rewatching:
+                        self._watch_again()
                     next_probe = time.monotonic() + self.probe_seconds
                     continue
                 wait_ms = max(1, min(WAIT_SLICE_MS, int((next_probe - now) * 1000)))
-                event: XidEvent | None = None
                 if self.events is None:
                     self._stop.wait(wait_ms / 1000)
                     continue
                 try:
-                    event = self.nvml.wait_xid(self.events, wait_ms)
+                    event = self.nvml.wait_event(self.events, wait_ms)
                 except self.nvml.Error as error:
-                    # GpuIsLost and friends: see which GPU at once.
-                    log.debug("NVML event wait failed: %s", error)
-                    next_probe = time.monotonic()
-                    self._stop.wait(min(self.probe_seconds, 0.1))
+                    self._rewatch(f"{type(error).__name__}: {error}")
+                    next_probe = time.monotonic() + self.probe_seconds
+                    continue
                 if event is not None:
                     self.report(event)
         finally:
             if self.events is not None:
                 self.nvml.free(self.events)
 
+    def _rewatch(self, error: str) -> None:
+        """After a failed wait: say so, find the GPUs that still answer, watch those."""
+        log.debug("NVML event wait failed: %s", error)
+        self.report(WaitFailed(error))
+        self.nvml.free(self.events)
+        self.events = None
+        self._rewatching = True
+        self._probe_all()
+        self._watch_again()
+
+    def _watch_again(self) -> None:
+        """A new event set for the GPUs that answered the last probe round (tried again
+        after each round until it works)."""
+        try:
+            events, unwatched = self.nvml.watch_events(skip=self._lost)
+        except self.nvml.Error as error:
+            log.debug("NVML events cannot be watched again: %s", error)
+            return
+        if events is None:
+            return
+        self.events, self._rewatching = events, False
+        self.report(Rewatched(tuple(sorted(set(unwatched) | set(self._lost)))))
+
     def _probe_all(self) -> None:
+        lost = []
         for index in self.gpus:
             try:
-                self.nvml.probe(index)
+                action = self.nvml.probe(index)
             except self.nvml.Error as error:
+                lost.append(index)
                 self.report(Probe(index, f"{type(error).__name__}: {error}"))
             else:
-                self.report(Probe(index, ""))
+                self.report(Probe(index, "", action))
+        self._lost = lost
         self.report(Round())

@@ -11,13 +11,25 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
-import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from devplug.sources.nvidia.mig import (
+    ComputeInstance,
+    GpuInstance,
+    GpuInstanceProfile,
+    MigGeometry,
+    Placement,
+    profile_name,
+)
+
 NVML_MODULE_ENV = "DEVPLUG_NVML_MODULE"
 ALL_INSTANCES = 0xFFFFFFFF  # an event's GPU/compute instance ID when it concerns them all
+# A double-bit ECC event has no Xid; it is the event of Xid 48 (ROBUST_CHANNEL_GPU_ECC_DBE).
+DOUBLE_BIT_ECC = 48
+RECOVERY_NONE = 0  # NVML_GPU_RECOVERY_ACTION_NONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,8 +39,14 @@ class MigInfo:
     uuid: str
     gpu_instance: int
     compute_instance: int
-    profile: str  # '1g.10gb', or '1c.2g.20gb' when it takes part of its GPU instance
+    # NVIDIA's name: '1g.10gb', '1g.10gb+me', or '1c.2g.20gb' when it takes part of its
+    # GPU instance (devplug.sources.nvidia.mig).
+    profile: str
     memory: int  # bytes
+    multiprocessors: int = 0
+    gpu_slices: int = 0
+    compute_slices: int = 0
+    placement: Placement | None = None  # of its GPU instance (memory slices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +62,10 @@ class GpuInfo:
     mig_capable: bool
     mig_enabled: bool
     migs: tuple[MigInfo, ...] = ()
+    # Why the MIG devices of a MIG-enabled GPU cannot be listed (NoPermission in a
+    # container without the MIG monitor capability); empty when they can.
+    mig_problem: str = ""
+    max_mig_devices: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +85,8 @@ class NvmlView:
 
 @dataclass(frozen=True, slots=True)
 class XidEvent:
+    """A critical Xid, or a double-bit ECC error (`xid` is then DOUBLE_BIT_ECC)."""
+
     index: int  # the GPU's index
     xid: int
     gpu_instance: int = ALL_INSTANCES
@@ -134,42 +158,187 @@ class Nvml:
             capable, enabled = True, current == lib.NVML_DEVICE_MIG_ENABLE
         except lib.NVMLError_NotSupported:
             capable, enabled = False, False
+        memory = int(lib.nvmlDeviceGetMemoryInfo(handle).total)
+        migs: tuple[MigInfo, ...] = ()
+        problem = ""
+        max_migs = 0
+        if enabled:
+            max_migs = int(lib.nvmlDeviceGetMaxMigDeviceCount(handle))
+            try:
+                migs = self._migs(handle, memory, max_migs)
+            except lib.NVMLError_NoPermission as error:
+                # A container without the driver's MIG monitor capability: the GPU is
+                # there, its MIG devices cannot be listed. Said once, not retried as lost.
+                problem = (
+                    f"{type(error).__name__}: {error}: its MIG devices cannot be listed "
+                    "(in a container, set NVIDIA_MIG_MONITOR_DEVICES=all and add the "
+                    "SYS_ADMIN capability, as deploy/overlays/gpu does)"
+                )
         return GpuInfo(
             index=index,
             uuid=_text(lib.nvmlDeviceGetUUID(handle)),
             model=_text(lib.nvmlDeviceGetName(handle)),
-            memory=int(lib.nvmlDeviceGetMemoryInfo(handle).total),
+            memory=memory,
             compute_capability=tuple(lib.nvmlDeviceGetCudaComputeCapability(handle)),
             bus_id=bus_id(pci.busId),
             device_id=int(pci.pciDeviceId) >> 16,
             minor=int(lib.nvmlDeviceGetMinorNumber(handle)),
             mig_capable=capable,
             mig_enabled=enabled,
-            migs=self._migs(handle) if enabled else (),
+            migs=migs,
+            mig_problem=problem,
+            max_mig_devices=max_migs,
         )
 
-    def _migs(self, handle: Any) -> tuple[MigInfo, ...]:
+    def _migs(self, handle: Any, total: int, slots: int) -> tuple[MigInfo, ...]:
+        """The MIG devices of a GPU, each named by NVIDIA's rule from its GPU instance's
+        profile (found by the profile ID of its GPU instance, as go-nvlib does)."""
         lib = self.lib
+        profiles = self._gpu_profile_ids(handle)
         migs = []
-        for slot in range(int(lib.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        for slot in range(slots):
             try:
                 mig = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except lib.NVMLError_NotFound:  # an empty slot
                 continue
             attrs = lib.nvmlDeviceGetAttributes(mig)
-            gigabytes = math.ceil(int(attrs.memorySizeMB) / 1024)
+            gi = int(lib.nvmlDeviceGetGpuInstanceId(mig))
             g, c = int(attrs.gpuInstanceSliceCount), int(attrs.computeInstanceSliceCount)
-            profile = f"{g}g.{gigabytes}gb" if c == g else f"{c}c.{g}g.{gigabytes}gb"
+            placement: Placement | None = None
+            enum: int | None = None
+            try:
+                info = lib.nvmlGpuInstanceGetInfo(lib.nvmlDeviceGetGpuInstanceById(handle, gi))
+                enum = profiles.get(int(info.profileId))
+                placement = Placement(int(info.placement.start), int(info.placement.size))
+            except (lib.NVMLError_NotSupported, lib.NVMLError_NotFound):
+                pass  # older drivers: named from the slices alone
+            name = profile_name(_enum_for(enum, g), c, int(attrs.memorySizeMB), total)
             migs.append(
                 MigInfo(
                     uuid=_text(lib.nvmlDeviceGetUUID(mig)),
-                    gpu_instance=int(lib.nvmlDeviceGetGpuInstanceId(mig)),
+                    gpu_instance=gi,
                     compute_instance=int(lib.nvmlDeviceGetComputeInstanceId(mig)),
-                    profile=profile,
+                    profile=name,
                     memory=int(attrs.memorySizeMB) * 1024 * 1024,
+                    multiprocessors=int(attrs.multiprocessorCount),
+                    gpu_slices=g,
+                    compute_slices=c,
+                    placement=placement,
                 )
             )
         return tuple(migs)
+
+    def _gpu_profile_ids(self, handle: Any) -> dict[int, int]:
+        """Profile ID -> NVML_GPU_INSTANCE_PROFILE_* of the GPU's profiles."""
+        ids: dict[int, int] = {}
+        for enum, info in self._gpu_profiles(handle):
+            ids[int(info.id)] = enum
+        return ids
+
+    def _gpu_profiles(self, handle: Any) -> list[tuple[int, Any]]:
+        lib = self.lib
+        found = []
+        for enum in range(int(lib.NVML_GPU_INSTANCE_PROFILE_COUNT)):
+            try:
+                found.append((enum, lib.nvmlDeviceGetGpuInstanceProfileInfo(handle, enum)))
+            except (
+                lib.NVMLError_NotSupported,
+                lib.NVMLError_InvalidArgument,
+                lib.NVMLError_FunctionNotFound,
+            ):
+                continue
+        return found
+
+    def mig_geometry(self, index: int) -> MigGeometry:
+        """The MIG profiles of GPU `index` (by its index in the last `read`), where each
+        may be placed, and the GPU and compute instances that exist: what a DRA
+        partitions publisher builds its counters and devices from. Raises NVML's errors
+        (NotSupported: MIG mode is off or the GPU has none; NoPermission: no MIG
+        capability)."""
+        lib = self.lib
+        handle = self._handles[index]
+        total = int(lib.nvmlDeviceGetMemoryInfo(handle).total)
+        current, _pending = lib.nvmlDeviceGetMigMode(handle)
+        profiles: list[GpuInstanceProfile] = []
+        instances: list[GpuInstance] = []
+        for enum, info in self._gpu_profiles(handle):
+            pid = int(info.id)
+            count = ctypes.c_uint()
+            lib.nvmlDeviceGetGpuInstancePossiblePlacements(handle, pid, None, ctypes.byref(count))
+            array = (lib.c_nvmlGpuInstancePlacement_t * count.value)()
+            lib.nvmlDeviceGetGpuInstancePossiblePlacements(handle, pid, array, ctypes.byref(count))
+            profiles.append(
+                GpuInstanceProfile(
+                    profile=enum,
+                    id=pid,
+                    name=profile_name(enum, None, int(info.memorySizeMB), total),
+                    slices=int(info.sliceCount),
+                    instances=int(info.instanceCount),
+                    memory_mb=int(info.memorySizeMB),
+                    multiprocessors=int(info.multiprocessorCount),
+                    copy_engines=int(info.copyEngineCount),
+                    decoders=int(info.decoderCount),
+                    encoders=int(info.encoderCount),
+                    jpegs=int(info.jpegCount),
+                    ofas=int(info.ofaCount),
+                    placements=tuple(
+                        Placement(int(p.start), int(p.size)) for p in array[: count.value]
+                    ),
+                )
+            )
+            instances += self._gpu_instances(handle, pid, total, profiles[-1])
+        return MigGeometry(
+            index=index,
+            uuid=_text(lib.nvmlDeviceGetUUID(handle)),
+            enabled=current == lib.NVML_DEVICE_MIG_ENABLE,
+            profiles=tuple(profiles),
+            instances=tuple(sorted(instances, key=lambda i: i.id)),
+        )
+
+    def _gpu_instances(
+        self, handle: Any, pid: int, total: int, profile: GpuInstanceProfile
+    ) -> list[GpuInstance]:
+        lib = self.lib
+        count = ctypes.c_uint()
+        array = (lib.c_nvmlGpuInstance_t * max(profile.instances, 1))()
+        lib.nvmlDeviceGetGpuInstances(handle, pid, array, ctypes.byref(count))
+        found = []
+        for gi in array[: count.value]:
+            info = lib.nvmlGpuInstanceGetInfo(gi)
+            computes = []
+            for ci_enum in range(int(lib.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
+                try:
+                    ci_info = lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                        gi, ci_enum, lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                    )
+                except (lib.NVMLError_NotSupported, lib.NVMLError_InvalidArgument):
+                    continue
+                ci_count = ctypes.c_uint()
+                ci_array = (lib.c_nvmlComputeInstance_t * max(int(ci_info.instanceCount), 1))()
+                lib.nvmlGpuInstanceGetComputeInstances(
+                    gi, int(ci_info.id), ci_array, ctypes.byref(ci_count)
+                )
+                for ci in ci_array[: ci_count.value]:
+                    ci_data = lib.nvmlComputeInstanceGetInfo(ci)
+                    slices = int(ci_info.sliceCount)
+                    computes.append(
+                        ComputeInstance(
+                            id=int(ci_data.id),
+                            profile_id=int(ci_data.profileId),
+                            start=int(ci_data.placement.start),
+                            slices=slices,
+                            name=profile_name(profile.profile, slices, profile.memory_mb, total),
+                        )
+                    )
+            found.append(
+                GpuInstance(
+                    id=int(info.id),
+                    profile_id=int(info.profileId),
+                    placement=Placement(int(info.placement.start), int(info.placement.size)),
+                    compute_instances=tuple(sorted(computes, key=lambda c: c.id)),
+                )
+            )
+        return found
 
     def _topology(
         self, gpus: tuple[GpuInfo, ...]
@@ -209,50 +378,80 @@ class Nvml:
 
     # -- health ----------------------------------------------------------------------
 
-    def probe(self, index: int) -> None:
-        """Ask the GPU something that reaches it; raises (GpuIsLost...) if it cannot answer."""
-        self.lib.nvmlDeviceGetMemoryInfo(self._handles[index])
-
-    def watch_xids(self) -> tuple[Any, list[int]]:
-        """An event set for critical Xid errors, and the GPUs that could not join it."""
+    def probe(self, index: int) -> int:
+        """Ask the GPU something that reaches it; raises (GpuIsLost...) if it cannot
+        answer. Returns the recovery action the driver asks for (NONE: none, or the
+        driver cannot say)."""
         lib = self.lib
-        present = [i for i, h in enumerate(self._handles) if h is not None]
+        handle = self._handles[index]
+        lib.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            [value] = lib.nvmlDeviceGetFieldValues(
+                handle, [lib.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION]
+            )
+        except (lib.NVMLError_NotSupported, lib.NVMLError_FunctionNotFound, AttributeError):
+            return RECOVERY_NONE  # older drivers and bindings
+        if int(value.nvmlReturn) != int(lib.NVML_SUCCESS):
+            return RECOVERY_NONE
+        return int(value.value.uiVal)
+
+    def watch_events(self, skip: Iterable[int] = ()) -> tuple[Any, list[int]]:
+        """An event set for critical Xids and double-bit ECC errors (each where the GPU
+        supports it, as NVIDIA's plugin registers them), and the GPUs that could not join
+        it; GPUs in `skip` are left out."""
+        lib = self.lib
+        left_out = set(skip)
+        present = [i for i, h in enumerate(self._handles) if h is not None and i not in left_out]
         try:
             events = lib.nvmlEventSetCreate()
         except self.Error:
             return None, present
+        wanted = int(lib.nvmlEventTypeXidCriticalError) | int(lib.nvmlEventTypeDoubleBitEccError)
         unwatched = []
         for index in present:
             handle = self._handles[index]
             try:
-                supported = int(lib.nvmlDeviceGetSupportedEventTypes(handle))
-                if not supported & lib.nvmlEventTypeXidCriticalError:
+                mask = wanted & int(lib.nvmlDeviceGetSupportedEventTypes(handle))
+                if not mask & int(lib.nvmlEventTypeXidCriticalError):
                     raise lib.NVMLError_NotSupported()
-                lib.nvmlDeviceRegisterEvents(handle, lib.nvmlEventTypeXidCriticalError, events)
+                lib.nvmlDeviceRegisterEvents(handle, mask, events)
             except self.Error:
                 unwatched.append(index)
         return events, unwatched
 
-    def wait_xid(self, events: Any, timeout_ms: int) -> XidEvent | None:
-        """The next critical Xid of the set, or None after `timeout_ms`."""
+    def wait_event(self, events: Any, timeout_ms: int) -> XidEvent | None:
+        """The next critical Xid or double-bit ECC error of the set, or None after
+        `timeout_ms`; other errors (GpuIsLost...) are raised."""
+        lib = self.lib
         try:
-            data = self.lib.nvmlEventSetWait_v2(events, timeout_ms)
+            data = lib.nvmlEventSetWait_v2(events, timeout_ms)
         except self.Timeout:
             return None
-        if not int(data.eventType) & self.lib.nvmlEventTypeXidCriticalError:
+        kind = int(data.eventType)
+        if kind & int(lib.nvmlEventTypeXidCriticalError):
+            xid = int(data.eventData)
+        elif kind & int(lib.nvmlEventTypeDoubleBitEccError):
+            xid = DOUBLE_BIT_ECC
+        else:
             return None
         address = _address(data.device)
         index = next(
             (i for i, h in enumerate(self._handles) if h is not None and _address(h) == address),
             -1,
         )
-        return XidEvent(
-            index, int(data.eventData), int(data.gpuInstanceId), int(data.computeInstanceId)
-        )
+        return XidEvent(index, xid, int(data.gpuInstanceId), int(data.computeInstanceId))
 
     def free(self, events: Any) -> None:
         with contextlib.suppress(self.Error):
             self.lib.nvmlEventSetFree(events)
+
+
+# The plain GPU instance profile of a slice count, for drivers that cannot say which.
+_PLAIN_PROFILE = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
+
+
+def _enum_for(enum: int | None, slices: int) -> int:
+    return enum if enum is not None else _PLAIN_PROFILE.get(slices, 0x0)
 
 
 def _pairs(indices: list[int]) -> list[tuple[int, int]]:

@@ -3,9 +3,13 @@
 One source feeds every plugin of the entry (the GPUs' resource, the per-profile MIG
 and per-model resources). NVML missing or failing never stops the daemon: the
 resources serve zero devices, one line says why, and NVML is tried again with
-backoff. Health: a critical Xid or a GPU that stops answering turns its devices
-Unhealthy at once; a GPU that answers again and has had no critical Xid for
-`recoverySeconds` turns Healthy again.
+backoff. Health: a critical Xid, a double-bit ECC error or a GPU that stops answering
+turns its devices Unhealthy at once. After a transient Xid (devplug.sources.nvidia.xids)
+a GPU that answers and has had no critical event for `recoverySeconds` turns Healthy
+again; after one that needs a reset it stays Unhealthy until it was reset, seen as one
+of: the GPU lost and back (a reset takes it off the bus), the driver's recovery action
+going back to none after it asked for one, or the entry's `resetCheck` passing. The
+state lives in the daemon: a node reboot (which resets every GPU) starts afresh.
 """
 
 from __future__ import annotations
@@ -14,14 +18,24 @@ import asyncio
 import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from devplug.sources.config import ResourceSpec
+from devplug.sources.health import check_problem
 from devplug.sources.nvidia import blocking
 from devplug.sources.nvidia.config import NvidiaSpec
-from devplug.sources.nvidia.discovery import Unit, units
-from devplug.sources.nvidia.health import HealthThread, Probe, Report, Round
-from devplug.sources.nvidia.nvml import ALL_INSTANCES, Nvml, NvmlView, XidEvent
+from devplug.sources.nvidia.discovery import Unit, host_path, units
+from devplug.sources.nvidia.health import (
+    HealthThread,
+    Probe,
+    Report,
+    Rewatched,
+    Round,
+    WaitFailed,
+)
+from devplug.sources.nvidia.nvml import ALL_INSTANCES, RECOVERY_NONE, Nvml, NvmlView, XidEvent
+from devplug.sources.nvidia.xids import ignored_xids, xid_action
 
 log = logging.getLogger("devplug.sources.nvidia")
 
@@ -42,7 +56,12 @@ class GpuSource:
         self._generation = 0
         self._changed = asyncio.Event()
         self._lost: dict[int, str] = {}  # GPU index -> why it does not answer
-        self._critical: dict[str, float] = {}  # UUID -> time of its last critical Xid
+        self._critical: dict[str, float] = {}  # UUID -> time of its last transient Xid
+        self._awaiting_reset: dict[str, int] = {}  # UUID -> the Xid that needs a reset
+        self._recovery: dict[int, int] = {}  # GPU index -> the driver's recovery action
+        self._asked_recovery: set[int] = set()  # GPUs whose driver asked for an action
+        self._blind = ""  # why no event can be seen now (the wait failed); empty: fine
+        self._ignored = ignored_xids(self.spec.ignored_xids, self.spec.enabled_xids)
         self._hung = False
         self._health: dict[str, bool] = {}
         self._task: asyncio.Task[None] | None = None
@@ -123,7 +142,7 @@ class GpuSource:
                 unwatched: list[int] = []
                 if self.spec.health_checks:
                     events, unwatched = await blocking.call(
-                        nvml.watch_xids, timeout, "registering Xid events"
+                        nvml.watch_events, timeout, "registering Xid events"
                     )
             except Exception as error:
                 problem = _describe(error)
@@ -152,6 +171,7 @@ class GpuSource:
                 self._logged_view = view
                 self._log_view(view, unwatched)
             self._lost = {}
+            self._blind = ""
             self._recheck()
             self.ready.set()
             try:
@@ -182,6 +202,7 @@ class GpuSource:
         # NVML that stops answering: no probe round for this long.
         silence = self.spec.probe_seconds + self.spec.nvml_timeout_seconds
         thread.start()
+        checks = asyncio.create_task(self._reset_checks(), name=f"reset checks {self.name}")
         try:
             while True:
                 try:
@@ -198,6 +219,8 @@ class GpuSource:
                     continue
                 self._on_report(report)
         finally:
+            checks.cancel()
+            await asyncio.gather(checks, return_exceptions=True)
             thread.stop()
             # NVML is shut down next: no event wait of the thread may outlive it
             # (unless NVML hangs: then neither would return).
@@ -214,17 +237,90 @@ class GpuSource:
                 log.info("%s: NVML answers again", self.name)
             self._hung = False
         elif isinstance(report, Probe):
-            if report.error:
-                if report.index not in self._lost:
-                    log.warning(
-                        "%s: GPU %d does not answer: %s", self.name, report.index, report.error
-                    )
-                self._lost[report.index] = report.error
-            elif self._lost.pop(report.index, None) is not None:
-                log.info("%s: GPU %d answers again", self.name, report.index)
+            self._on_probe(report)
+        elif isinstance(report, WaitFailed):
+            if not self._blind:
+                log.warning(
+                    "%s: NVML's event wait failed (%s): every GPU is Unhealthy until the "
+                    "ones that answer are watched again",
+                    self.name,
+                    report.error,
+                )
+            self._blind = report.error
+        elif isinstance(report, Rewatched):
+            log.info(
+                "%s: watching Xid events again%s",
+                self.name,
+                f" without GPU(s) {', '.join(map(str, report.unwatched))}"
+                if report.unwatched
+                else "",
+            )
+            self._blind = ""
         else:
             self._on_xid(report)
         self._recheck()
+
+    def _on_probe(self, report: Probe) -> None:
+        index = report.index
+        if report.error:
+            if index not in self._lost:
+                log.warning("%s: GPU %d does not answer: %s", self.name, index, report.error)
+            self._lost[index] = report.error
+            return
+        if self._lost.pop(index, None) is not None:
+            log.info("%s: GPU %d answers again", self.name, index)
+            self._reset_seen(index, "it was lost and is back")
+        before = self._recovery.get(index, RECOVERY_NONE)
+        self._recovery[index] = report.recovery_action
+        if report.recovery_action != RECOVERY_NONE:
+            if before == RECOVERY_NONE:
+                log.warning(
+                    "%s: GPU %d: the driver asks for recovery action %d",
+                    self.name,
+                    index,
+                    report.recovery_action,
+                )
+            self._asked_recovery.add(index)
+        elif index in self._asked_recovery:
+            self._asked_recovery.discard(index)
+            self._reset_seen(index, "the driver no longer asks for a recovery action")
+
+    def _reset_seen(self, index: int, why: str) -> None:
+        """GPU `index` was reset: it and its MIG devices no longer await one."""
+        assert self.view is not None
+        gpu = next((g for g in self.view.gpus if g.index == index), None)
+        if gpu is None:
+            return
+        uuids = {gpu.uuid, *(m.uuid for m in gpu.migs)}
+        cleared = [u for u in uuids if self._awaiting_reset.pop(u, None) is not None]
+        if cleared:
+            log.info("%s: GPU %d was reset (%s)", self.name, index, why)
+
+    def reset_pending(self) -> list[Unit]:
+        """The units awaiting a reset (for the reset check)."""
+        gpus = {u.gpu.uuid for u in self.units if u.uuid in self._awaiting_reset}
+        return [
+            u
+            for u in self.units
+            if u.uuid in self._awaiting_reset or (u.mig is None and u.gpu.uuid in gpus)
+        ]
+
+    async def _reset_checks(self) -> None:
+        """Every `resetCheck.interval` seconds, the checks of each GPU awaiting a reset;
+        passing, it was reset."""
+        spec = self.spec.reset_check
+        if spec is None:
+            return
+        while True:
+            await asyncio.sleep(spec.interval)
+            waiting = {u.gpu.index: u for u in self.reset_pending()}
+            for index, unit in waiting.items():
+                checked = _GpuChecked(unit, self.spec.host_root)
+                values = {"id": checked.id, **{k: str(v) for k, v in unit.attributes.items()}}
+                problems = [await check_problem(c, checked, values) for c in spec.checks]
+                if not any(problems):
+                    self._reset_seen(index, "its reset check passed")
+                    self._recheck()
 
     def _on_xid(self, event: XidEvent) -> None:
         assert self.view is not None
@@ -232,7 +328,8 @@ class GpuSource:
         if gpu is None:
             log.warning("%s: Xid %d on an unknown GPU", self.name, event.xid)
             return
-        if event.xid in self.spec.ignored_xids:
+        action = xid_action(event.xid, self._ignored)
+        if action == "ignore":
             log.info("%s: GPU %d: Xid %d (ignored)", self.name, gpu.index, event.xid)
             return
         uuid = gpu.uuid
@@ -250,6 +347,15 @@ class GpuSource:
             # (migStrategy none) is what the Xid concerns.
             if mig is not None and any(u.uuid == mig.uuid for u in self.units):
                 uuid = mig.uuid
+        if action == "reset":
+            log.warning(
+                "%s: %s: critical Xid %d: Unhealthy until the GPU is reset",
+                self.name,
+                uuid,
+                event.xid,
+            )
+            self._awaiting_reset[uuid] = event.xid
+            return
         log.warning("%s: %s: critical Xid %d", self.name, uuid, event.xid)
         self._critical[uuid] = time.monotonic()
         # Look again once the quiet time is over (recovery).
@@ -264,7 +370,16 @@ class GpuSource:
             last = max(
                 self._critical.get(unit.uuid, -1e18), self._critical.get(unit.gpu.uuid, -1e18)
             )
-            healthy = not self._hung and unit.gpu.index not in self._lost and now - last >= quiet
+            index = unit.gpu.index
+            healthy = (
+                not self._hung
+                and not self._blind
+                and index not in self._lost
+                and now - last >= quiet
+                and unit.uuid not in self._awaiting_reset
+                and unit.gpu.uuid not in self._awaiting_reset
+                and self._recovery.get(index, RECOVERY_NONE) == RECOVERY_NONE
+            )
             health[unit.uuid] = healthy
             before = self._health.get(unit.uuid)
             if before is not None and before != healthy:
@@ -318,6 +433,15 @@ class GpuSource:
                 self.name,
                 ", ".join(map(str, unwatched)),
             )
+
+
+class _GpuChecked:
+    """A GPU as the reset checks see it: '{id}' is its UUID, sysfs its PCI folder."""
+
+    def __init__(self, unit: Unit, root: str) -> None:
+        self.id = unit.gpu.uuid
+        self.attributes = unit.attributes
+        self.sysfs: Path | None = Path(host_path(root, f"/sys/bus/pci/devices/{unit.gpu.bus_id}"))
 
 
 def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Report], report: Report) -> None:
