@@ -102,7 +102,11 @@ def test_a_fleet_file_names_its_nodes_per_pool(tmp_path: Path) -> None:
         ),
         (
             dict(GPU_POOL, gpus={"mig": ["huge"]}),
-            "fleet.yaml: pools[0] (h100).gpus.mig[0]: expected a MIG profile",
+            "fleet.yaml: pools[0] (h100).gpus.mig: H100-SXM5-80GB has no MIG profile 'huge'",
+        ),
+        (
+            dict(GPU_POOL, gpus={"model": "Voodoo5"}),
+            "fleet.yaml: pools[0] (h100).gpus.model: unknown GPU model 'Voodoo5'",
         ),
         (
             dict(NUMA_POOL, configFile="missing.yaml"),

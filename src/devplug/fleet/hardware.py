@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import yaml
 
 from devplug.fleet.spec import GpuHostSpec, Pool
 from devplug.framework.device import Attribute
@@ -55,33 +56,29 @@ class PoolHardware:
 
 
 def gpu_description(spec: GpuHostSpec) -> dict[str, Any]:
-    """The fake NVML description of a pool's GPUs."""
-    from devplug.testing.fakenvml import gpu
+    """The fake NVML description of a pool's GPUs (KeyError for an unknown model or
+    MIG profile, ValueError for MIG instances that do not fit the GPU)."""
+    from devplug.testing.fakegpus import fake_host
 
     if spec.description is not None:
         loaded: dict[str, Any] = json.loads(Path(spec.description).read_text())
         return loaded
     per_numa = -(-spec.count // spec.numa_nodes)
-    mig = [_mig_device(profile) for profile in spec.mig] if spec.mig else None
-    gpus = [
-        gpu(i, name=spec.model, memory_gib=spec.memory_gi_b, numa=i // per_numa, mig=mig)
-        for i in range(spec.count)
-    ]
-    return {"driver": {"loaded": True}, "gpus": gpus, "topology": [], "xids": []}
-
-
-def _mig_device(profile: str) -> tuple[int, int]:
-    """'3g.40gb' -> (3 GPU instance slices, its memory in MB as NVML reports it)."""
-    head, _, memory = profile.rpartition(".")
-    slices = int(head.rpartition(".")[2].removesuffix("g"))
-    return slices, int(memory.removesuffix("gb")) * 1024
+    group: dict[str, Any] = {
+        "model": spec.model,
+        "count": spec.count,
+        "numa": [i // per_numa for i in range(spec.count)],
+    }
+    if spec.mig:
+        group["mig"] = spec.mig
+    return fake_host(yaml.safe_dump({"gpus": [group], "nvlink": spec.nvlink}))
 
 
 @contextlib.contextmanager
 def _fake_nvml(folder: Path, spec: GpuHostSpec) -> Iterator[str]:
     """Point NVML at the pool's fake host while its plugins are built; yields the
     host root (its /dev and /sys) for the config's `hostRoot`."""
-    from devplug.testing.fakenvml import FakeGpuHost
+    from devplug.testing.fakegpus import FakeGpuHost
 
     host = FakeGpuHost(folder, gpu_description(spec))
     saved = {key: os.environ.get(key) for key in _NVML_ENV}

@@ -29,7 +29,6 @@ _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_MIG_PROFILE = re.compile(r"^(?:(\d)c\.)?(\d)g\.(\d+)gb$")
 Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
@@ -48,13 +47,16 @@ class GpuHostSpec(_Schema):
 
     # A fake NVML description (JSON) to use as it is; the keys below are then unused.
     description: str | None = None
-    model: str = "NVIDIA H100 80GB HBM3"
+    # A model of the fake driver's tables ('H100-SXM5-80GB', 'A100-SXM4-40GB'...) or
+    # its NVML name ('NVIDIA H100 80GB HBM3').
+    model: str = "H100-SXM5-80GB"
     count: int = 8
-    memory_gi_b: int = msgspec.field(default=80, name="memoryGiB")
     # GPUs are spread evenly over the NUMA nodes, in index order.
     numa_nodes: int = 1
-    # MIG devices of every GPU ('1g.10gb', '3g.40gb'...): MIG mode on.
+    # MIG instances of every GPU, as `nvidia-smi mig -cgi ... -C` names them: MIG on.
     mig: list[str] | None = None
+    # NVLink: none, pairs (0-1, 2-3...) or all (through NVSwitches).
+    nvlink: Literal["none", "pairs", "all"] = "none"
 
 
 class PoolSpec(_Schema):
@@ -264,16 +266,19 @@ def _check_gpus(
         return
     if not 1 <= gpus.count <= 64:
         fail(f"{where}.count", f"expected an integer from 1 to 64, got {gpus.count}")
-    if gpus.memory_gi_b < 1:
-        fail(f"{where}.memoryGiB", f"expected an integer >= 1, got {gpus.memory_gi_b}")
     if not 1 <= gpus.numa_nodes <= MAX_NUMA_NODES:
         fail(
             f"{where}.numaNodes",
             f"expected an integer from 1 to {MAX_NUMA_NODES}, got {gpus.numa_nodes}",
         )
-    for m, profile in enumerate(gpus.mig or []):
-        if not _MIG_PROFILE.match(profile):
-            fail(f"{where}.mig[{m}]", f"expected a MIG profile such as '1g.10gb', got {profile!r}")
+    from devplug.fleet.hardware import gpu_description
+
+    try:
+        gpu_description(gpus)
+    except KeyError as error:
+        fail(f"{where}.model" if "model" in str(error) else f"{where}.mig", str(error.args[0]))
+    except ValueError as error:
+        fail(f"{where}.mig", str(error))
 
 
 def _label_problem(key: str, value: str) -> str | None:
