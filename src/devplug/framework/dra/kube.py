@@ -11,9 +11,10 @@ from typing import Any
 def api_client(kubeconfig: str | None = None) -> Any:
     """A client for `kubeconfig` (or $KUBECONFIG), else the in-cluster service account;
     ValueError with a one-line reason when neither can be used."""
+    settings = configuration(kubeconfig)  # first: it lets the ssl module in
     from kubernetes import client
 
-    return client.ApiClient(configuration(kubeconfig))
+    return client.ApiClient(settings)
 
 
 def configuration(kubeconfig: str | None = None) -> Any:
