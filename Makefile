@@ -5,11 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-<<<<<<< HEAD
-.PHONY: demo test lint proto bench fleet-bench soak clean image image-deps
-=======
-.PHONY: demo test lint proto bench soak clean image image-deps node-deps
->>>>>>> main
+.PHONY: demo test lint proto bench fleet-bench soak clean image image-deps node-deps
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
