@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "kubelet-restart": ("kubelet_restart", "restart a kubelet simulator as a kubelet restarts"),
     "cluster": ("cluster", "place pods on N simulated nodes: scheduler fit, kubelet admission"),
     "fleet": ("fleet", "simulated device nodes for a real API server: check, up, down"),
+    "plan": ("plan", "will a workload fit a fleet: devices used, free, stranded; pending pods"),
     "demo": ("demo", "run the kubelet simulator with real plugins and sample pods, as a story"),
     "status": ("status", "show a node's devices, their health and the pods holding them"),
 }
