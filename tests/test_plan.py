@@ -402,3 +402,32 @@ def test_plan_with_a_kubeconfig_uses_the_real_scheduler(kubeconfig: str, tmp_pat
         check=True,
     )
     assert json.loads(left.stdout)["nodes"] == 0
+
+
+def test_the_worked_question_in_the_docs_is_what_plan_answers(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parent.parent / "docs" / "fleet.md").read_text()
+    worked = page.split("### A worked question", 1)[1]
+    fleet_text, csv_text, shown = re.findall(r"```(?:yaml)?\n(.*?)```", worked, re.S)[:3]
+    (tmp_path / "fleet.yaml").write_text(fleet_text)
+    (tmp_path / "pods.csv").write_text(csv_text)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devplug.cli.main",
+            "plan",
+            "-f",
+            "fleet.yaml",
+            "--workload",
+            "pods.csv",
+            "--vary",
+            "topologyPolicy=none",
+            "--vary",
+            "replicas=2",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert done.stdout == shown

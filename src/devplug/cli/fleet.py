@@ -96,6 +96,9 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from devplug.fleet import quiet_node_logs
+
+    quiet_node_logs(getattr(args, "log_level", "info"))
     from devplug.fleet.spec import load_fleet
     from devplug.sources import ConfigError
 

@@ -63,6 +63,9 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from devplug.fleet import quiet_node_logs
+
+    quiet_node_logs(getattr(args, "log_level", "info"))
     from devplug.fleet.spec import load_fleet
     from devplug.plan.variants import KnobError, parse_vary
     from devplug.plan.workload import WorkloadError, load_workload
