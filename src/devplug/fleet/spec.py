@@ -21,7 +21,7 @@ import yaml
 
 from devplug.simulator.pods import QuantityError, parse_quantity
 from devplug.simulator.topology import MAX_NUMA_NODES, POLICIES
-from devplug.sources.config import Config, ConfigError, convert, parse_config
+from devplug.sources.config import Config, ConfigError, convert, parse_config, yaml_problem
 
 MAX_NODES = 20_000
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -127,10 +127,7 @@ def parse_fleet(text: str, source: str = "<fleet>", folder: Path | None = None) 
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        problem = getattr(error, "problem", None) or str(error)
-        raise ConfigError(f"{where}: invalid YAML: {' '.join(str(problem).split())}") from None
+        raise ConfigError(yaml_problem(error, source)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping with 'pools'")
     try:
