@@ -245,8 +245,8 @@ def test_plan_says_which_placement_it_used(tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert bad.stderr == (
-        f"devplug plan: {tmp_path / 'missing.csv'}: cannot read the workload: "
-        "No such file or directory\n"
+        f"devplug plan: argument --workload: {tmp_path / 'missing.csv'}: no such file "
+        "(see 'devplug plan --help')\n"
     )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -23,65 +22,71 @@ if TYPE_CHECKING:
     from devplug.fleet.runner import FleetRunner
     from devplug.fleet.spec import Fleet
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+from devplug.cli import style
+
+EXIT_OK = style.EXIT_OK
+EXIT_FAILED = style.EXIT_FAILED
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+
+
+lease_seconds = style.Number(int, 1, "a whole number of seconds, 1 or more")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    check = sub.add_parser("check", help="check a fleet file and show its pools and nodes")
-    up = sub.add_parser("up", help="register the fleet's nodes and run them until stopped")
-    down = sub.add_parser("down", help="remove the Nodes, Leases, slices and Events up created")
-    for command in (check, up, down):
-        command.add_argument(
-            "-f", "--filename", required=True, metavar="FILE", help="the fleet file"
-        )
-        command.add_argument(
-            "-o",
-            "--output",
-            choices=("text", "json"),
-            default="text",
-            help="text: for people; json: one JSON object per line",
-        )
+    actions = {
+        "check": "check a fleet file and show its pools, nodes and what each serves",
+        "up": "register the fleet's nodes with an API server and run them until stopped",
+        "down": "remove the Nodes, Leases, ResourceSlices and Events that up created",
+    }
+    made = {
+        name: sub.add_parser(name, help=text, description=text) for name, text in actions.items()
+    }
+    up, down = made["up"], made["down"]
+    for command in made.values():
+        style.add_filenames(command, "the fleet file (one)", required=True)
+        style.add_output(command)
     for command in (up, down):
         command.add_argument(
-            "--kubeconfig", metavar="FILE", help="the cluster (default: $KUBECONFIG)"
+            "--kubeconfig",
+            type=style.file_path,
+            metavar="FILE",
+            help="the cluster (default: $KUBECONFIG, else the in-cluster service account)",
         )
         command.add_argument(
             "--concurrency",
-            type=int,
+            type=style.count,
             default=32,
             metavar="N",
-            help="API requests in flight at most (default: 32)",
+            help="API requests in flight at most",
         )
     up.add_argument(
         "--work-dir",
+        type=style.folder,
         metavar="DIR",
         help="where GPU pools keep their fake NVML host and nodes their DRA state "
         "(default: a temporary folder, removed at exit)",
     )
     up.add_argument(
         "--renew-seconds",
-        type=float,
+        type=style.seconds,
         default=10.0,
         metavar="SECONDS",
-        help="how often each node renews its Lease (default: 10, the kubelet's)",
+        help="how often each node renews its Lease (the kubelet's 10 s)",
     )
     up.add_argument(
         "--lease-seconds",
-        type=int,
+        type=lease_seconds,
         default=40,
         metavar="SECONDS",
-        help="the Leases' duration (default: 40, the kubelet's)",
+        help="the Leases' duration (the kubelet's 40 s)",
     )
     up.add_argument(
         "--status-seconds",
-        type=float,
+        type=style.seconds,
         default=300.0,
         metavar="SECONDS",
-        help="how often each node reports its status when nothing changed (default: 300)",
+        help="how often each node reports its status when nothing changed",
     )
     up.add_argument(
         "--topology-policy",
@@ -90,30 +95,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"devplug fleet: {message}", file=sys.stderr)
-    return code
+def _fail(message: str, code: int = style.EXIT_USAGE) -> int:
+    return style.fail("devplug fleet", message, code)
+
+
+def read_fleet(names: list[str], prog: str) -> Fleet | int:
+    """The one fleet file of `-f` ('-': stdin, its paths from the current folder), or
+    the exit status of a one-line error."""
+    from devplug.fleet.spec import load_fleet, parse_fleet
+    from devplug.sources import ConfigError
+
+    if len(names) != 1:
+        return style.fail(prog, f"-f: expected one fleet file, got {len(names)}", style.EXIT_USAGE)
+    try:
+        if names[0] == "-":
+            return parse_fleet(sys.stdin.read(), "stdin", Path.cwd())
+        return load_fleet(names[0])
+    except ConfigError as error:
+        return style.fail(prog, str(error), style.EXIT_USAGE)
 
 
 def run(args: argparse.Namespace) -> int:
     from devplug.fleet import quiet_node_logs
 
     quiet_node_logs(getattr(args, "log_level", "info"))
-    from devplug.fleet.spec import load_fleet
-    from devplug.sources import ConfigError
-
-    try:
-        fleet = load_fleet(args.filename)
-    except ConfigError as error:
-        return _fail(str(error))
+    fleet = read_fleet(args.filename, "devplug fleet")
+    if isinstance(fleet, int):
+        return fleet
     if args.action == "check":
         return _check(fleet, args.output)
-    if args.concurrency < 1:
-        return _fail(f"--concurrency: expected at least 1, got {args.concurrency}")
-    if args.action == "up" and (
-        args.renew_seconds <= 0 or args.lease_seconds < 1 or args.status_seconds <= 0
-    ):
-        return _fail("--renew-seconds, --lease-seconds, --status-seconds: expected > 0")
     from devplug.fleet.kube import KubeApi
 
     try:
@@ -129,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _emit(output: str, record: dict[str, Any], text: str) -> None:
-    print(json.dumps(record) if output == "json" else text, flush=True)
+    style.print_result(record, output, text=lambda: text)
 
 
 def _check(fleet: Fleet, output: str) -> int:

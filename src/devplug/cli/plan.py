@@ -9,28 +9,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+from devplug.cli import style
+
+EXIT_OK = style.EXIT_OK
+EXIT_FAILED = style.EXIT_FAILED
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-f", "--filename", required=True, metavar="FILE", help="the fleet file")
+    style.add_filenames(parser, "the fleet file (one)", required=True)
     parser.add_argument(
         "--workload",
         required=True,
+        type=style.input_file,
         metavar="FILE",
         help="pods to place: Pod/Job/Deployment YAML, or a CSV of pods (.csv)",
     )
     parser.add_argument(
         "--kubeconfig",
+        type=style.file_path,
         metavar="FILE",
         help="place the pods with the real kube-scheduler of this cluster (the fleet is "
         "registered there for each run, and removed after); without it, the fit step",
@@ -43,39 +44,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="one more run per value: topologyPolicy, preferredAllocation, replicaPolicy, "
         "replicas, migStrategy, mode (repeatable)",
     )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json"),
-        default="text",
-        help="text: tables for people; json: the whole report as one JSON object",
-    )
+    style.add_output(parser)
     parser.add_argument(
         "--html",
+        type=style.file_path,
         metavar="FILE",
         help="also write the report as a self-contained HTML page with plots",
     )
 
 
-def _fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"devplug plan: {message}", file=sys.stderr)
-    return code
+def _fail(message: str, code: int = style.EXIT_USAGE) -> int:
+    return style.fail("devplug plan", message, code)
 
 
 def run(args: argparse.Namespace) -> int:
     from devplug.fleet import quiet_node_logs
 
     quiet_node_logs(getattr(args, "log_level", "info"))
-    from devplug.fleet.spec import load_fleet
+    from devplug.cli.fleet import read_fleet
     from devplug.plan.variants import KnobError, parse_vary
     from devplug.plan.workload import WorkloadError, load_workload
-    from devplug.sources import ConfigError
 
+    fleet = read_fleet(args.filename, "devplug plan")
+    if isinstance(fleet, int):
+        return fleet
     try:
-        fleet = load_fleet(args.filename)
         workload = load_workload(args.workload)
         variants = parse_vary(args.vary)
-    except (ConfigError, WorkloadError, KnobError) as error:
+    except (WorkloadError, KnobError) as error:
         return _fail(str(error))
     if args.html:
         try:
@@ -106,12 +102,9 @@ def run(args: argparse.Namespace) -> int:
             Path(args.html).write_text(report_html(document), encoding="utf-8")
         except OSError as error:
             return _fail(f"--html {args.html}: {error.strerror}", EXIT_FAILED)
-    if args.output == "json":
-        print(json.dumps(document))
-    else:
-        from devplug.plan.report import report_text
+    from devplug.plan.report import report_text
 
-        print(report_text(document))
+    style.print_result(document, args.output, text=lambda: report_text(document))
     return EXIT_OK
 
 

@@ -50,6 +50,11 @@ class Workload:
 
 
 def load_workload(path: str) -> Workload:
+    """The workload of a file ('-': YAML on stdin)."""
+    if path == "-":
+        import sys
+
+        return parse_yaml(sys.stdin.read(), "stdin")
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
