@@ -284,7 +284,14 @@ def _bench(
     stopped = next((line for line in lines if line.get("event") == "stopped"), {})
     report["fleet_counters"] = {
         k: stopped.get(k)
-        for k in ("admitted", "rejected", "status_writes", "lease_renewals", "lease_failures")
+        for k in (
+            "admitted",
+            "rejected",
+            "status_writes",
+            "lease_renewals",
+            "lease_failures",
+            "lease_late",
+        )
     }
     started = time.monotonic()
     down = subprocess.run(

@@ -270,6 +270,7 @@ def _stopped(runner: FleetRunner, output: str) -> None:
         "status_writes": c.status_writes,
         "lease_renewals": c.lease_renewals,
         "lease_failures": c.lease_failures,
+        "lease_late": c.lease_late,
         "relists": c.relists,
         "api_calls": runner.api.calls,
         "cpu_s": round(times.user + times.system, 2),

@@ -86,6 +86,7 @@ class Counters:
     deleted: int = 0
     lease_renewals: int = 0
     lease_failures: int = 0
+    lease_late: int = 0  # a renewal not sent: the one before still had no answer
     status_writes: int = 0
     relists: int = 0
     register_s: float = 0.0
@@ -110,7 +111,11 @@ class FleetRunner:
         self._done: set[str] = set()  # UIDs handled and not held (rejected, terminal)
         self._finishing: set[str] = set()
         self._writes: set[asyncio.Task[None]] = set()
-        self._gate = asyncio.Semaphore(api.concurrency)
+        # Leases get a share of the connections of their own, so that a burst of pod
+        # statuses never makes a node miss its renewals.
+        lease_share = max(1, api.concurrency // 4)
+        self._lease_gate = asyncio.Semaphore(lease_share)
+        self._gate = asyncio.Semaphore(max(1, api.concurrency - lease_share))
         self._stop = asyncio.Event()
         self.ready = asyncio.Event()
         # Bumped by every pod decision, relist and failed lease renewal: what to wait on.
@@ -475,7 +480,7 @@ class FleetRunner:
 
         def renew(name: str) -> None:
             if name in renewing:  # the last renewal is still waiting for the server
-                self.counters.lease_failures += 1
+                self.counters.lease_late += 1
                 return
             renewing.add(name)
             task = asyncio.create_task(self._renew(name))
@@ -490,7 +495,7 @@ class FleetRunner:
         lease["spec"]["renewTime"] = now_micro()
         path = f"{LEASES}/{name}"
         try:
-            async with self._gate:
+            async with self._lease_gate:
                 try:
                     self._leases[name] = await self.api.call("PUT", path, lease)
                 except ApiError as error:
@@ -511,11 +516,11 @@ class FleetRunner:
 
     async def _heartbeats(self) -> None:
         def beat(name: str) -> None:
-            patch = {"status": {"conditions": conditions(now(), now())}}
-            # lastTransitionTime is kept by the server only if unchanged; send it as
-            # the conditions are (no transition): take it from the first report.
-            for condition in patch["status"]["conditions"]:
+            # A heartbeat is no transition: the server keeps each lastTransitionTime.
+            beats = conditions(now(), "")
+            for condition in beats:
                 condition.pop("lastTransitionTime")
+            patch = {"status": {"conditions": beats}}
             self._write(
                 f"heartbeat of node {name}",
                 lambda: self.api.call(
