@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devplug.cluster.scheduler import effective_requests
 from devplug.fleet.hardware import PoolHardware
 from devplug.fleet.local import LocalEndpoint
 from devplug.fleet.objects import rejected_status, running_status
@@ -151,7 +152,7 @@ class FleetNode:
         if isinstance(parsed, InvalidPod):  # the API server took it, so only a bug does this
             return self._refuse(parsed, "UnexpectedAdmissionError", parsed.message)
         requests = native_requests(spec_doc)
-        for resource, count in _extended(parsed).items():
+        for resource, count in effective_requests(parsed).items():
             requests[resource] = count
         if refusal := self._resource_check(requests):
             return self._refuse(parsed, *refusal)
@@ -262,9 +263,3 @@ class FleetNode:
                         "%s: unpreparing %s/%s: %s", self.name, ref.namespace, ref.name, error
                     )
         return True
-
-
-def _extended(pod: PodSpec) -> dict[str, int]:
-    from devplug.cluster.scheduler import effective_requests
-
-    return effective_requests(pod)

@@ -450,15 +450,14 @@ def _outcome(pod: Mapping[str, Any], runner: Any) -> PodOutcome:
 async def _clean(api: Any, namespace: str, classes: Sequence[str]) -> None:
     """Remove the run's pods, claims and classes (each pod at once: no kubelet waits)."""
     body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
-    for kind, path in (
-        ("pods", f"/api/v1/namespaces/{namespace}/pods"),
-        ("claims", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"),
+    for path in (
+        f"/api/v1/namespaces/{namespace}/pods",
+        f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
     ):
         listed = await api.call("GET", path)
         for item in listed.get("items") or []:
             with contextlib.suppress(Exception):
                 await api.call("DELETE", f"{path}/{item['metadata']['name']}", body)
-        del kind
     for name in classes:
         with contextlib.suppress(Exception):
             await api.call("DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
