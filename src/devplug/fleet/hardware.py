@@ -105,6 +105,13 @@ def build_pool(pool: Pool, folder: Path) -> PoolHardware:
             plugin.publish(plugin.discover())
             for warning in plugin.warnings:
                 log.warning("pool %s: %s", pool.name, warning)
+        if pool.spec.gpus is not None:  # read once: nothing polls the pool's NVML later
+            from devplug.sources.nvidia.plugin import NvidiaPlugin
+
+            for source in {
+                id(p.source): p.source for p in plugins if isinstance(p, NvidiaPlugin)
+            }.values():
+                source.release()
     hardware = PoolHardware(pool)
     for plugin in plugins:
         if serves_device_plugin(plugin.spec.mode):
