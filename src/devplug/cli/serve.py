@@ -114,7 +114,7 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
         "--claims-dir",
         type=style.folder,
         metavar="DIR",
-        help="read claims from YAML files in DIR instead of the API server; publish no slices",
+        help="read claims from YAML files in DIR, and write the slices there (no API server)",
     )
 
 
@@ -202,20 +202,10 @@ def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
     lets in the ssl module `devplug serve` leaves out)."""
     from pathlib import Path
 
-    from devplug.framework.dra.driver import Driver
     from devplug.framework.dra.service import DraService, DraSettings
-    from devplug.sources.draconfig import plugin_driver_name, serves_dra
+    from devplug.sources.draconfig import config_driver, serves_dra
 
-    drivers = [
-        Driver(
-            plugin,
-            plugin_driver_name(plugin.resource_name, plugin.spec.name, plugin.spec.dra),
-            plugin.spec.dra.attributes if plugin.spec.dra else {},
-            plugin.spec.dra.attribute_names if plugin.spec.dra else {},
-        )
-        for plugin in plugins
-        if serves_dra(plugin.spec.mode)
-    ]
+    drivers = [config_driver(plugin) for plugin in plugins if serves_dra(plugin.spec.mode)]
     settings = DraSettings(
         node_name=node_name(args),
         registry_dir=Path(args.registry_dir),

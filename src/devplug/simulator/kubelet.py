@@ -72,7 +72,6 @@ from devplug.simulator.registration import (
 from devplug.simulator.results import (
     CREATE_CONTAINER_CONFIG_ERROR,
     REASON_ALREADY_EXISTS,
-    REASON_FAILED_PREPARE,
     REASON_INVALID,
     STARTED,
     WAITING,
@@ -509,9 +508,7 @@ class Kubelet:
                 cdi = await self.dra.prepare_pod(item)
             except PrepareError as error:
                 manager.remove_pod(item.uid)
-                return self._rejected(
-                    item.name, item.namespace, item.uid, REASON_FAILED_PREPARE, str(error)
-                )
+                return self._rejected(item.name, item.namespace, item.uid, error.reason, str(error))
         containers = await self._start_containers(manager, item, cdi)
         result = PodResult(item.name, item.namespace, item.uid, True, containers=containers)
         self._pods[item.key] = _Pod(item, result)
