@@ -190,3 +190,26 @@ def test_serve_runs_until_a_signal(tmp_path: Path, config: Path, signum: signal.
                 process.wait()
     assert process.returncode == 0, stderr
     assert f"{signal.Signals(signum).name} received" in stderr
+
+
+def test_serve_says_it_waits_for_the_kubelet_and_when_it_registered(tmp_path: Path) -> None:
+    from sim_helpers import kubelet_process
+
+    plugin_dir = tmp_path / "plugins"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "devplug.cli.main", "serve", "--plugin-dir", str(plugin_dir)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        lines = iter(process.stderr.readline, "")
+        waiting = next(line for line in lines if "devplug.daemon" in line)
+        assert f"waiting for the kubelet: no {plugin_dir / 'kubelet.sock'} yet" in waiting
+        with kubelet_process("--plugin-dir", str(plugin_dir)):
+            registered = next(line for line in lines if "registered with the kubelet" in line)
+            assert "INFO" in registered
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=TIMEOUT_S)
+    assert process.returncode == 0

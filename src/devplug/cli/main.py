@@ -101,9 +101,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # gRPC's core logs (absl) bypass Python logging and would break JSON logs; unless
-    # asked for, keep them to errors. Read when grpc loads, so before any import of it.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # gRPC's core logs (absl) bypass Python logging and would break the log format;
+    # devplug reports each failure itself, so unless asked for (GRPC_VERBOSITY=debug to
+    # see them) they are off. Read when grpc loads, so before any import of it.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     words = sys.argv[1:] if argv is None else argv
     if _command(argv) in WITHOUT_TLS and not any(
         w.partition("=")[0] in NEEDS_SSL_OPTIONS for w in words
