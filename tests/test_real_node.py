@@ -59,9 +59,10 @@ def test_host_processes_of_the_node_see_the_kubelets_folder(real_node: RealNode)
     assert "kubelet.sock" in listed
     # ...which the host's own /var/lib/kubelet never has: the node's is a private mount.
     assert not Path("/var/lib/kubelet/device-plugins/kubelet.sock").exists()
-    lines = real_node.kubelet_lines()
-    assert any(klog_pid(line) == real_node.kubelet_pid for line in lines)
-    # Its lines' times (klog's, local time) lie between its start and now.
+    pid = real_node.kubelet_pid
+    lines = [line for line in real_node.kubelet_lines() if klog_pid(line) == pid]
+    assert lines
+    # The running kubelet's lines' times (klog's, local time) lie between its start and now.
     started = process_start(real_node.kubelet_pid)
     stamps = [t for t in map(klog_time, lines) if t is not None]
     assert stamps
