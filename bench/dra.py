@@ -91,7 +91,7 @@ def _bench(root: Path, kubeconfig: str) -> dict[str, Any]:
 
     report: dict[str, Any] = {}
     started = time.monotonic()
-    folders = {"--registry-dir": "reg", "--plugins-dir": "pl", "--cdi-dir": "cdi"}
+    folders = {"--registry-dir": "reg", "--dra-socket-dir": "pl", "--cdi-dir": "cdi"}
     args = [item for flag, name in folders.items() for item in (flag, str(root / name))]
     args += ["--node-name", NODE, "--kubeconfig", kubeconfig]
     proc = subprocess.Popen(

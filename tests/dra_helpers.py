@@ -104,7 +104,7 @@ def serve_command(dirs: NodeDirs, config: Path, *, kubeconfig: str | None = None
         str(dirs.plugin_dir),
         "--registry-dir",
         str(dirs.registry),
-        "--plugins-dir",
+        "--dra-socket-dir",
         str(dirs.plugins),
         "--cdi-dir",
         str(dirs.cdi),

@@ -116,10 +116,12 @@ def test_check_refuses_a_bad_config_with_status_2(tmp_path: Path) -> None:
         assert result.stderr == f"{path}: resources[0].count: expected an integer >= 1, got 0\n"
 
 
-def test_check_needs_a_config() -> None:
-    result = devplug("check")
-    assert result.returncode == 2
-    assert "--config" in result.stderr
+def test_check_without_a_config_checks_the_packaged_default() -> None:
+    result = devplug("check", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["config"] is None
+    assert "devplug.io/fake" in [r["name"] for r in report["resources"]]
 
 
 def test_serve_refuses_a_bad_config_and_starts_nothing(tmp_path: Path) -> None:
@@ -141,11 +143,15 @@ def test_serve_refuses_a_bad_config_and_starts_nothing(tmp_path: Path) -> None:
     )
 
 
-def test_serve_exits_1_when_it_cannot_serve(tmp_path: Path) -> None:
+def test_serve_refuses_a_plugin_dir_that_is_a_file(tmp_path: Path) -> None:
     not_a_folder = tmp_path / "plugins"
     not_a_folder.touch()
-    result = devplug("serve", "--plugin-dir", not_a_folder)
-    assert result.returncode == 1, result.stderr
+    for path in (not_a_folder, not_a_folder / "below"):
+        result = devplug("serve", "--plugin-dir", path)
+        assert result.returncode == 2, result.stderr
+        [line] = result.stderr.splitlines()
+        assert f"--plugin-dir: {path}: " in line
+    assert not_a_folder.is_file()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -49,8 +49,11 @@ def spec(manifest: dict[str, Any]) -> PodSpec:
 
 def cluster_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """`devplug cluster ARGV` in this process (no logging set-up); code, stdout, stderr."""
-    args = build_parser().parse_args(["cluster", *argv])
-    code: int = args._module.run(args)
+    try:
+        args = build_parser().parse_args(["cluster", *argv])
+        code: int = args._module.run(args)
+    except SystemExit as stop:  # a usage error, reported by the parser
+        code = int(stop.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -129,7 +132,7 @@ def test_pods_placed_across_nodes_json(tmp_path: Path, capsys: pytest.CaptureFix
     )
     code, out, err = cluster_cli(
         capsys,
-        "--nodes", "3", "--config", str(config), "--pods", str(pods),
+        "--nodes", "3", "--config", str(config), "-f", str(pods),
         "--topology-policy", "single-numa-node", "--output", "json",
     )  # fmt: skip
     assert code == 0, err
@@ -197,7 +200,7 @@ def test_examples_table(capsys: pytest.CaptureFixture[str]) -> None:
         capsys,
         "--nodes", "2",
         "--config", str(EXAMPLES / "cluster-config.yaml"),
-        "--pods", str(EXAMPLES / "cluster-pods.yaml"),
+        "-f", str(EXAMPLES / "cluster-pods.yaml"),
     )  # fmt: skip
     assert code == 0, err
     summary = out.split("\n\n")[0].splitlines()
@@ -220,14 +223,14 @@ def test_examples_table(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--nodes", "0"], "--nodes: expected 1 to 100, got 0"),
-        (["--numa-nodes", "0"], "--numa-nodes: expected at least 1"),
-        (["--config", "{missing}"], "cannot read the config: No such file or directory"),
+        (["--nodes", "0"], "--nodes: expected a number of nodes, 1 to 100, got '0'"),
+        (["--numa-nodes", "0"], "--numa-nodes: expected a whole number, 1 or more"),
+        (["--config", "{missing}"], "{missing}: cannot read the config: No such file"),
         (["--config", "{bad_config}"], "resources[0].virtual: expected an integer"),
-        (["--pods", "{missing}"], "cannot read the pods: No such file or directory"),
-        (["--pods", "{not_yaml}"], "not valid YAML"),
-        (["--pods", "{service}"], "kind 'Service' is not supported, only Pod"),
-        (["--pods", "{empty}"], "no pods"),
+        (["-f", "{missing}"], "-f/--filename: {missing}: no such file"),
+        (["-f", "{not_yaml}"], "{not_yaml}:1:11: invalid YAML"),
+        (["-f", "{service}"], "{service}: document 1: kind 'Service' is not supported, only Pod"),
+        (["-f", "{empty}"], "{empty}: no pods in it"),
     ],
 )
 def test_bad_input_exits_2(
@@ -242,14 +245,16 @@ def test_bad_input_exits_2(
         "service": write(tmp_path / "service.yaml", "kind: Service\n"),
         "empty": write(tmp_path / "empty.yaml", "# nothing\n"),
     }
-    options = {"--config": str(files["config"]), "--pods": str(files["pods"])}
+    names = {k: str(v) for k, v in files.items()}
+    options = {"--config": str(files["config"]), "-f": str(files["pods"])}
     for flag, value in zip(argv[::2], argv[1::2], strict=True):
-        options[flag] = value.format(**{k: str(v) for k, v in files.items()})
+        options[flag] = value.format(**names)
     code, out, err = cluster_cli(capsys, *[x for item in options.items() for x in item])
     assert code == 2
     assert out == ""
-    assert err.startswith("devplug cluster: ")
-    assert message in err
+    [line] = err.splitlines()
+    assert line.startswith("devplug cluster: ")
+    assert message.format(**names) in line
 
 
 def make_gpu_nodes(folder: Path, count: int) -> list[Path]:
@@ -291,7 +296,7 @@ def test_gpu_pod_gets_dev_nvidia0(tmp_path: Path) -> None:
     pods = write(tmp_path / "pods.yaml", pods_yaml(pod("cuda", {"cuda": {GPU: 1}})))
     result = subprocess.run(
         cli_command(
-            "cluster", "--nodes", "2", "--config", str(config), "--pods", str(pods), "-o", "json"
+            "cluster", "--nodes", "2", "--config", str(config), "-f", str(pods), "-o", "json"
         ),
         capture_output=True,
         text=True,
@@ -313,7 +318,7 @@ def test_ctrl_c_removes_every_process_and_folder(tmp_path: Path) -> None:
     config = write(tmp_path / "config.yaml", CONFIG)
     pods = write(tmp_path / "pods.yaml", pods_yaml(pod("p", {"c": {FOO: 1}})))
     proc = subprocess.Popen(
-        cli_command("cluster", "--nodes", "3", "--config", str(config), "--pods", str(pods)),
+        cli_command("cluster", "--nodes", "3", "--config", str(config), "-f", str(pods)),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -348,9 +353,7 @@ def test_a_node_that_does_not_come_up_exits_1(
     name = "a" * 60 + ".example.com/" + "b" * 60
     config = write(tmp_path / "long.yaml", {"resources": [{"name": name, "virtual": 1}]})
     pods = write(tmp_path / "pods.yaml", pods_yaml(pod("p", {"c": {}})))
-    code, out, err = cluster_cli(
-        capsys, "--nodes", "2", "--config", str(config), "--pods", str(pods)
-    )
+    code, out, err = cluster_cli(capsys, "--nodes", "2", "--config", str(config), "-f", str(pods))
     assert code == 1
     assert out == ""
     assert re.search(r"devplug cluster: node-\d: devplug serve exited with status 1", err)

@@ -219,7 +219,7 @@ def test_kubelet_command_prepares_claims_from_a_folder(dirs: NodeDirs) -> None:
     pods.write_text(yaml.safe_dump(claim_pod("p3", "claim-u250")))
     daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
     kubelet = kubelet_process(
-        dirs, "--claims-dir", str(dirs.claims), "--wait-for", DRIVER, "--pods", str(pods)
+        dirs, "--claims-dir", str(dirs.claims), "--wait-for", DRIVER, "-f", str(pods)
     )
     try:
         result = first_result(kubelet)
@@ -314,10 +314,14 @@ def test_node_plugin_serves_while_the_api_server_is_unreachable(dirs: NodeDirs) 
 def test_a_spec_that_cannot_be_written_fails_the_claim(dirs: NodeDirs) -> None:
     config = accelerator_config(dirs, MODELS)
     write_claim(dirs, "claim-ok", "uid-ok", ["acc0"])
-    dirs.cdi.write_text("a file where the CDI folder should be")
 
     async def scenario() -> None:
         async with serving(dirs, config) as kubelet:
+            # A file where the CDI folder should be, made after the start (serve refuses
+            # to start with one).
+            if dirs.cdi.is_dir():
+                dirs.cdi.rmdir()
+            dirs.cdi.write_text("a file where the CDI folder should be")
             [result] = await kubelet.apply(claim_pod("p4", "claim-ok"))
             assert not result.admitted
             assert result.reason == REASON_FAILED_PREPARE

@@ -131,15 +131,15 @@ def test_pods_at_start_and_usage_errors(tmp_path: Path) -> None:
     manifest.write_text(pods_yaml(pod("early", {"c": {FOO: 2}})))
     with PluginProcess(tmp_path, plugins, [plugin(FOO, [device("d0"), device("d1")])]):
         args = ["--plugin-dir", str(plugins), "--state-dir", str(state), "--output", "json"]
-        args += ["--pods", str(manifest), "--wait-for", f"{FOO}=2"]
+        args += ["-f", str(manifest), "--wait-for", f"{FOO}=2"]
         with kubelet_process(*args) as (kubelet, _):
             assert kubelet.stdout is not None
             record = json.loads(kubelet.stdout.readline())
             assert (record["pod"], record["devices"]) == ("early", {FOO: ["d0", "d1"]})
             control = str(state / "control.sock")
             bad = devplug("pods", "apply", "-f", "-", "--control", control, stdin="kind: Service\n")
-            assert bad.returncode == 1
-            assert "kind 'Service' is not supported" in bad.stderr
+            assert bad.returncode == 2  # refused before it reaches the simulator
+            assert "stdin: document 1: kind 'Service' is not supported" in bad.stderr
     gone = devplug("node", "--control", str(state / "control.sock"))
     assert gone.returncode == 1
     assert "cannot reach the kubelet simulator" in gone.stderr

@@ -143,7 +143,7 @@ def test_manifests_several_documents_init_and_sidecars() -> None:
     assert (b.namespace, b.name) == ("team", "b")
     with pytest.raises(ManifestError, match="kind 'Deployment'"):
         parse_pods("kind: Deployment\nmetadata: {name: x}\n")
-    with pytest.raises(ManifestError, match="not valid YAML"):
+    with pytest.raises(ManifestError, match="invalid YAML"):
         parse_pods("a: [")
 
 

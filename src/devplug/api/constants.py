@@ -8,6 +8,7 @@ DEVICE_PLUGIN_PATH: Final = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET: Final = "kubelet.sock"
 CHECKPOINT_FILE: Final = "kubelet_internal_checkpoint"
 POD_RESOURCES_PATH: Final = "/var/lib/kubelet/pod-resources"
+POD_RESOURCES_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
 HEALTHY: Final = "Healthy"
 UNHEALTHY: Final = "Unhealthy"
 MAX_DEVICE_ID_LENGTH: Final = 63

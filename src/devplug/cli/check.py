@@ -9,15 +9,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from devplug.sources import SourcePlugin
 
-EXIT_OK = 0
-EXIT_INVALID = 2
+from devplug.cli import style
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="FILE", help="the config file")
-    parser.add_argument(
-        "--output", choices=["text", "json"], default="text", help="report format (text)"
-    )
+    style.add_config(parser)
+    style.add_output(parser)
     from devplug.cli.serve import add_root_options
 
     add_root_options(parser)
@@ -29,26 +26,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from devplug.sources import ConfigError, build_plugins, load_config
+    from devplug.sources import ConfigError, build_plugins, load_config, load_default_config
 
+    name = args.config or "the packaged default config"
     try:
-        plugins = build_plugins(
-            load_config(args.config), sysfs_root=args.sysfs_root, dev_root=args.dev_root
-        )
+        config = load_config(args.config) if args.config else load_default_config()
+        plugins = build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
         report = [_resource_report(p) for p in plugins]
         _add_dra_reports(args, plugins, report)
     except (ConfigError, ValueError) as e:
-        problem = str(e) if isinstance(e, ConfigError) else f"{args.config}: {e}"
+        problem = str(e) if isinstance(e, ConfigError) else f"{name}: {e}"
         print(problem, file=sys.stderr)
-        return EXIT_INVALID
-    if args.output == "json":
-        import json
-
-        json.dump({"config": args.config, "valid": True, "resources": report}, sys.stdout, indent=2)
-        print()
-    else:
-        _print_text(args.config, report)
-    return EXIT_OK
+        return style.EXIT_USAGE
+    result = {"config": args.config, "valid": True, "resources": report}
+    style.print_result(result, args.output, text=lambda: _text(name, report))
+    return style.EXIT_OK
 
 
 def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
@@ -107,10 +99,11 @@ def _add_dra_reports(
         entry["slices"] = slice_bodies(driver, node_name(args), generation=1)
 
 
-def _print_slices(resource: dict[str, Any]) -> None:
+def _slices_lines(resource: dict[str, Any]) -> list[str]:
+    lines = []
     for body in resource.get("slices", []):
         spec = body["spec"]
-        print(
+        lines.append(
             f"  DRA driver {spec['driver']}, slice {body['metadata']['name']} "
             f"(node {spec['nodeName']}): {len(spec['devices'])} device(s)"
         )
@@ -123,17 +116,18 @@ def _print_slices(resource: dict[str, Any]) -> None:
             capacity = [f"{k}={v['value']}" for k, v in device.get("capacity", {}).items()]
             if capacity:
                 values += ["capacity", *capacity]
-            print(f"    {device['name']}: {' '.join(values) or '-'}")
+            lines.append(f"    {device['name']}: {' '.join(values) or '-'}")
+    return lines
 
 
-def _print_text(config: str, report: list[dict[str, Any]]) -> None:
+def _text(config: str, report: list[dict[str, Any]]) -> str:
     from devplug.tables import table
 
-    print(f"{config}: valid, {len(report)} resource(s)")
+    lines = [f"{config}: valid, {len(report)} resource(s)"]
     for resource in report:
         devices = resource["devices"]
         healthy = sum(d["health"] == "Healthy" for d in devices)
-        print(
+        lines.append(
             f"\n{resource['name']} ({resource['kind']}, count {resource['count']}, "
             f"env {resource['idsEnv'] or '-'}): {len(devices)} device(s), {healthy} healthy"
         )
@@ -146,8 +140,7 @@ def _print_text(config: str, report: list[dict[str, Any]]) -> None:
             )
             for d in devices
         ]
-        for line in table(None, rows, indent="  "):
-            print(line)
-        _print_slices(resource)
-        for warning in resource["warnings"]:
-            print(f"  warning: {warning}")
+        lines += table(None, rows, indent="  ")
+        lines += _slices_lines(resource)
+        lines += [f"  warning: {warning}" for warning in resource["warnings"]]
+    return "\n".join(lines)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from devplug.cli import style
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--output",
-        "-o",
-        choices=["text", "json"],
-        default="text",
-        help="text: the story for people (default); json: one event per line, for scripts",
+    style.add_output(
+        parser,
+        "text: the story for people; json: one event per line; yaml: one document per event",
     )
     parser.add_argument(
         "--keep",

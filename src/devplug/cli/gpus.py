@@ -9,26 +9,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from devplug.sources.nvidia.plugin import NvidiaPlugin
 
-EXIT_OK = 0
-EXIT_NO_NVML = 1
-EXIT_INVALID = 2
+from devplug.cli import style
+
+EXIT_NO_NVML = style.EXIT_FAILED
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help="a config file: its `nvidia:` resources (default: one `nvidia: {}` resource)",
+    style.add_config(
+        parser, "a config file: its `nvidia:` resources (default: one `nvidia: {}` resource)"
     )
     parser.add_argument(
         "--host-root",
         default="/",
+        type=style.folder,
         metavar="DIR",
         help="where the host's /dev, /proc, /sys are (a --config sets nvidia.hostRoot instead)",
     )
-    parser.add_argument(
-        "--output", choices=["text", "json"], default="text", help="report format (text)"
-    )
+    style.add_output(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,18 +45,15 @@ def run(args: argparse.Namespace) -> int:
         plugins = [p for p in build_plugins(config) if isinstance(p, NvidiaPlugin)]
     except ConfigError as e:
         print(e, file=sys.stderr)
-        return EXIT_INVALID
+        return style.EXIT_USAGE
     if not plugins:
-        print(f"{args.config}: no resource has an `nvidia:` block", file=sys.stderr)
-        return EXIT_INVALID
+        problem = f"{args.config}: no resource has an `nvidia:` block"
+        return style.fail(args, problem, style.EXIT_USAGE)
     reports = [_source_report(p, plugins) for p in plugins if p.primary]
-    if args.output == "json":
-        json.dump({"sources": reports}, sys.stdout, indent=2)
-        print()
-    else:
-        for report in reports:
-            _print_text(report)
-    return EXIT_OK if all(r["nvml"]["usable"] for r in reports) else EXIT_NO_NVML
+    style.print_result(
+        {"sources": reports}, args.output, text=lambda: "\n".join(map(_text, reports))
+    )
+    return style.EXIT_OK if all(r["nvml"]["usable"] for r in reports) else EXIT_NO_NVML
 
 
 def _source_report(primary: NvidiaPlugin, plugins: list[NvidiaPlugin]) -> dict[str, Any]:
@@ -125,16 +119,18 @@ def _source_report(primary: NvidiaPlugin, plugins: list[NvidiaPlugin]) -> dict[s
     }
 
 
-def _print_text(report: dict[str, Any]) -> None:
+def _text(report: dict[str, Any]) -> str:
     from devplug.tables import table
 
     nvml = report["nvml"]
-    print(f"{report['resource']}:")
+    lines = [f"{report['resource']}:"]
     if not nvml["usable"]:
-        print(f"  NVML is not usable: {nvml['problem']}")
-        return
+        lines.append(f"  NVML is not usable: {nvml['problem']}")
+        return "\n".join(lines)
     gpus = nvml["gpus"]
-    print(f"  NVML: driver {nvml['driverVersion']}, CUDA {nvml['cudaVersion']}, {len(gpus)} GPU(s)")
+    lines.append(
+        f"  NVML: driver {nvml['driverVersion']}, CUDA {nvml['cudaVersion']}, {len(gpus)} GPU(s)"
+    )
     rows = []
     for g in gpus:
         numa = "-" if g["numaNode"] is None else str(g["numaNode"])
@@ -152,19 +148,19 @@ def _print_text(report: dict[str, Any]) -> None:
         )
         rows += [("", f"  {m['uuid']}", m["profile"], "", "", "", "", "") for m in g["migDevices"]]
     header = ("GPU", "UUID", "MODEL", "MEMORY", "CC", "PCI", "NUMA", "MIG")
-    for line in table(header, rows, indent="  "):
-        print(line)
+    lines += table(header, rows, indent="  ")
     if nvml["nvlinks"]:
         pairs = ", ".join(
             f"{a}-{b} x{link['links']}" for link in nvml["nvlinks"] for a, b in [link["gpus"]]
         )
-        print(f"  NVLinks: {pairs}")
+        lines.append(f"  NVLinks: {pairs}")
     for resource in report["resources"]:
         ids = [d["id"] for d in resource["devices"]]
-        print(f"  serves {resource['name']}: {len(ids)} device(s)")
+        lines.append(f"  serves {resource['name']}: {len(ids)} device(s)")
     if report["labels"]:
-        print("  labels:")
+        lines.append("  labels:")
         for name, value in sorted(report["labels"].items()):
-            print(f"    {name}={value}")
+            lines.append(f"    {name}={value}")
     for warning in report["warnings"]:
-        print(f"  warning: {warning}")
+        lines.append(f"  warning: {warning}")
+    return "\n".join(lines)

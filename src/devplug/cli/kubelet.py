@@ -3,136 +3,182 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from devplug.api.constants import (
-    DEVICE_PLUGIN_PATH,
     ENDPOINT_GRACE_PERIOD_S,
     REGISTER_DIAL_TIMEOUT_S,
 )
+from devplug.cli import style
 
 log = logging.getLogger("devplug.kubelet")
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INVALID = 2
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plugin-dir",
-        default=DEVICE_PLUGIN_PATH,
+        required=True,
+        type=style.folder,
         metavar="DIR",
-        help=f"the device-plugins folder to serve kubelet.sock in (default: {DEVICE_PLUGIN_PATH})",
+        help="the device-plugins folder to serve kubelet.sock in (never the real kubelet's: "
+        "the simulator refuses to start beside a kubelet that answers)",
     )
     parser.add_argument(
         "--state-dir",
+        type=style.folder,
         metavar="DIR",
         help="checkpoint, pod-resources/kubelet.sock, control.sock and the pod list "
         "(default: the plugin folder's parent)",
     )
-    parser.add_argument("--topology-policy", choices=POLICIES, default="none")
+    parser.add_argument(
+        "--topology-policy",
+        choices=POLICIES,
+        default="none",
+        help="the topology manager's policy for device requests",
+    )
     parser.add_argument(
         "--numa-nodes",
-        type=int,
+        type=style.count,
         metavar="N",
         help="NUMA nodes of the node (default: those the devices report)",
     )
-    parser.add_argument(
-        "--pods", nargs="+", default=[], metavar="FILE", help="pod manifests to apply at start"
-    )
+    style.add_filenames(parser, "pod manifests to apply once the --wait-for resources are there")
     parser.add_argument(
         "--wait-for",
         action="append",
         default=[],
+        type=wait_spec,
         metavar="RESOURCE[=N]",
-        help="before applying --pods, wait until RESOURCE is registered (with N healthy devices); "
+        help="before applying -f, wait until RESOURCE is registered (with N healthy devices); "
         "a name without '/' is a DRA driver",
     )
+    style.add_timeout(parser, "--wait-for waits (then no pod is applied)")
     parser.add_argument(
-        "--control", metavar="SOCKET", help="control socket (default: STATE_DIR/control.sock)"
+        "--control",
+        type=style.socket_path,
+        metavar="SOCKET",
+        help="control socket (default: STATE_DIR/control.sock)",
     )
     parser.add_argument(
         "--grace-period",
-        type=float,
+        type=style.seconds_or_zero,
         default=ENDPOINT_GRACE_PERIOD_S,
         metavar="SECONDS",
-        help="how long a resource whose plugin went away stays (default: 300, the kubelet's)",
+        help="how long a resource whose plugin went away stays (the kubelet's: 300)",
     )
     parser.add_argument(
         "--dial-timeout",
-        type=float,
+        type=style.seconds,
         default=REGISTER_DIAL_TIMEOUT_S,
         metavar="SECONDS",
-        help="how long Register waits to reach the plugin (default: 10, the kubelet's)",
+        help="how long Register waits to reach the plugin (the kubelet's: 10)",
     )
-    parser.add_argument("--output", choices=["table", "json"], default="table")
+    style.add_output(parser)
     dra = parser.add_argument_group("DRA (the kubelet's plugin watcher and claims)")
     dra.add_argument(
         "--registry-dir",
+        type=style.folder,
         metavar="DIR",
         help="register DRA drivers whose sockets appear in DIR (plugins_registry); "
         "claims come from --claims-dir or --kubeconfig",
     )
     dra.add_argument(
-        "--claims-dir", metavar="DIR", help="allocated ResourceClaims as YAML files in DIR"
+        "--claims-dir",
+        type=style.folder,
+        metavar="DIR",
+        help="allocated ResourceClaims as YAML files in DIR",
     )
     dra.add_argument(
         "--kubeconfig",
+        type=style.file_path,
         metavar="FILE",
         help="read claims from this API server, and run the pods bound to --node-name",
     )
     dra.add_argument("--node-name", metavar="NAME", help="the node whose pods to run")
 
 
-def parse_wait(spec: str) -> tuple[str, int | None]:
-    """'example.com/gpu=2' -> ('example.com/gpu', 2); 'example.com/gpu' -> (.., None)."""
-    name, sep, count = spec.partition("=")
-    if not sep:
-        return name, None
-    try:
-        return name, int(count)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected RESOURCE or RESOURCE=N") from None
+class WaitSpec(style.OptionType):
+    """`RESOURCE[=N]`: 'example.com/gpu=2' -> ('example.com/gpu', 2), 'example.com/gpu'
+    -> ('example.com/gpu', None)."""
+
+    __name__ = "RESOURCE[=N]"
+
+    def __call__(self, text: str) -> tuple[str, int | None]:
+        name, sep, number = text.partition("=")
+        if not name:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected RESOURCE or RESOURCE=N")
+        if not sep:
+            return name, None
+        try:
+            return name, int(style.count(number)) if number != "0" else 0
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected RESOURCE or RESOURCE=N, N a whole number"
+            ) from None
+
+    def bad_examples(self, scratch: Path) -> list[str]:
+        return ["example.com/x=many", "example.com/x=-1", "=2"]
+
+
+wait_spec = WaitSpec()
 
 
 def run(args: argparse.Namespace) -> int:
-    manifests = []
-    try:
-        waits = [parse_wait(w) for w in args.wait_for]
-        for name in args.pods:
-            manifests.append(sys.stdin.read() if name == "-" else Path(name).read_text())
-    except (OSError, argparse.ArgumentTypeError) as error:
-        print(f"devplug kubelet: {error}", file=sys.stderr)
-        return EXIT_INVALID
+    problem, manifests = read_pods(args.filename)
+    if problem:
+        return style.fail(args, problem, style.EXIT_USAGE)
+    waits: list[tuple[str, int | None]] = args.wait_for
     import asyncio
 
     try:
         return asyncio.run(_serve(args, manifests, waits))
     except ValueError as error:
-        print(f"devplug kubelet: {error}", file=sys.stderr)
-        return EXIT_INVALID
-    except Exception:
-        log.exception("stopped on a failure")
-        return EXIT_FAILED
+        return style.fail(args, str(error), style.EXIT_USAGE)
+    except OSError as error:
+        return style.fail(args, str(error))
+    except Exception as error:  # an API server gone, a bug: one line, the trace at debug
+        log.debug("stopped on a failure", exc_info=True)
+        return style.fail(args, f"stopped on a failure: {error!r}")
+
+
+def read_pods(names: list[str]) -> tuple[str, list[list[Any]]]:
+    """('', the pod documents of each `-f` file), or (the problem, []): a file that cannot
+    be read, is no YAML, holds something other than pods, or no pod at all."""
+    from devplug.simulator import ManifestError
+    from devplug.simulator.pods import load_documents, parse_pods
+
+    manifests = []
+    for name in names:
+        try:
+            [(shown, text)] = style.read_inputs([name])
+            documents = load_documents(text, shown)
+            if not parse_pods(documents, shown):
+                return f"{shown}: no pods in it", []
+        except (OSError, UnicodeDecodeError) as error:
+            return style.input_problem(name, error), []
+        except ManifestError as error:
+            return str(error), []
+        manifests.append(documents)
+    return "", manifests
 
 
 async def _serve(
-    args: argparse.Namespace, manifests: list[str], waits: list[tuple[str, int | None]]
+    args: argparse.Namespace, manifests: list[list[Any]], waits: list[tuple[str, int | None]]
 ) -> int:
-    import asyncio
-
     from devplug.framework.signals import stop_on_signals
-    from devplug.simulator import Kubelet, ManifestError, PodResult
-    from devplug.simulator.report import json_lines, results_text
+    from devplug.simulator import Kubelet, PodResult
+    from devplug.simulator.report import pod_records, results_text
 
     def show(results: list[PodResult]) -> None:
-        out = json_lines(results) if args.output == "json" else [results_text(results)]
-        print("\n".join(out), flush=True)
+        style.print_result(
+            pod_records(results), args.output, text=lambda: results_text(results), each=True
+        )
 
     claims, api = _dra_sources(args)
     kubelet = Kubelet(
@@ -146,7 +192,7 @@ async def _serve(
         dra_registry_dir=args.registry_dir,
         claims=claims,
     )
-    code = EXIT_OK
+    code = style.EXIT_OK
     with stop_on_signals() as stop:
         try:
             await kubelet.start()
@@ -157,34 +203,18 @@ async def _serve(
             )
             if kubelet.checkpoint_problem:
                 print(f"checkpoint not used: {kubelet.checkpoint_problem}", file=sys.stderr)
-            for resource, count in waits:
-                try:
-                    if "/" not in resource:  # a DRA driver's name
-                        await kubelet.wait_for_registration(resource, timeout=60)
-                        continue
-                    await kubelet.wait_for_resource(resource, count=count, timeout=60)
-                except TimeoutError as error:
-                    log.error("%s", error)
-            for text in manifests:
-                try:
-                    results = await kubelet.apply(text)
-                except ManifestError as error:
-                    print(f"devplug kubelet: --pods: {error}", file=sys.stderr)
-                    code = EXIT_INVALID
-                    continue
-                show(results)
+            waited = await _until_stopped(_wait_all(kubelet, waits, args.timeout), stop)
+            if waited is None:
+                return code  # stopped by a signal while waiting: nothing applied
+            if waited:
+                return style.fail(args, waited)
+            for documents in manifests:
+                show(await kubelet.apply(documents))
             if api is not None:
                 from devplug.simulator.apipods import ApiPodFollower
 
-                follower = asyncio.create_task(
-                    ApiPodFollower(kubelet, api, args.node_name, lambda r: show([r])).run()
-                )
-                stopping = asyncio.ensure_future(stop.wait())
-                await asyncio.wait({follower, stopping}, return_when="FIRST_COMPLETED")
-                stopping.cancel()
-                if follower.done():
-                    follower.result()  # a failure (the API server gone) is raised
-                follower.cancel()
+                follower = ApiPodFollower(kubelet, api, args.node_name, lambda r: show([r]))
+                await _until_stopped(follower.run(), stop)
             else:
                 await stop.wait()
         finally:
@@ -192,6 +222,45 @@ async def _serve(
             if api is not None:
                 api.close()
     return code
+
+
+async def _wait_all(kubelet: Any, waits: list[tuple[str, int | None]], timeout: float) -> str:
+    """Wait for every `--wait-for` within `timeout` seconds in all; '' when they are all
+    there, else what is missing."""
+    import asyncio
+
+    try:
+        async with asyncio.timeout(timeout):
+            for resource, count in waits:
+                if "/" not in resource:  # a DRA driver's name
+                    await kubelet.wait_for_registration(resource, timeout=timeout)
+                else:
+                    await kubelet.wait_for_resource(resource, count=count, timeout=timeout)
+    except TimeoutError:
+        want = f"={count}" if count is not None else ""
+        return (
+            f"--wait-for {resource}{want}: not registered and listed within --timeout "
+            f"{timeout:g} s; no pod applied"
+        )
+    return ""
+
+
+async def _until_stopped(work: Any, stop: Any) -> Any:
+    """Run the coroutine `work` until it ends (its result, or its failure raised) or
+    `stop` is set (None, `work` cancelled)."""
+    import asyncio
+
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
 
 
 def _dra_sources(args: argparse.Namespace) -> tuple[Any, Any]:

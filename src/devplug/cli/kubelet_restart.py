@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from devplug.cli.pods import EXIT_OK, add_control_argument, call
+from devplug.cli import style
+from devplug.cli.pods import add_control_argument, call
 
 if TYPE_CHECKING:
     from devplug.simulator.control import ControlClient
@@ -19,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="RESOURCE",
         help="then wait until RESOURCE has registered again",
     )
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS")
+    style.add_timeout(parser, "--wait-for waits")
     add_control_argument(parser)
 
 
@@ -30,6 +31,6 @@ def run(args: argparse.Namespace) -> int:
         print("kubelet restarted: plugin sockets removed, kubelet.sock served again")
         for resource, count in registered.items():
             print(f"{resource}: registered again ({count} registrations in all)")
-        return EXIT_OK
+        return style.EXIT_OK
 
     return call(args, restart)

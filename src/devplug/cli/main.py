@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from devplug.cli import style
+
 # sub-command -> (module in devplug.cli, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "serve the resources of a config file to the kubelet"),
@@ -27,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "show a node's devices, their health and the pods holding them"),
 }
 
-EXIT_USAGE = 2
+EXIT_USAGE = style.EXIT_USAGE
 
 # Node daemons that talk over unix sockets only: they run without the ssl module,
 # which saves about 4 MiB of RSS on every node.
@@ -39,7 +41,7 @@ NEEDS_SSL_OPTIONS = {"--metrics-port"}
 def _command(argv: Sequence[str] | None) -> str | None:
     """The sub-command named in `argv`, found before the full parser imports anything."""
     pre = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    _add_global_options(pre)
+    style.add_global_options(pre, top=True)
     pre.add_argument("command", nargs="?")
     try:
         known, _ = pre.parse_known_args(sys.argv[1:] if argv is None else argv)
@@ -47,13 +49,6 @@ def _command(argv: Sequence[str] | None) -> str | None:
         return None  # the full parser reports it
     name: str | None = known.command
     return name
-
-
-def _add_global_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
-    parser.add_argument("--log-format", default="text", choices=["text", "json"])
 
 
 class _Version(argparse.Action):
@@ -81,10 +76,12 @@ class _Version(argparse.Action):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The whole `devplug` parser (or, with `only`, the top and that one sub-command),
+    every sub-command parser in the one style (see devplug.cli.style)."""
+    parser = style.Parser(
         prog="devplug", description="Kubernetes device plugins and a kubelet simulator."
     )
-    _add_global_options(parser)
+    style.add_global_options(parser, top=True)
     parser.add_argument("--version", action=_Version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
@@ -94,6 +91,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         cmd.configure(command_parser)
         command_parser.set_defaults(_module=cmd)
+    for each in style.parsers(parser):
+        each.set_defaults(prog=each.prog)
+        if each is not parser:
+            style.add_global_options(each, top=False)
     return parser
 
 

@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from devplug.cli import style
 
 if TYPE_CHECKING:
     from devplug.simulator.control import ControlClient
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INVALID = 2
 CONTROL_ENV = "DEVPLUG_KUBELET_CONTROL"
-DEFAULT_CONTROL = "/var/lib/kubelet/control.sock"
 
 
 def add_control_argument(parser: argparse.ArgumentParser) -> None:
+    """`--control SOCKET`, from $DEVPLUG_KUBELET_CONTROL when set, else required: the
+    simulator has no default folder (it never takes the real kubelet's)."""
+    default = os.environ.get(CONTROL_ENV)
     parser.add_argument(
         "--control",
         metavar="SOCKET",
-        default=os.environ.get(CONTROL_ENV, DEFAULT_CONTROL),
-        help=f"the simulator's control socket (default: ${CONTROL_ENV} or {DEFAULT_CONTROL})",
+        type=style.socket_path,
+        default=default,
+        required=default is None,
+        help=f"the simulator's control socket, as `devplug kubelet` printed it "
+        f"(default: ${CONTROL_ENV})",
     )
 
 
@@ -36,51 +39,54 @@ def call(args: argparse.Namespace, action: Callable[[ControlClient], int]) -> in
     try:
         return action(client)
     except ControlError as error:
-        print(f"devplug {args.command}: {error}", file=sys.stderr)
+        return style.fail(args, str(error))
+    except BrokenPipeError:
+        raise  # our reader went away (`| head`), not the simulator
     except OSError as error:
-        print(
-            f"devplug {args.command}: cannot reach the kubelet simulator at {args.control}: "
-            f"{error.strerror or error}",
-            file=sys.stderr,
+        return style.fail(
+            args,
+            f"cannot reach the kubelet simulator at {args.control}: {error.strerror or error}",
         )
-    return EXIT_FAILED
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="pods_command", required=True, metavar="ACTION")
-    apply = sub.add_parser("apply", help="admit the pods of manifest files")
-    apply.add_argument(
-        "-f", "--filename", action="append", required=True, metavar="FILE", help="'-' for stdin"
-    )
-    apply.add_argument("--output", "-o", choices=["table", "json"], default="table")
+    about = "admit the pods of manifest files, as a kubelet admits a pod bound to its node"
+    apply = sub.add_parser("apply", help=about, description=about)
+    style.add_filenames(apply, "pod manifests (YAML, several per file)", required=True)
+    style.add_output(apply)
     add_control_argument(apply)
-    delete = sub.add_parser("delete", help="delete a pod and free its devices")
-    delete.add_argument("name")
-    delete.add_argument("--namespace", "-n", default="default")
+    about = "delete a pod and free its devices"
+    delete = sub.add_parser("delete", help=about, description=about)
+    delete.add_argument("name", metavar="NAME", help="the pod's name")
+    delete.add_argument("-n", "--namespace", default="default", help="the pod's namespace")
     add_control_argument(delete)
-    listing = sub.add_parser("list", help="the pods the node runs, with their devices")
-    listing.add_argument("--output", "-o", choices=["table", "json"], default="table")
+    about = "the pods the node runs, with their devices"
+    listing = sub.add_parser("list", help=about, description=about)
+    style.add_output(listing)
     add_control_argument(listing)
 
 
 def run(args: argparse.Namespace) -> int:
-    from devplug.simulator.report import json_lines, pods_json_lines, pods_text, results_text
+    from devplug.simulator.report import pod_records, pod_summary_records, pods_text, results_text
 
     if args.pods_command == "apply":
-        texts = []
-        try:
-            for name in args.filename:
-                texts.append(sys.stdin.read() if name == "-" else Path(name).read_text())
-        except OSError as error:
-            print(f"devplug pods apply: {error}", file=sys.stderr)
-            return EXIT_INVALID
+        from devplug.cli.kubelet import read_pods
+
+        problem, manifests = read_pods(args.filename)
+        if problem:
+            return style.fail(args, problem, style.EXIT_USAGE)
 
         def apply(client: ControlClient) -> int:
-            for text in texts:
-                results = client.apply(text)
-                out = json_lines(results) if args.output == "json" else [results_text(results)]
-                print("\n".join(out), flush=True)
-            return EXIT_OK
+            for documents in manifests:
+                results = client.apply(documents)
+                style.print_result(
+                    pod_records(results),
+                    args.output,
+                    text=functools.partial(results_text, results),
+                    each=True,
+                )
+            return style.EXIT_OK
 
         return call(args, apply)
 
@@ -88,21 +94,18 @@ def run(args: argparse.Namespace) -> int:
 
         def delete(client: ControlClient) -> int:
             if not client.delete(args.name, args.namespace):
-                print(f'pod "{args.name}" not found in namespace {args.namespace}', file=sys.stderr)
-                return EXIT_FAILED
+                where = f"namespace {args.namespace}"
+                return style.fail(args, f'pod "{args.name}" not found in {where}')
             print(f"pod {args.namespace}/{args.name} deleted")
-            return EXIT_OK
+            return style.EXIT_OK
 
         return call(args, delete)
 
     def listing(client: ControlClient) -> int:
         pods = client.pods()
-        if args.output == "json":
-            lines = pods_json_lines(pods)
-            if lines:
-                print("\n".join(lines))
-        else:
-            print(pods_text(pods))
-        return EXIT_OK
+        style.print_result(
+            pod_summary_records(pods), args.output, text=lambda: pods_text(pods), each=True
+        )
+        return style.EXIT_OK
 
     return call(args, listing)

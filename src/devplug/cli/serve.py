@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH
+from devplug.cli import style
 
 if TYPE_CHECKING:
     from devplug.framework.daemon import Service
@@ -17,32 +18,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("devplug.serve")
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INVALID = 2
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", metavar="FILE", help="the config file (default: the packaged default.yaml)"
-    )
+    style.add_config(parser)
     parser.add_argument(
         "--plugin-dir",
         default=DEVICE_PLUGIN_PATH,
+        type=style.folder,
         metavar="DIR",
-        help=f"the kubelet's device-plugins folder (default: {DEVICE_PLUGIN_PATH})",
+        help="the kubelet's device-plugins folder, where kubelet.sock is",
     )
     add_root_options(parser)
     parser.add_argument(
         "--feature-file",
+        type=style.file_path,
         metavar="FILE",
         help="write node-feature-discovery labels to FILE (default: the config's nodeFeatures)",
     )
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=style.port,
         metavar="PORT",
-        help="serve /metrics, /healthz and /readyz on this port (off by default; 0: any)",
+        help="serve /metrics, /healthz and /readyz on this port (default: off; 0: any)",
     )
     parser.add_argument(
         "--metrics-address",
@@ -52,6 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-pod-resources",
+        type=style.socket_path,
         metavar="SOCKET",
         help="add devplug_pod_device_info (device -> pod, container) from the kubelet's "
         "PodResources socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock",
@@ -62,10 +60,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def add_root_options(parser: argparse.ArgumentParser) -> None:
     """Where sysfs and the device nodes are, for `serve` and `check` alike."""
     parser.add_argument(
-        "--sysfs-root", metavar="DIR", help="where sysfs is (default: the config's, or /sys)"
+        "--sysfs-root",
+        type=style.folder,
+        metavar="DIR",
+        help="where sysfs is (default: the config's, or /sys)",
     )
     parser.add_argument(
-        "--dev-root", metavar="DIR", help="where device nodes are (default: the config's, or /dev)"
+        "--dev-root",
+        type=style.folder,
+        metavar="DIR",
+        help="where device nodes are (default: the config's, or /dev)",
     )
 
 
@@ -81,29 +85,34 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--kubeconfig",
+        type=style.file_path,
         metavar="FILE",
         help="kubeconfig of the API server (default: $KUBECONFIG, else in-cluster)",
     )
     group.add_argument(
         "--registry-dir",
         default=dra.PLUGINS_REGISTRY_PATH,
+        type=style.folder,
         metavar="DIR",
-        help=f"the kubelet's plugin registration folder (default: {dra.PLUGINS_REGISTRY_PATH})",
+        help="the kubelet's plugin registration folder",
     )
     group.add_argument(
-        "--plugins-dir",
+        "--dra-socket-dir",
         default=dra.PLUGINS_PATH,
+        type=style.folder,
         metavar="DIR",
-        help=f"the kubelet's plugins folder, for dra.sock (default: {dra.PLUGINS_PATH})",
+        help="the folder of each DRA driver's own folder and dra.sock (the kubelet's plugins)",
     )
     group.add_argument(
         "--cdi-dir",
         default=dra.CDI_PATH,
+        type=style.folder,
         metavar="DIR",
-        help=f"where the CDI specs of prepared claims go (default: {dra.CDI_PATH})",
+        help="where the CDI specs of prepared claims go",
     )
     group.add_argument(
         "--claims-dir",
+        type=style.folder,
         metavar="DIR",
         help="read claims from YAML files in DIR instead of the API server; publish no slices",
     )
@@ -133,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         services = build_services(config, feature_file=args.feature_file)
     except ConfigError as e:
         print(e, file=sys.stderr)
-        return EXIT_INVALID
+        return style.EXIT_USAGE
     from devplug.sources.draconfig import serves_device_plugin, serves_dra
 
     device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
@@ -143,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             services.append(_dra_service(args, plugins))
         except Exception as e:
             print(f"devplug serve: DRA: {e}", file=sys.stderr)
-            return EXIT_INVALID
+            return style.EXIT_USAGE
     log.info(
         "serving %s from %s in %s",
         ", ".join(p.resource_name for p in plugins),
@@ -156,13 +165,17 @@ def run(args: argparse.Namespace) -> int:
         return [p for p in build(config) if serves_device_plugin(p.spec.mode)]
 
     services += reload_and_metrics(args, config, build_device_plugins)
+    from devplug.framework.daemon import ServiceFailed
+
     try:
         services += _debug_services()
         asyncio.run(serve(device_plugins, args.plugin_dir, services=services))
-    except Exception:
-        log.exception("stopped on a failure")
-        return EXIT_FAILED
-    return EXIT_OK
+    except (ServiceFailed, OSError) as error:
+        return style.fail(args, str(error))
+    except Exception as error:  # a bug: one line, the trace at debug level
+        log.debug("stopped on a failure", exc_info=True)
+        return style.fail(args, f"stopped on a failure: {error!r}")
+    return style.EXIT_OK
 
 
 def reload_and_metrics(
@@ -206,7 +219,7 @@ def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
     settings = DraSettings(
         node_name=node_name(args),
         registry_dir=Path(args.registry_dir),
-        plugins_dir=Path(args.plugins_dir),
+        plugins_dir=Path(args.dra_socket_dir),
         cdi_dir=Path(args.cdi_dir),
         kubeconfig=args.kubeconfig,
         claims_dir=Path(args.claims_dir) if args.claims_dir else None,

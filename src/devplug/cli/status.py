@@ -10,35 +10,33 @@ container holds it is shown Unhealthy.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-from devplug.api.constants import DEVICE_PLUGIN_PATH
+from devplug.api.constants import DEVICE_PLUGIN_PATH, POD_RESOURCES_SOCKET
+from devplug.cli import style
 
-EXIT_OK = 0
-EXIT_FAILED = 1
 PLUGIN_LIST_TIMEOUT_S = 1.0
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from devplug.framework.podresources import POD_RESOURCES_SOCKET
-
     parser.add_argument(
         "--pod-resources",
         default=POD_RESOURCES_SOCKET,
+        type=style.socket_path,
         metavar="SOCKET",
-        help=f"the kubelet's PodResources socket (default: {POD_RESOURCES_SOCKET})",
+        help="the kubelet's PodResources socket (with the simulator: "
+        "STATE_DIR/pod-resources/kubelet.sock, as `devplug kubelet` printed it)",
     )
     parser.add_argument(
         "--plugin-dir",
         default=DEVICE_PLUGIN_PATH,
+        type=style.folder,
         metavar="DIR",
-        help="where devplug's plugin sockets are, for device health "
-        f"(default: {DEVICE_PLUGIN_PATH})",
+        help="where devplug's plugin sockets are, for device health",
     )
-    parser.add_argument("--output", "-o", choices=["text", "json"], default="text")
-    parser.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS")
+    style.add_output(parser)
+    style.add_timeout(parser, "the kubelet may take to answer", 5.0)
 
 
 def plugin_health(plugin_dir: Path, resource: str) -> dict[str, bool] | None:
@@ -131,22 +129,14 @@ def report_text(report: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     import grpc
 
     try:
         report = node_report(args.pod_resources, Path(args.plugin_dir), args.timeout)
     except grpc.RpcError as error:
         code = error.code().name if isinstance(error, grpc.Call) else "UNAVAILABLE"
-        print(
-            f"devplug status: cannot read the kubelet's PodResources API at "
-            f"{args.pod_resources}: {code}",
-            file=sys.stderr,
+        return style.fail(
+            args, f"cannot read the kubelet's PodResources API at {args.pod_resources}: {code}"
         )
-        return EXIT_FAILED
-    if args.output == "json":
-        print(json.dumps(report, indent=2))
-    else:
-        print(report_text(report))
-    return EXIT_OK
+    style.print_result(report, args.output, text=lambda: report_text(report))
+    return style.EXIT_OK

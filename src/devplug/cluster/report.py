@@ -1,4 +1,4 @@
-"""Text forms of a cluster run: a readable report, or JSON lines."""
+"""Forms of a cluster run: a readable report, or records for `-o json|yaml`."""
 
 from __future__ import annotations
 
@@ -73,9 +73,11 @@ def report_text(placements: Sequence[Placement], nodes: Sequence[NodeSummary]) -
     return "\n".join(lines)
 
 
-def report_json_lines(placements: Sequence[Placement], nodes: Sequence[NodeSummary]) -> list[str]:
-    """One `{"kind": "pod", ...}` object per pod, then one `{"kind": "node", ...}` per node."""
-    lines = []
+def report_records(
+    placements: Sequence[Placement], nodes: Sequence[NodeSummary]
+) -> list[dict[str, Any]]:
+    """One `{"kind": "pod", ...}` record per pod, then one `{"kind": "node", ...}` per node."""
+    records = []
     for p in placements:
         record: dict[str, Any] = {
             "kind": "pod",
@@ -91,8 +93,7 @@ def report_json_lines(placements: Sequence[Placement], nodes: Sequence[NodeSumma
             "unfit": p.unfit,
             "containers": [container_record(c) for c in p.containers],
         }
-        lines.append(msgspec.json.encode(record).decode())
+        records.append(record)
     for n in nodes:
-        record = {"kind": "node", **msgspec.to_builtins(n)}
-        lines.append(msgspec.json.encode(record).decode())
-    return lines
+        records.append({"kind": "node", **msgspec.to_builtins(n)})
+    return records

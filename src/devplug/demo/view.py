@@ -1,20 +1,21 @@
-"""How the demo's events are shown: a readable story on a terminal, or JSON lines.
+"""How the demo's events are shown: a readable story on a terminal, or records.
 
 The scenario (`devplug.demo.script`) reports what happens as events, plain dicts with
-an `"event"` key; a view turns them into output. `JsonView` prints each as one JSON
-object per line; `TextView` prints headings, progress lines and aligned tables, with
-ANSI colours only when the stream is a terminal and `NO_COLOR` is not set.
+an `"event"` key; a view turns them into output. `RecordView` prints each as one JSON
+object per line or one YAML document; `TextView` prints headings, progress lines and
+aligned tables, with ANSI colours only when the stream is a terminal and `NO_COLOR` is
+not set.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
+from devplug.formats import MACHINE_FORMATS, render
 from devplug.tables import table
 
 Event = Mapping[str, Any]
@@ -55,20 +56,22 @@ def use_colour(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool
 def make_view(output: str, stream: TextIO | None = None, errors: TextIO | None = None) -> View:
     out = sys.stdout if stream is None else stream
     err = sys.stderr if errors is None else errors
-    if output == "json":
-        return JsonView(out, err)
+    if output in MACHINE_FORMATS:
+        return RecordView(out, err, output)
     return TextView(out, err, colour=use_colour(out))
 
 
-class JsonView:
-    """One JSON object per event and line; failures also get a line on stderr."""
+class RecordView:
+    """One JSON object per event and line (`json`), or one YAML document per event
+    (`yaml`); failures also get a line on stderr."""
 
-    def __init__(self, stream: TextIO, errors: TextIO) -> None:
+    def __init__(self, stream: TextIO, errors: TextIO, output: str = "json") -> None:
         self.stream = stream
         self.errors = errors
+        self.output = output
 
     def emit(self, event: Event) -> None:
-        self.stream.write(json.dumps(event, default=str) + "\n")
+        self.stream.write(render(event, self.output))
         self.stream.flush()
         if event["event"] == "error":
             self.errors.write(f"devplug demo: {event['message']}\n")

@@ -23,6 +23,11 @@ FOLDER_RETRY_FIRST_S = 0.5
 FOLDER_RETRY_MAX_S = 30.0
 
 
+class ServiceFailed(RuntimeError):
+    """A service cannot do its job (a port in use...): the daemon stops, and the message
+    is the one line the operator sees."""
+
+
 class Service(Protocol):
     """Something that runs beside the plugins for the daemon's lifetime (a file kept in
     step with the devices, a metrics server, a config watcher...).

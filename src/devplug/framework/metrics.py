@@ -102,9 +102,17 @@ class MetricsServer:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: try /metrics, /healthz or /readyz\n"]
 
-        server = make_server(
-            self.address, self.port, app, server_class=_Server, handler_class=_QuietHandler
-        )
+        try:
+            server = make_server(
+                self.address, self.port, app, server_class=_Server, handler_class=_QuietHandler
+            )
+        except OSError as error:  # in use, an address not of this host, no permission
+            from devplug.framework.daemon import ServiceFailed
+
+            where = f"{self.address or '*'} port {self.port}"
+            raise ServiceFailed(
+                f"cannot serve metrics on {where}: {error.strerror or error}"
+            ) from None
         self.bound_port = server.server_port
         thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
         observe.add_observer(counters.observe)

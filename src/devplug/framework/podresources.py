@@ -17,8 +17,6 @@ from devplug.api.podresources.v1 import api_pb2 as pr
 from devplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.framework.channel import FAST_RECONNECT
 
-POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-
 
 @dataclass(frozen=True, slots=True)
 class Holder:

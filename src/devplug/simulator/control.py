@@ -5,7 +5,7 @@ Each request is one line `{"op": NAME, ...arguments}`; each answer one line,
 
 | op        | arguments                                   | result                     |
 |-----------|---------------------------------------------|----------------------------|
-| apply     | manifests (YAML text)                       | list of PodResult          |
+| apply     | manifests (YAML text, or manifest objects)  | list of PodResult          |
 | delete    | name, namespace                             | {"deleted": bool}          |
 | pods      |                                             | list of PodSummary         |
 | node      |                                             | NodeStatus                 |
@@ -43,7 +43,7 @@ class ControlError(Exception):
 class Controlled(Protocol):
     """What the control socket asks of the simulated kubelet it serves."""
 
-    async def apply(self, manifests: str) -> list[PodResult]: ...
+    async def apply(self, manifests: str | list[Any]) -> list[PodResult]: ...
     async def delete_pod(self, name: str, namespace: str = "default") -> bool: ...
     def pods(self) -> list[PodSummary]: ...
     def node_status(self) -> NodeStatus: ...
@@ -119,8 +119,8 @@ class ControlServer:
         timeout = float(request.get("timeout") or DEFAULT_TIMEOUT_S)
         if op == "apply":
             manifests = request.get("manifests")
-            if not isinstance(manifests, str):
-                raise ControlError('apply needs "manifests", YAML text')
+            if not isinstance(manifests, str | list):
+                raise ControlError('apply needs "manifests", YAML text or a list of manifests')
             return await kubelet.apply(manifests)
         if op == "delete":
             name = request.get("name")
@@ -183,7 +183,7 @@ class ControlClient:
             raise ControlError(str(error))
         return answer.get("result")
 
-    def apply(self, manifests: str) -> list[PodResult]:
+    def apply(self, manifests: str | list[Any]) -> list[PodResult]:
         return msgspec.convert(self.call("apply", manifests=manifests), list[PodResult])
 
     def delete(self, name: str, namespace: str = "default") -> bool:

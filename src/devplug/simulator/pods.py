@@ -121,13 +121,17 @@ class InvalidPod:
     message: str
 
 
-def load_documents(source: str | Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[Any]:
-    """The YAML documents of `source` (text), or `source` itself (dicts)."""
+def load_documents(
+    source: str | Mapping[str, Any] | Sequence[Mapping[str, Any]], name: str = "<pods>"
+) -> list[Any]:
+    """The YAML documents of `source` (text, `name` in an error), or `source` itself (dicts)."""
     if isinstance(source, str):
+        from devplug.sources.config import yaml_problem
+
         try:
             docs = [d for d in yaml.safe_load_all(source) if d is not None]
         except yaml.YAMLError as error:
-            raise ManifestError(f"not valid YAML: {error}") from None
+            raise ManifestError(yaml_problem(error, name)) from None
         return docs
     if isinstance(source, Mapping):
         return [source]
@@ -135,16 +139,19 @@ def load_documents(source: str | Mapping[str, Any] | Sequence[Mapping[str, Any]]
 
 
 def parse_pods(
-    source: str | Mapping[str, Any] | Sequence[Mapping[str, Any]],
+    source: str | Mapping[str, Any] | Sequence[Mapping[str, Any]], name: str = "<pods>"
 ) -> list[PodSpec | InvalidPod]:
-    """Pods from YAML text or dicts: kind Pod, several per text, or kind List of pods."""
+    """Pods from YAML text or dicts: kind Pod, several per text, or kind List of pods.
+    A ManifestError starts with `name`, the text's file."""
     pods: list[PodSpec | InvalidPod] = []
-    for index, doc in enumerate(_flatten(load_documents(source))):
+    for index, doc in enumerate(_flatten(load_documents(source, name))):
         if not isinstance(doc, Mapping):
-            raise ManifestError(f"document {index + 1} is not a mapping")
+            raise ManifestError(f"{name}: document {index + 1} is not a mapping")
         kind = doc.get("kind", "Pod")
         if kind != "Pod":
-            raise ManifestError(f"document {index + 1}: kind {kind!r} is not supported, only Pod")
+            raise ManifestError(
+                f"{name}: document {index + 1}: kind {kind!r} is not supported, only Pod"
+            )
         pods.append(parse_pod(doc))
     return pods
 

@@ -1,4 +1,4 @@
-"""Text forms of the simulator's results: JSON lines, readable tables, metrics."""
+"""Forms of the simulator's results: records for `-o json|yaml`, readable tables, metrics."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ def _pod_container_record(
     )
 
 
-def json_lines(results: Sequence[PodResult]) -> list[str]:
-    """One JSON object per container of each admitted pod; one per rejected pod."""
-    lines = []
+def pod_records(results: Sequence[PodResult]) -> list[dict[str, Any]]:
+    """One record per container of each admitted pod; one per rejected pod."""
+    records = []
     for pod in results:
         if not pod.admitted:
             record: dict[str, Any] = {
@@ -51,19 +51,17 @@ def json_lines(results: Sequence[PodResult]) -> list[str]:
                 "reason": pod.reason,
                 "message": pod.message,
             }
-            lines.append(msgspec.json.encode(record).decode())
+            records.append(record)
             continue
         for container in pod.containers:
-            record = _pod_container_record(pod.name, pod.namespace, pod.uid, container)
-            lines.append(msgspec.json.encode(record).decode())
-    return lines
+            records.append(_pod_container_record(pod.name, pod.namespace, pod.uid, container))
+    return records
 
 
-def pods_json_lines(pods: Sequence[PodSummary]) -> list[str]:
+def pod_summary_records(pods: Sequence[PodSummary]) -> list[dict[str, Any]]:
+    """One record per container of each pod the node runs."""
     return [
-        msgspec.json.encode(_pod_container_record(p.name, p.namespace, p.uid, c)).decode()
-        for p in pods
-        for c in p.containers
+        _pod_container_record(p.name, p.namespace, p.uid, c) for p in pods for c in p.containers
     ]
 
 

@@ -138,12 +138,8 @@ def parse_config(text: str, source: str = "<config>") -> Config:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         data = yaml.load(text, Loader=loader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        raise ConfigError(f"{where}: invalid YAML: {_one_line(e.problem or str(e))}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{source}: invalid YAML: {_one_line(str(e))}") from None
+        raise ConfigError(yaml_problem(e, source)) from None
     if data is None:
         raise ConfigError(f"{source}: the config is empty: expected a mapping with 'resources'")
     try:
@@ -152,6 +148,14 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         raise ConfigError(_shape_message(source, str(e))) from None
     _check(config, source)
     return config
+
+
+def yaml_problem(error: yaml.YAMLError, source: str) -> str:
+    """One line for text that is no YAML: `source:line:column: invalid YAML: problem`."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+    problem = getattr(error, "problem", None) or str(error)
+    return f"{where}: invalid YAML: {_one_line(problem)}"
 
 
 def _one_line(text: str) -> str:
