@@ -34,6 +34,7 @@ from common import (
 )
 from dra import bench_dra
 from nvidia import bench_nvidia
+from realnode import bench_real_node
 from sysfs import bench_sysfs
 
 from deploy import bench_deploy
@@ -198,6 +199,7 @@ def main() -> int:
         report["startup"] = bench_startup(root)
     report["deploy"] = bench_deploy()
     report["nvidia"] = bench_nvidia()
+    report["real_node"] = bench_real_node()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)
@@ -308,6 +310,16 @@ def summary(report: dict[str, Any]) -> str:
             f"gpu allocate p50 {gpus['allocate_1_gpu']['p50_ms']} ms, "
             f"xid->unhealthy p50 {gpus['xid_to_unhealthy']['p50_ms']} ms"
         )
+    real = report.get("real_node", {})
+    if "kubelet_sigkill" in real:
+        kill, pod = real["kubelet_sigkill"], real["plugin_pod_deleted"]
+        parts.append(
+            f"real kubelet SIGKILL -> registered {kill['registered_s']['median']} s, "
+            f"allocatable {kill['allocatable_back_s']['median']} s; plugin pod deleted -> "
+            f"allocatable {pod['allocatable_back_s']['median']} s"
+        )
+    elif "skipped" in real:
+        parts.append("real node skipped")
     return "bench: " + ", ".join(parts)
 
 

@@ -26,8 +26,6 @@ from node_helpers import (
     DEFAULT_RESOURCES,
     DEPLOY,
     NAMESPACE,
-    allocatable_back,
-    connected_once,
     daemon_pods,
     deployed,
     overlay,
@@ -80,9 +78,8 @@ def kubelet_started_and_registered(
     start, and the times measured (registered, allocatable back, both after start)."""
     with node.node_history() as history:
         start = node.restart_kubelet(kill=kill, between=between)
-        node.wait_kubelet_log(lambda _: connected_once(node, start, resources), since=start)
-        registered = max(max(t) for r, t in node.connected(start).items() if r in resources)
-        back, dropped = allocatable_back(history, DEFAULT_RESOURCES, start.started, registered)
+        registered = node.wait_connected(resources, start)
+        back, dropped = history.allocatable_back(DEFAULT_RESOURCES, start.started, registered)
     return start, {
         "registered_s": round(registered - start.started, 3),
         "allocatable_back_s": round(back - start.started, 3),
@@ -201,11 +198,8 @@ class TestDeploy:
             deleted = time.time()
             real_node.kubectl("delete", "pod", "-n", NAMESPACE, old["metadata"]["name"])
             new = _new_daemon_pod(real_node, old["metadata"]["name"])
-            real_node.wait_kubelet_log(
-                lambda _: connected_once(real_node, offset, DEFAULTS), offset
-            )
-            registered = max(max(t) for t in real_node.connected(offset).values())
-            back, dropped = allocatable_back(history, DEFAULT_RESOURCES, deleted, registered)
+            registered = real_node.wait_connected(DEFAULTS, offset)
+            back, dropped = history.allocatable_back(DEFAULT_RESOURCES, deleted, registered)
         assert new["status"]["phase"] == "Running"
         print(
             f"plugin pod deleted: registered {registered - deleted:.2f} s, allocatable back "
@@ -339,7 +333,7 @@ def test_real_host_devices_reach_containers_through_the_runtime(
             stderr=subprocess.STDOUT,
         )
     try:
-        real_node.wait_kubelet_log(lambda _: connected_once(real_node, offset, HARDWARE_RESOURCES))
+        real_node.wait_connected(HARDWARE_RESOURCES, offset)
         real_node.wait_node(lambda n: all(capacity(n, r) == 1 for r in HARDWARE_RESOURCES))
         with real_node.namespace("hw") as ns:
             run_pod(real_node, ns, "hw", {r: 1 for r in HARDWARE_RESOURCES[:4]})

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import json
 import os
 import re
 import select
@@ -63,6 +64,7 @@ LOCK_TIMEOUT_S = 1800.0  # two full test runs of another checkout
 LOCK_POLL_S = 0.5  # a released flock sends no event: the waiter asks again
 MARKER = ".devplug-node"  # in a cluster folder this module made (and may clean up)
 UP_TIMEOUT_S = 240.0
+ROLLOUT_S = 120.0
 BUSYBOX = "docker.io/local/busybox:k8s"
 # The kubelet's lines (v1.36, --v=2) for a registration request and for its end: the
 # plugin dialled back, or not (`failed to dial device plugin: context deadline exceeded`).
@@ -303,12 +305,17 @@ def unschedulable(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def allocatable(node: dict[str, Any], resource: str) -> int:
+def allocatable(node: Mapping[str, Any], resource: str) -> int:
     return int(((node.get("status") or {}).get("allocatable") or {}).get(resource, 0))
 
 
-def capacity(node: dict[str, Any], resource: str) -> int:
+def capacity(node: Mapping[str, Any], resource: str) -> int:
     return int(((node.get("status") or {}).get("capacity") or {}).get(resource, 0))
+
+
+def whole(node: Mapping[str, Any], resources: Mapping[str, int]) -> bool:
+    """Whether the node's allocatable is `resources`' counts, for each one named."""
+    return all(allocatable(node, r) == n for r, n in resources.items())
 
 
 class NodeHistory:
@@ -336,6 +343,26 @@ class NodeHistory:
             if not self._changed.wait_for(lambda: predicate(self.updates), timeout):
                 raise TimeoutError(f"the node's updates did not show it within {timeout:g} s")
             return list(self.updates)
+
+    def allocatable_back(
+        self, resources: Mapping[str, int], after: float, registered: float
+    ) -> tuple[float, bool]:
+        """When the API showed the node's allocatable whole again after `after` (a
+        kubelet start, a plugin pod deleted): waits for the node's first update past
+        `after`; if it, or a later one, showed less, the whole one that follows the last
+        drop is the answer. With no drop the API never showed less, and the plugin's
+        registration (`registered`) is when it was whole again. Returns the time and
+        whether a drop was seen."""
+
+        def settled(updates: list[tuple[float, dict[str, Any]]]) -> bool:
+            later = [n for t, n in updates if t >= after]
+            return bool(later) and whole(later[-1], resources)
+
+        updates = [(t, n) for t, n in self.wait_for(settled) if t >= after]
+        drops = [i for i, (_, n) in enumerate(updates) if not whole(n, resources)]
+        if not drops:
+            return registered, False
+        return next(t for t, n in updates[drops[-1] + 1 :] if whole(n, resources)), True
 
 
 class RealNode:
@@ -564,6 +591,26 @@ class RealNode:
         (the registration went through)."""
         return self.logged(CONNECTED, "resource", since)
 
+    def all_connected(self, resources: list[str], since: KubeletStart | int) -> float | None:
+        """When the kubelet had dialled back every one of `resources` since `since`
+        (the last of them; wall clock), or None while one is missing."""
+        connected = self.connected(since)
+        if not all(connected.get(r) for r in resources):
+            return None
+        return max(min(connected[r]) for r in resources)
+
+    def wait_connected(
+        self, resources: list[str], since: KubeletStart | int, timeout: float = 30.0
+    ) -> float:
+        """Wait until the kubelet has dialled back every one of `resources` since
+        `since`; when it did the last of them (wall clock, from its log)."""
+        self.wait_kubelet_log(
+            lambda _: self.all_connected(resources, since) is not None, since, timeout
+        )
+        done = self.all_connected(resources, since)
+        assert done is not None
+        return done
+
     def wait_kubelet_log(
         self,
         predicate: Callable[[list[str]], bool],
@@ -670,6 +717,45 @@ class RealNode:
         )
         return obj
 
+    # -- DaemonSets -------------------------------------------------------------
+
+    def daemon_pods(self, namespace: str, daemonset: str) -> list[dict[str, Any]]:
+        """The DaemonSet's pods that are not being deleted."""
+        listed = self.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout
+        return [
+            pod
+            for pod in json.loads(listed)["items"]
+            if not pod["metadata"].get("deletionTimestamp")
+            and any(o["name"] == daemonset for o in pod["metadata"].get("ownerReferences") or [])
+        ]
+
+    def rolled_out(self, namespace: str, daemonset: str, timeout: float = ROLLOUT_S) -> str:
+        """Wait until the DaemonSet's pod here is updated and Ready (`kubectl rollout
+        status` watches it); its name."""
+        self.kubectl(
+            *("-n", namespace, "rollout", "status", f"ds/{daemonset}"),
+            f"--timeout={timeout:.0f}s",
+            timeout=timeout + 30,
+        )
+        [pod] = self.daemon_pods(namespace, daemonset)
+        return str(pod["metadata"]["name"])
+
+    @contextlib.contextmanager
+    def deployed(
+        self, kustomization: Path, namespace: str, daemonset: str, timeout: float = ROLLOUT_S
+    ) -> Iterator[str]:
+        """`kubectl apply -k`, until its DaemonSet's pod is Ready (its name is
+        yielded); everything it made is deleted afterwards, waited for."""
+        self.kubectl("apply", "-k", str(kustomization))
+        try:
+            yield self.rolled_out(namespace, daemonset, timeout)
+        finally:
+            self.kubectl(
+                *("delete", "-k", str(kustomization), "--wait=true", "--ignore-not-found"),
+                f"--timeout={timeout:.0f}s",
+                timeout=timeout + 30,
+            )
+
     # -- pods -------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -709,6 +795,4 @@ class RealNode:
 
     def create(self, manifest: Mapping[str, Any]) -> None:
         """Create one object from its manifest (`kubectl create -f -`)."""
-        import json
-
         self.kubectl("create", "-f", "-", input=json.dumps(manifest))
