@@ -35,6 +35,8 @@ from common import (
 from dra import bench_dra
 from nvidia import bench_nvidia
 from realnode import bench_real_node
+from simulator import bench_admission
+from simulator import summary as admission_summary
 from sysfs import bench_sysfs
 
 from deploy import bench_deploy
@@ -47,6 +49,7 @@ IDLE_SECONDS = 10.0
 HEALTH_ROUNDS = 10
 REREGISTER_ROUNDS = 50
 BIG_LIST = 10_000
+REPO = Path(__file__).resolve().parent.parent
 SIM_RESOURCE = "bench.devplug.io/sim"
 SIM_DEVICES = 1000
 TARGETS = {
@@ -192,6 +195,7 @@ def main() -> int:
             report["list_and_watch_10k"] = bench_big_list(root / "big-plugins")
             report["list_and_watch_10k"]["rss_mib"] = rss_mib(proc.pid)
         report.update(run_async_benches(root))
+        report["simulator"] = bench_admission(root, REPO)
         report["sysfs_hotplug"] = bench_sysfs(root)
         report["dra"] = bench_dra(root)
         from startup import bench_startup  # bench/startup.py
@@ -244,47 +248,10 @@ async def _async_benches(root: Path) -> dict[str, Any]:
                     ][round_]
                     samples.append(event.time - created)
             results["reregister"] = percentiles(samples) | {"rounds": REREGISTER_ROUNDS}
-            await kubelet.wait_for_resource(SIM_RESOURCE, count=SIM_DEVICES, timeout=30)
-            results["simulator"] = await _admission_throughput(kubelet)
     finally:
         proc.send_signal(signal.SIGTERM)
         await proc.wait()
     return results
-
-
-async def _admission_throughput(kubelet: Any) -> dict[str, Any]:
-    """Pods of one container asking for one device each, until every device is taken."""
-    pods = [
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"bench-{i}"},
-            "spec": {
-                "containers": [
-                    {"name": "c", "resources": {"limits": {SIM_RESOURCE: 1}}},
-                ]
-            },
-        }
-        for i in range(SIM_DEVICES)
-    ]
-    started = time.perf_counter()
-    admitted = 0
-    for pod in pods:
-        [result] = await kubelet.apply(pod)
-        admitted += result.admitted
-    elapsed = time.perf_counter() - started
-    [full] = await kubelet.apply(dict(pods[0], metadata={"name": "one-too-many"}))
-    started = time.perf_counter()
-    for i in range(SIM_DEVICES):
-        await kubelet.delete_pod(f"bench-{i}")
-    deleted = time.perf_counter() - started
-    return {
-        "devices": SIM_DEVICES,
-        "pods_admitted": admitted,
-        "pods_per_s": round(admitted / elapsed),
-        "deletes_per_s": round(SIM_DEVICES / deleted),
-        "extra_pod_rejected": not full.admitted,
-    }
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -303,7 +270,7 @@ def summary(report: dict[str, Any]) -> str:
     if "reregister" in report:
         parts.append(f"re-register p99 {report['reregister']['p99_ms']} ms")
     if "simulator" in report:
-        parts.append(f"sim {report['simulator']['pods_per_s']} pods/s")
+        parts.append(admission_summary(report["simulator"]))
     if "nvidia" in report:
         gpus = report["nvidia"]
         parts.append(

@@ -3,13 +3,14 @@ kubelet simulator's preferred allocation and topology manager, on fake PCI trees
 
 from __future__ import annotations
 
+import random
 import textwrap
 
 import pytest
 from hw_helpers import roots
 
 from devplug.framework.device import Device
-from devplug.framework.preferred import pick
+from devplug.framework.preferred import _spread_order, pick, spread_replicas
 from devplug.testing import KubeletHarness
 from devplug.testing.sysfs import FakeSysfs
 
@@ -80,3 +81,19 @@ def test_policies_are_deterministic_and_keep_must_include() -> None:
     assert pick("pack", devices, [devices[5]], 3) == ["d2::1", "d2::0", "d0::0"]
     assert pick("spread", devices, [devices[5]], 3) == ["d2::1", "d0::0", "d1::0"]
     assert pick("pci", devices, [devices[5]], 3, paths) == ["d2::1", "d2::0", "d0::0"]
+
+
+def test_spread_replicas_keeps_the_order_of_plain_devices_as_in_general() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        names = [
+            f"d{rng.randrange(6)}" + rng.choice(["", "", f"::{rng.randrange(2)}"])
+            for _ in range(rng.randrange(8))
+        ]
+        devices = [Device(n) for n in names]
+        taken = [Device(n) for n in rng.sample(names, min(len(names), rng.randrange(2)))]
+        taken += [Device(f"t{rng.randrange(3)}")] if rng.random() < 0.3 else []
+        assert spread_replicas(devices, taken) == _spread_order(devices, taken), (names, taken)
+    plain = [Device(f"sim-{i}") for i in range(1000)]
+    assert spread_replicas(plain, [Device("other")]) == plain
+    assert [d.id for d in spread_replicas(plain[:3], [plain[0]])] == ["sim-1", "sim-2", "sim-0"]

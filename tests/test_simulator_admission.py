@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import random
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,6 +19,7 @@ from devplug.simulator import (
     REASON_UNEXPECTED_ADMISSION,
     Kubelet,
     PodResult,
+    checkpoint,
 )
 
 
@@ -288,5 +291,50 @@ def test_plugin_errors_reject_the_pod(tmp_path: Path) -> None:
             # manager's business: the kubelet admits it (the scheduler would not place it).
             [other] = await kubelet.apply(pod("other", {"c": {"example.com/none": 1}}))
             assert admitted(other) == {"c": {}}
+
+    run(scenario())
+
+
+def test_devices_in_use_follow_admissions_and_deletions(tmp_path: Path) -> None:
+    """What the device manager keeps to answer fast (devices in use, available devices,
+    the checkpoint's entries) agrees, after every step of random admissions (init
+    containers, sidecars, rejections) and deletions, with a scan of its allocations."""
+    rng = random.Random(3)
+    devices = [device(f"d{i}", [i % 2]) for i in range(6)]
+
+    def scan(manager: Any, resource: str) -> set[str]:
+        return {
+            d
+            for containers in manager.pod_devices.values()
+            for held in containers.values()
+            if resource in held
+            for d in held[resource].ids()
+        }
+
+    async def scenario() -> None:
+        async with node(tmp_path, [plugin(FOO, devices), plugin(BAR, devices[:2])]) as kubelet:
+            manager = kubelet._manager
+            names: list[str] = []
+            seen: collections.Counter[str] = collections.Counter()
+            for step in range(60):
+                if names and rng.random() < 0.35:
+                    assert await kubelet.delete_pod(names.pop(rng.randrange(len(names))))
+                    seen["deleted"] += 1
+                else:
+                    name = f"p{step}"
+                    init = {"i": {FOO: rng.randrange(3)}} if rng.random() < 0.5 else None
+                    sidecars = ["i"] if init and rng.random() < 0.5 else []
+                    app = {"c": {FOO: rng.randrange(1, 3), BAR: rng.randrange(2)}}
+                    [result] = await kubelet.apply(pod(name, app, init, sidecars=sidecars))
+                    if result.admitted:
+                        names.append(name)
+                    seen["admitted" if result.admitted else "rejected"] += 1
+                for resource, listed in ((FOO, devices), (BAR, devices[:2])):
+                    used = scan(manager, resource)
+                    assert manager.in_use(resource) == used, step
+                    free = [d["id"] for d in listed if d["id"] not in used]
+                    assert manager.available(resource) == free, step
+                assert manager.checkpoint_data() == checkpoint.read(kubelet.checkpoint_path)
+            assert min(seen.values()) >= 5, seen
 
     run(scenario())

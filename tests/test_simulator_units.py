@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
 from fractions import Fraction
 from pathlib import Path
 
 import grpc
 import pytest
-from sim_helpers import FOO, pod, pods_yaml
+from sim_helpers import BAR, FOO, pod, pods_yaml
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.simulator import checkpoint
 from devplug.simulator.endpoint import go_code_name
+from devplug.simulator.podlist import PodList
 from devplug.simulator.pods import InvalidPod, ManifestError, PodSpec, parse_pods, parse_quantity
 from devplug.simulator.registration import request_problem
 from devplug.simulator.topology import (
@@ -85,6 +87,60 @@ def test_checkpoint_problems_are_named(blob: bytes, problem: str) -> None:
 def test_checkpoint_of_an_empty_node() -> None:
     data = checkpoint.CheckpointData(None, {})
     assert checkpoint.decode(checkpoint.encode(data)) == data
+
+
+def fnv1a32_reference(data: bytes, state: int = 0x811C9DC5) -> int:
+    # FNV-1a, 32 bit, byte by byte as its definition reads.
+    for byte in data:
+        state = ((state ^ byte) * 0x01000193) % 2**32
+    return state
+
+
+def test_fnv_continued_from_any_state_is_fnv() -> None:
+    rng = random.Random(1)
+    for _ in range(500):
+        data = rng.randbytes(rng.randrange(300))
+        state = rng.getrandbits(32)
+        assert checkpoint._fnv1a32_from(state, data) == fnv1a32_reference(data, state)
+    head, tail = b"(checkpoint.checkpointData){", b"RegisteredDevices:map[]}"
+    middle = checkpoint._fnv1a32_from(fnv1a32_reference(head), tail)
+    assert middle == fnv1a32_reference(head + tail)
+
+
+def test_checkpoint_writer_writes_what_a_whole_encode_writes(tmp_path: Path) -> None:
+    """Random adds, replacements, removals and device lists: after each, the file is
+    byte for byte the encoding of the entries in the checkpoint's order (pods and
+    containers as added, resources by name), with a checksum the decoder accepts."""
+    rng = random.Random(2)
+    writer = checkpoint.CheckpointWriter(tmp_path / "kubelet_internal_checkpoint")
+    model: dict[str, dict[str, dict[str, checkpoint.Entry]]] = {}
+    registered: dict[str, list[str]] = {}
+    appended = 0
+    for step in range(400):
+        roll = rng.random()
+        if roll < 0.7:
+            uid = rng.choice([f"pod-{step}", f"pod-{step}", *list(model)[-2:]])
+            container, resource = rng.choice("cd"), rng.choice([FOO, BAR, "b.io/z"])
+            numa = {rng.choice([-1, 0, 1, 10]): [f"d{rng.randrange(9)}"]}
+            entry = checkpoint.Entry(uid, container, resource, numa, rng.randbytes(6))
+            appended += uid not in model
+            writer.put(entry)
+            model.setdefault(uid, {}).setdefault(container, {})[resource] = entry
+        elif roll < 0.9 and model:
+            uid = rng.choice(list(model))
+            assert writer.remove_pod(uid)
+            del model[uid]
+        else:
+            registered = {r: [f"d{i}" for i in range(rng.randrange(4))] for r in (FOO, "é<&")}
+            writer.set_registered(registered)
+        entries = [model[u][c][r] for u in model for c in model[u] for r in sorted(model[u][c])]
+        expected = checkpoint.CheckpointData(entries or None, registered)
+        assert writer.data() == expected
+        assert writer.encode() == checkpoint.encode(expected), step
+    assert appended > 100
+    assert not writer.remove_pod("nobody")
+    writer.write()
+    assert checkpoint.read(writer.path) == writer.data()
 
 
 @pytest.mark.parametrize(
@@ -213,3 +269,34 @@ def test_policies_merge() -> None:
     assert merge(POLICY_RESTRICTED, [0, 1], {}) == (TopologyHint(mask_of([0, 1]), True), True)
     # A resource no NUMA set can satisfy.
     assert merge(POLICY_RESTRICTED, [0, 1], {FOO: []})[1] is False
+
+
+def test_pod_list_appends_and_compacts(tmp_path: Path) -> None:
+    path = tmp_path / "simulator_pods.json"
+    pods = PodList(path)
+    assert pods.load() == []
+    pods.reset([])
+    items = [{"uid": f"u{i}", "manifest": {"metadata": {"name": f"p{i}"}}} for i in range(300)]
+    for item in items:
+        pods.add(str(item["uid"]), item)
+    assert len(path.read_text().splitlines()) == 300  # one line per admission
+    for item in items[:250]:
+        pods.remove(str(item["uid"]))
+    pods.remove("unknown")
+    # Deletions are appended until they make up most of the file, then it is rewritten.
+    assert len(path.read_text().splitlines()) <= 2 * 50 + 64 + 1
+    assert PodList(path).load() == items[250:]
+    # A line cut short (a crash while appending) is skipped, and the start rewrites it.
+    with path.open("a") as f:
+        f.write('{"uid":"u9')
+    again = PodList(path)
+    assert again.load() == items[250:]
+    again.reset((str(i["uid"]), i) for i in items[250:])
+    assert len(path.read_text().splitlines()) == 50
+
+
+def test_pod_list_reads_the_one_document_layout(tmp_path: Path) -> None:
+    path = tmp_path / "simulator_pods.json"
+    items = [{"uid": "a", "manifest": {}}, {"uid": "b", "manifest": {}}]
+    path.write_text(json.dumps({"pods": items}))
+    assert PodList(path).load() == items

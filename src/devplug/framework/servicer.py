@@ -178,7 +178,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         table = self.plugin.devices
         # IDs the plugin no longer knows are skipped, not refused: the kubelet's view
         # can lag one update behind, and a refusal would fail the pod's admission.
-        available = [table[i] for i in dict.fromkeys(creq.available_deviceIDs) if i in table]
+        known = map(table.get, dict.fromkeys(creq.available_deviceIDs))
+        available = [d for d in known if d is not None]
         offered = {d.id for d in available}
         must_ids = list(dict.fromkeys(creq.must_include_deviceIDs))
         outside = [i for i in must_ids if i not in offered]

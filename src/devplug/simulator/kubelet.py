@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -45,7 +44,6 @@ from devplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework.unixserver import UnixServer
-from devplug.outputs.files import write_atomic
 from devplug.simulator import topology
 from devplug.simulator.endpoint import EndpointError
 from devplug.simulator.events import (
@@ -66,6 +64,7 @@ from devplug.simulator.manager import (
     DeviceManager,
     Histogram,
 )
+from devplug.simulator.podlist import PodList
 from devplug.simulator.podresources import PodResourcesServicer
 from devplug.simulator.pods import InvalidPod, PodSpec, parse_pod, parse_pods
 from devplug.simulator.registration import (
@@ -182,6 +181,8 @@ class Kubelet:
 
         self._manager: DeviceManager | None = None
         self._pods: dict[tuple[str, str], _Pod] = {}
+        self._uids: set[str] = set()  # the UIDs of `_pods`
+        self._pod_list = PodList(self.pods_path)
         self._registration_total: collections.Counter[str] = collections.Counter()
         self._registrations: collections.Counter[str] = collections.Counter()
         self._alloc_durations: dict[str, Histogram] = {}
@@ -501,7 +502,7 @@ class Kubelet:
         manager = self._require_running()
         if isinstance(item, InvalidPod):
             return self._rejected(item.name, item.namespace, "", REASON_INVALID, item.message)
-        if item.key in self._pods or any(p.spec.uid == item.uid for p in self._pods.values()):
+        if item.key in self._pods or item.uid in self._uids:
             return self._rejected(
                 item.name,
                 item.namespace,
@@ -528,7 +529,8 @@ class Kubelet:
         containers = await self._start_containers(manager, item, cdi)
         result = PodResult(item.name, item.namespace, item.uid, True, containers=containers)
         self._pods[item.key] = _Pod(item, result)
-        self._save_pods()
+        self._uids.add(item.uid)
+        self._pod_list.add(item.uid, _stored(item))
         log.info("pod %s/%s admitted", item.namespace, item.name)
         self._emit(POD_ADMITTED, pod=f"{item.namespace}/{item.name}")
         return result
@@ -619,10 +621,11 @@ class Kubelet:
             entry = self._pods.pop((namespace, name), None)
             if entry is None:
                 return False
+            self._uids.discard(entry.spec.uid)
             manager.remove_pod(entry.spec.uid)
             if self.dra is not None:
                 await self.dra.unprepare_pod(entry.spec)
-            self._save_pods()
+            self._pod_list.remove(entry.spec.uid)
         log.info("pod %s/%s deleted", namespace, name)
         self._emit(POD_DELETED, pod=f"{namespace}/{name}")
         return True
@@ -638,16 +641,7 @@ class Kubelet:
         return entry.result if entry is not None else None
 
     def _load_pods(self) -> None:
-        try:
-            document = json.loads(self.pods_path.read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as error:
-            log.error(
-                "cannot read the pod list %s: %s; starting without pods", self.pods_path, error
-            )
-            return
-        for item in document.get("pods", []) if isinstance(document, dict) else []:
+        for item in self._pod_list.load():
             manifest = dict(item.get("manifest") or {})
             meta = dict(manifest.get("metadata") or {})
             meta["uid"] = item.get("uid")
@@ -659,22 +653,10 @@ class Kubelet:
             self._pods[spec.key] = _Pod(
                 spec, PodResult(spec.name, spec.namespace, spec.uid, True, containers=[])
             )
+            self._uids.add(spec.uid)
+        self._pod_list.reset((p.spec.uid, _stored(p.spec)) for p in self._pods.values())
         if self._pods:
             log.info("%d pods restored from %s", len(self._pods), self.pods_path)
-
-    def _save_pods(self) -> None:
-        document = {
-            "pods": [{"uid": p.spec.uid, "manifest": p.spec.manifest} for p in self._pods.values()]
-        }
-        try:
-            write_atomic(
-                self.pods_path,
-                json.dumps(document, separators=(",", ":"), default=str),
-                mode=0o600,
-                durable=False,
-            )
-        except OSError as error:
-            log.error("cannot write the pod list %s: %s", self.pods_path, error)
 
     # -- status ------------------------------------------------------------------------------
 
@@ -761,6 +743,11 @@ class Kubelet:
             name: [d for d in state.devices.values() if d.id in state.healthy]
             for name, state in manager.resources.items()
         }
+
+
+def _stored(spec: PodSpec) -> dict[str, Any]:
+    """The pod as the pod list keeps it."""
+    return {"uid": spec.uid, "manifest": spec.manifest}
 
 
 def _with_cdi(options: RuntimeOptions, cdi: Sequence[str]) -> RuntimeOptions:

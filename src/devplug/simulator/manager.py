@@ -16,6 +16,7 @@ which the plugin listed its devices, so that its choices are reproducible.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -66,6 +67,9 @@ class DeviceInfo:
 
 @dataclass(slots=True)
 class ResourceState:
+    """One resource's devices. `devices`, `healthy` and `unhealthy` change through
+    `set_devices` and `mark_unhealthy` only, which keep the derived views up to date."""
+
     endpoint: Endpoint
     # every device the plugin listed last (allDevices), in its order
     devices: dict[str, DeviceInfo] = field(default_factory=dict)
@@ -76,6 +80,11 @@ class ResourceState:
     listed_by: Endpoint | None = None
     expiry: asyncio.TimerHandle | None = None
     expires_at: float | None = None
+    # derived: the healthy devices in listing order, each device's NUMA nodes, and
+    # whether any device reports one
+    healthy_ids: list[str] = field(default_factory=list)
+    topology: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    has_topology: bool = False
 
     @property
     def capacity(self) -> int:
@@ -86,6 +95,21 @@ class ResourceState:
         wanted = set(ids)
         known = [d for d in self.devices if d in wanted]
         return known + sorted(wanted - set(known))
+
+    def set_devices(self, devices: Iterable[DeviceInfo]) -> None:
+        """Replace the device list (a ListAndWatch message)."""
+        self.devices = {d.id: d for d in devices}
+        self.healthy = {d.id for d in self.devices.values() if d.healthy}
+        self.unhealthy = set(self.devices) - self.healthy
+        self.topology = {d.id: d.numa_nodes for d in self.devices.values()}
+        self.has_topology = any(self.topology.values())
+        self.healthy_ids = self.ordered(self.healthy)
+
+    def mark_unhealthy(self) -> None:
+        """Every device unhealthy (the plugin went away); capacity stays."""
+        self.unhealthy |= self.healthy
+        self.healthy = set()
+        self.healthy_ids = []
 
 
 @dataclass(slots=True)
@@ -129,7 +153,7 @@ EventSink = Callable[[str, str, str], None]
 class DeviceManager:
     def __init__(
         self,
-        checkpoint_path: Path,
+        checkpoint_path: Path | None,
         *,
         policy: str = topology.POLICY_NONE,
         numa_nodes: Sequence[int] | None = None,
@@ -145,10 +169,24 @@ class DeviceManager:
         self.dial_timeout = dial_timeout
         self._on_event = on_event or (lambda kind, resource, detail: None)
         self.resources: dict[str, ResourceState] = {}
-        # pod UID -> container -> resource -> allocation
+        # pod UID -> container -> resource -> allocation; changed through _hold and
+        # _release only, which keep the indexes below and the checkpoint in step
         self.pod_devices: dict[str, dict[str, dict[str, Allocation]]] = {}
         self.alloc_durations = alloc_durations if alloc_durations is not None else {}
-        self._affinity: dict[tuple[str, str], topology.TopologyHint] = {}
+        # pod UID -> container -> the topology manager's choice
+        self._affinity: dict[str, dict[str, topology.TopologyHint]] = {}
+        # resource -> device -> how many allocations (with a response) hold it
+        self._in_use: dict[str, collections.Counter[str]] = {}
+        # resource -> how many allocations there are (with a response or not)
+        self._held: collections.Counter[str] = collections.Counter()
+        # resource -> its available devices in listing order, while known
+        self._free: dict[str, list[str]] = {}
+        # the NUMA nodes the devices report (when not configured)
+        self._device_numa_nodes = [0]
+        # None: a node kept in memory only, without a checkpoint
+        self._checkpoint = (
+            checkpoint.CheckpointWriter(checkpoint_path) if checkpoint_path is not None else None
+        )
         self._closed = False
 
     # -- topology ----------------------------------------------------------------------
@@ -158,27 +196,38 @@ class DeviceManager:
         """The node's NUMA nodes: as configured, else every node a device reports (or 0)."""
         if self._numa_nodes is not None:
             return self._numa_nodes
-        seen = {
-            n
-            for state in self.resources.values()
-            for d in state.devices.values()
-            for n in d.numa_nodes
-        }
-        return sorted(seen) or [0]
+        return self._device_numa_nodes
 
     def _topology(self, resource: str) -> dict[str, tuple[int, ...]]:
         state = self.resources.get(resource)
-        return {} if state is None else {d.id: d.numa_nodes for d in state.devices.values()}
+        return {} if state is None else state.topology
 
     def _has_topology(self, resource: str) -> bool:
         state = self.resources.get(resource)
-        return state is not None and any(d.numa_nodes for d in state.devices.values())
+        return state is not None and state.has_topology
+
+    def _devices_changed(self) -> None:
+        """Device lists or the set of resources changed: renew what derives from them."""
+        self._free.clear()
+        seen = {
+            n for state in self.resources.values() for ns in state.topology.values() for n in ns
+        }
+        self._device_numa_nodes = sorted(seen) or [0]
+        if self._checkpoint is not None:
+            self._checkpoint.set_registered(
+                {resource: state.healthy_ids for resource, state in self.resources.items()}
+            )
 
     # -- registration and device lists ------------------------------------------------
 
     async def register(self, resource: str, socket_path: Path) -> Endpoint:
         """Connect to a registering plugin and make it the resource's endpoint."""
         endpoint = await Endpoint.connect(resource, socket_path, self.dial_timeout)
+        return await self.attach(resource, endpoint)
+
+    async def attach(self, resource: str, endpoint: Endpoint) -> Endpoint:
+        """Make a connected `endpoint` the resource's one (a registration after the
+        dial; an in-process plugin of a simulated fleet node without one)."""
         if self._closed:
             await endpoint.close()
             raise EndpointError("the kubelet is stopping")
@@ -186,6 +235,7 @@ class DeviceManager:
         if old is None:
             state = ResourceState(endpoint)
             self.resources[resource] = state
+            self._devices_changed()
         else:
             state = old
             self._cancel_expiry(state)
@@ -206,7 +256,8 @@ class DeviceManager:
             return  # replaced or shutting down: nothing to mark
         log.warning("%s: ListAndWatch ended unexpectedly for device plugin: %s", resource, why)
         await endpoint.close()
-        self._mark_unhealthy(state)
+        state.mark_unhealthy()
+        self._devices_changed()
         self._schedule_expiry(resource, state)
         self.write_checkpoint()
         self._on_event(ENDPOINT_STOPPED, resource, why)
@@ -215,13 +266,12 @@ class DeviceManager:
         state = self.resources.get(resource)
         if state is None or state.endpoint is not endpoint:
             return
-        state.devices = {
-            d.ID: DeviceInfo(d.ID, d.health == HEALTHY, tuple(int(n.ID) for n in d.topology.nodes))
+        state.set_devices(
+            DeviceInfo(d.ID, d.health == HEALTHY, tuple(int(n.ID) for n in d.topology.nodes))
             for d in devices
-        }
-        state.healthy = {d.id for d in state.devices.values() if d.healthy}
-        state.unhealthy = set(state.devices) - state.healthy
+        )
         state.listed_by = endpoint
+        self._devices_changed()
         log.info(
             "%s: device list pushed: %d devices, %d healthy",
             resource,
@@ -230,11 +280,6 @@ class DeviceManager:
         )
         self.write_checkpoint()
         self._on_event("devices", resource, f"{len(state.healthy)}/{len(state.devices)} healthy")
-
-    @staticmethod
-    def _mark_unhealthy(state: ResourceState) -> None:
-        state.unhealthy |= state.healthy
-        state.healthy = set()
 
     def _schedule_expiry(self, resource: str, state: ResourceState) -> None:
         self._cancel_expiry(state)
@@ -254,6 +299,7 @@ class DeviceManager:
         if state is None or state.endpoint is not endpoint or not endpoint.stopped_endpoint:
             return
         del self.resources[resource]
+        self._devices_changed()
         log.info("%s: grace period over, resource removed", resource)
         self.write_checkpoint()
         self._on_event(RESOURCE_REMOVED, resource, "")
@@ -267,42 +313,83 @@ class DeviceManager:
     # -- allocation state ----------------------------------------------------------------
 
     def in_use(self, resource: str) -> set[str]:
-        return {
-            device_id
-            for containers in self.pod_devices.values()
-            for resources in containers.values()
-            for name, allocation in resources.items()
-            if name == resource and allocation.response is not None
-            for device_id in allocation.ids()
-        }
-
-    def _allocated_resources(self) -> set[str]:
-        return {
-            name
-            for containers in self.pod_devices.values()
-            for resources in containers.values()
-            for name in resources
-        }
+        """The devices of `resource` that allocations hold."""
+        return set(self._in_use.get(resource, ()))
 
     def is_device_plugin_resource(self, resource: str) -> bool:
-        return resource in self.resources or resource in self._allocated_resources()
+        return resource in self.resources or self._held[resource] > 0
 
     def container_devices(self, pod_uid: str, container: str) -> dict[str, Allocation]:
         return dict(self.pod_devices.get(pod_uid, {}).get(container, {}))
 
+    def _hold(self, pod_uid: str, container: str, resource: str, allocation: Allocation) -> None:
+        """Record an allocation (replacing the container's earlier one of `resource`)."""
+        held = self.pod_devices.setdefault(pod_uid, {}).setdefault(container, {})
+        previous = held.get(resource)
+        if previous is not None:
+            self._count_out(resource, previous)
+        held[resource] = allocation
+        self._held[resource] += 1
+        if allocation.response is None:
+            return
+        self._in_use.setdefault(resource, collections.Counter()).update(allocation.ids())
+        free = self._free.get(resource)
+        if free is not None:
+            for device_id in allocation.ids():
+                with contextlib.suppress(ValueError):  # taken already, or not healthy
+                    free.remove(device_id)
+        if self._checkpoint is not None:
+            self._checkpoint.put(
+                checkpoint.Entry(
+                    pod_uid,
+                    container,
+                    resource,
+                    {node: list(ids) for node, ids in allocation.numa.items()},
+                    allocation.response.SerializeToString(deterministic=True),
+                )
+            )
+
+    def _count_out(self, resource: str, allocation: Allocation) -> None:
+        self._held[resource] -= 1
+        if self._held[resource] <= 0:
+            del self._held[resource]
+        self._free.pop(resource, None)
+        if allocation.response is not None:
+            used = self._in_use[resource]
+            used.subtract(allocation.ids())
+            for device_id in allocation.ids():
+                if used[device_id] <= 0:
+                    del used[device_id]
+
+    def _release(self, pod_uid: str) -> bool:
+        """Forget the pod's allocations; False when it has none."""
+        self._affinity.pop(pod_uid, None)
+        containers = self.pod_devices.pop(pod_uid, None)
+        if containers is None:
+            return False
+        for held in containers.values():
+            for resource, allocation in held.items():
+                self._count_out(resource, allocation)
+        if self._checkpoint is not None:
+            self._checkpoint.remove_pod(pod_uid)
+        return True
+
     def remove_pod(self, pod_uid: str) -> bool:
-        self._affinity = {k: v for k, v in self._affinity.items() if k[0] != pod_uid}
-        if self.pod_devices.pop(pod_uid, None) is None:
+        if not self._release(pod_uid):
             return False
         self.write_checkpoint()
         return True
 
     def available(self, resource: str) -> list[str]:
+        """Healthy devices no allocation holds, in the plugin's listing order."""
         state = self.resources.get(resource)
         if state is None:
             return []
-        used = self.in_use(resource)
-        return [d for d in state.ordered(state.healthy) if d not in used]
+        free = self._free.get(resource)
+        if free is None:
+            used: Mapping[str, int] = self._in_use.get(resource) or {}
+            free = self._free[resource] = [d for d in state.healthy_ids if d not in used]
+        return list(free)
 
     # -- admission -------------------------------------------------------------------
 
@@ -333,7 +420,7 @@ class DeviceManager:
                         REASON_TOPOLOGY_AFFINITY,
                         "Resources cannot be allocated with Topology locality",
                     )
-                self._affinity[(pod.uid, container.name)] = best
+                self._affinity.setdefault(pod.uid, {})[container.name] = best
             try:
                 await self._allocate_container(pod, container, reusable)
             except AdmissionError as error:
@@ -399,12 +486,12 @@ class DeviceManager:
             if not response.container_responses:
                 raise AdmissionError(f"no containers return in allocation response {response}")
             numa: dict[int, list[str]] = {}
-            topo = self._topology(resource)
+            topo = state.topology
             for device_id in ids:
                 for node in topo.get(device_id) or (checkpoint.NO_NUMA,):
                     numa.setdefault(node, []).append(device_id)
-            self.pod_devices.setdefault(pod.uid, {}).setdefault(container.name, {})[resource] = (
-                Allocation(numa, response.container_responses[0])
+            self._hold(
+                pod.uid, container.name, resource, Allocation(numa, response.container_responses[0])
             )
             self.write_checkpoint()
 
@@ -446,7 +533,7 @@ class DeviceManager:
             pod_uid, container, resource, available
         )
         if needed < len(aligned):
-            offer = state.ordered([*aligned, *allocated])
+            offer = state.ordered([*aligned, *allocated]) if allocated else aligned
             preferred = await self._preferred(resource, offer, list(allocated), required)
             aligned_set = set(aligned)
             if take(d for d in preferred if d in aligned_set) or take(aligned):
@@ -457,7 +544,7 @@ class DeviceManager:
             )
         if take(aligned):
             return list(allocated)
-        offer = state.ordered([*available, *allocated])
+        offer = state.ordered([*available, *allocated]) if allocated else available
         preferred = await self._preferred(resource, offer, list(allocated), required)
         available_set = set(available)
         if take(d for d in preferred if d in available_set) or take(unaligned) or take(no_affinity):
@@ -472,7 +559,7 @@ class DeviceManager:
     ) -> tuple[list[str], list[str], list[str]]:
         """Split `available` into devices on the chosen NUMA nodes, on other nodes, and
         without NUMA node."""
-        hint = self._affinity.get((pod_uid, container))
+        hint = self._affinity.get(pod_uid, {}).get(container)
         if hint is None or hint.affinity is None or not self._has_topology(resource):
             return [], [], list(available)
         topo = self._topology(resource)
@@ -601,29 +688,16 @@ class DeviceManager:
     # -- checkpoint ----------------------------------------------------------------------
 
     def checkpoint_data(self) -> checkpoint.CheckpointData:
-        entries = [
-            checkpoint.Entry(
-                uid,
-                container,
-                resource,
-                {node: list(ids) for node, ids in allocation.numa.items()},
-                allocation.response.SerializeToString(deterministic=True),
-            )
-            for uid, containers in self.pod_devices.items()
-            for container, resources in containers.items()
-            for resource, allocation in sorted(resources.items())
-            if allocation.response is not None
-        ]
-        registered = {
-            resource: state.ordered(state.healthy) for resource, state in self.resources.items()
-        }
-        return checkpoint.CheckpointData(entries or None, registered)
+        """What the checkpoint holds (and the file, once written)."""
+        if self._checkpoint is None:
+            return checkpoint.CheckpointData(None, {})
+        return self._checkpoint.data()
 
     def write_checkpoint(self) -> None:
-        if self._closed:
+        if self._closed or self._checkpoint is None:
             return
         try:
-            checkpoint.write(self.checkpoint_path, self.checkpoint_data())
+            self._checkpoint.write()
         except OSError as error:
             log.error("failed to write checkpoint file %s: %s", self.checkpoint_path, error)
 
@@ -634,6 +708,8 @@ class DeviceManager:
         those of pods that are no longer active. Returns why the checkpoint could not be
         used, or None.
         """
+        if self.checkpoint_path is None:
+            return None
         try:
             data = checkpoint.read(self.checkpoint_path)
         except checkpoint.CheckpointError as error:
@@ -669,15 +745,14 @@ class DeviceManager:
                 )
                 continue
             numa = {node: list(ids or ()) for node, ids in (entry.device_ids or {}).items()}
-            self.pod_devices.setdefault(entry.pod_uid, {}).setdefault(entry.container, {})[
-                entry.resource
-            ] = Allocation(numa, response)
+            self._hold(entry.pod_uid, entry.container, entry.resource, Allocation(numa, response))
         for resource in data.registered or {}:
             # Capacity stays 0 until the plugin registers again, and the resource goes
             # after the grace period if it does not.
             state = ResourceState(Endpoint.stopped(resource))
             self.resources[resource] = state
             self._schedule_expiry(resource, state)
+        self._devices_changed()
         log.info(
             "checkpoint restored: %d allocations, %d registered resources",
             sum(len(r) for c in self.pod_devices.values() for r in c.values()),
