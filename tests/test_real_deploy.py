@@ -271,6 +271,12 @@ def test_deploy_dra_starts_and_publishes_through_the_api(
         assert found["spec"]["pool"]["name"] == real_node.node_name
         log = real_node.kubectl("logs", "-n", NAMESPACE, pod).stdout
         assert "No module named" not in log
+    # The kubelet removes a gone driver's slices only after a grace period: leave the
+    # node as it was for the next test.
+    real_node.kubectl(
+        *("delete", "resourceslices", "-l", "app.kubernetes.io/managed-by=devplug"),
+        f"--field-selector=spec.nodeName={real_node.node_name}",
+    )
 
 
 def test_the_gpu_overlay_on_a_node_without_gpus_serves_none(
