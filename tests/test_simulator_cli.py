@@ -205,7 +205,8 @@ def test_ctrl_c_in_a_wait_is_one_line(tmp_path: Path) -> None:
         try:
             assert waiting.stderr is not None
             asked = waiting.stderr.readline()  # the request is out: it waits for the answer
-            assert "asked" in asked and ": wait;" in asked, asked
+            assert "asked" in asked, asked
+            assert ": wait;" in asked, asked
             waiting.send_signal(signal.SIGINT)
             _, errors = waiting.communicate(timeout=30)
         finally:
