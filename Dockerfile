@@ -14,9 +14,9 @@ COPY . /src
 RUN python3 -m venv /opt/pip \
  && python3 -m venv --without-pip /opt/devplug \
  && if [ -d /src/build/wheels ]; then \
-      from="--no-index --find-links /src/build/wheels devplug[metrics,udev,dra]"; \
+      from="--no-index --find-links /src/build/wheels devplug[udev,dra]"; \
     else \
-      from="/src[metrics,udev,dra]"; \
+      from="/src[udev,dra]"; \
     fi \
  && /opt/pip/bin/pip --python /opt/devplug/bin/python install \
       --no-cache-dir --disable-pip-version-check --no-warn-script-location $from \

@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 import yaml
 from common import percentiles, rss_mib, serve_command
+from dra_shapes import bench_shapes
 
 from devplug.api.dra.v1 import api_pb2 as dra
 from devplug.api.dra.v1 import api_pb2_grpc as dra_grpc
@@ -43,6 +44,7 @@ def bench_dra(root: Path) -> dict[str, Any]:
     report: dict[str, Any] = {"control_plane_start_s": round(time.monotonic() - started, 2)}
     try:
         report.update(_bench(root / "dra", kubeconfig))
+        report["shapes"] = bench_shapes(root / "dra-shapes", kubeconfig)
     finally:
         plane.stop()
     return report

@@ -8,7 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,20 @@ class NodeDirs:
         path = self.dev / name
         os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
         return path
+
+
+def kubelet_for(dirs: NodeDirs) -> Any:
+    """The simulator's kubelet of the node, claims from its claims folder."""
+    from devplug.framework.dra.claims import FileClaims
+    from devplug.simulator import Kubelet
+
+    return Kubelet(
+        dirs.plugin_dir,
+        dirs.state_dir,
+        control_socket=False,
+        dra_registry_dir=dirs.registry,
+        claims=FileClaims(dirs.claims),
+    )
 
 
 def accelerator_config(
@@ -154,11 +168,15 @@ class Daemon:
     """`devplug serve` as a process; stderr goes to a file read at the end."""
 
     def __init__(
-        self, command: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+        self,
+        command: Sequence[str],
+        log: Path,
+        env: Mapping[str, str] | None = None,
+        popen: Callable[..., subprocess.Popen[Any]] = subprocess.Popen,
     ) -> None:
         self.log = log
         self._file = log.open("a")
-        self.proc = subprocess.Popen(
+        self.proc = popen(
             list(command),
             stdin=subprocess.DEVNULL,
             stdout=self._file,

@@ -458,3 +458,422 @@ def test_kubelet_command_runs_the_pods_bound_to_its_node(
     finally:
         kubelet.terminate()
         kubelet.wait(timeout=15)
+
+
+# -- partitions and shared capacity, allocated by the real scheduler --------------------
+
+
+def doc_objects(*names: str) -> list[dict[str, Any]]:
+    """The objects of docs/dra.md with these names, in that order."""
+    from tests.test_dra_docs import manifests
+
+    found = {m["metadata"]["name"]: m for m in manifests()}
+    return [found[n] for n in names]
+
+
+def doc_config(marker: str) -> dict[str, Any]:
+    import yaml
+
+    from tests.test_dra_docs import blocks
+
+    [block] = [b for b in blocks("yaml") if b.startswith("resources:") and marker in b]
+    config: dict[str, Any] = yaml.safe_load(block)
+    return config
+
+
+def claim_from(template: dict[str, Any], name: str) -> dict[str, Any]:
+    """A claim made from a template, as the resourceclaim controller (absent from this
+    control plane) would."""
+    return {"metadata": {"name": name}, "spec": template["spec"]["spec"]}
+
+
+def pod_from(pod: dict[str, Any], name: str, claim: str) -> dict[str, Any]:
+    """The doc's pod under `name`, using the claim `claim` made from its template."""
+    body = json.loads(json.dumps(pod))
+    body["metadata"]["name"] = name
+    [entry] = body["spec"]["resourceClaims"]
+    del entry["resourceClaimTemplateName"]
+    entry["resourceClaimName"] = claim
+    return body
+
+
+def allocation(resource: Any, name: str, namespace: str) -> list[dict[str, Any]]:
+    response = resource.read_namespaced_resource_claim(name, namespace, _preload_content=False)
+    status = json.loads(response.data).get("status") or {}
+    results: list[dict[str, Any]] = ((status.get("allocation") or {}).get("devices") or {}).get(
+        "results"
+    ) or []
+    return results
+
+
+async def published_by(
+    api: Any, driver: str, predicate: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """A slice of `driver` that `predicate` accepts, once published."""
+    from kubernetes import client
+
+    return await asyncio.to_thread(
+        watch_until,
+        api,
+        client.ResourceV1Api(api).list_resource_slice,
+        lambda o: o["spec"]["driver"] == driver and predicate(o["spec"]),
+    )
+
+
+def variant(template: dict[str, Any], expression: str) -> dict[str, Any]:
+    """A copy of a claim template whose request selects by `expression` instead."""
+    copy: dict[str, Any] = json.loads(json.dumps(template))
+    [request] = copy["spec"]["spec"]["devices"]["requests"]
+    request["exactly"]["selectors"][0]["cel"]["expression"] = expression
+    return copy
+
+
+def release(resource: Any, name: str, namespace: str) -> None:
+    """Deallocate a claim whose pod is gone (the controller-manager's work)."""
+    resource.patch_namespaced_resource_claim_status(
+        name, namespace, {"status": {"reservedFor": None, "allocation": None}}
+    )
+
+
+def test_the_scheduler_never_allocates_overlapping_partitions(
+    kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
+) -> None:
+    """The doc's half-a-card claims and a one-slot claim, through the real scheduler:
+    the partitions it allocates never share a slot, the rest wait, and the node
+    prepares each with the card's device node."""
+    import yaml
+    from kubernetes import client
+
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    driver = "region.devplug.io"
+    device_class, template, pod = doc_objects(driver, "half-fpga", "half-synth")
+    resource.create_device_class(device_class)
+    dirs = NodeDirs(short_tmp)
+    card = dirs.make_device("fpga0")
+    config = doc_config("region")
+    config["resources"][0]["groups"][0]["paths"] = [{"path": str(card)}]
+    path = dirs.root / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    one_slot = variant(template, f'device.attributes["{driver}"].slots == 1')
+
+    def slots(claim: str) -> set[int]:
+        """The slots of the partition allocated to `claim` (none if it waits)."""
+        results = allocation(resource, claim, namespace)
+        if not results:
+            return set()
+        [result] = results
+        assert (result["driver"], result["pool"]) == (driver, NODE)
+        span = result["device"].removeprefix("fpga0-").split("-")[1:]
+        return set(range(int(span[0]), int(span[-1]) + 1))
+
+    async def scenario() -> None:
+        async with node_serving(dirs, api, kubeconfig, path, driver) as kubelet:
+
+            def running(*names: str) -> list[str]:
+                pods = [(n, kubelet.pod(n, namespace)) for n in names]
+                return [n for n, p in pods if p is not None and p.admitted]
+
+            await published_by(api, driver, lambda spec: "sharedCounters" in spec)
+            halves = [f"half-{i}" for i in range(3)]
+            for i, name in enumerate(halves):
+                resource.create_namespaced_resource_claim(namespace, claim_from(template, f"h{i}"))
+                core.create_namespaced_pod(namespace, pod_from(pod, name, f"h{i}"))
+            await kubelet.wait_for(lambda: len(running(*halves)) == 2, WAIT_S, "two halves")
+            [waiting] = set(halves) - set(running(*halves))
+            await asyncio.to_thread(unschedulable, api, waiting, namespace)
+            first, second = (f"h{n[-1]}" for n in running(*halves))
+            assert slots(first) | slots(second) == {0, 1, 2, 3}
+            assert not slots(first) & slots(second)
+            assert not slots(f"h{waiting[-1]}")
+
+            # Every slot is taken: one slot waits too.
+            resource.create_namespaced_resource_claim(namespace, claim_from(one_slot, "s0"))
+            core.create_namespaced_pod(namespace, pod_from(pod, "slot", "s0"))
+            pending = await asyncio.to_thread(unschedulable, api, "slot", namespace)
+            assert "cannot allocate all claims" in scheduled_message(pending)
+
+            # Each running half got the card's node and its partition in the env.
+            for claim in (first, second):
+                obj = resource.read_namespaced_resource_claim(claim, namespace)
+                [device] = allocation(resource, claim, namespace)
+                spec = json.loads((dirs.cdi / f"{driver}-{obj.metadata.uid}.json").read_text())
+                [cdi] = spec["devices"]
+                assert cdi["name"] == f"{obj.metadata.uid}-{device['device']}"
+                assert [n["hostPath"] for n in cdi["containerEdits"]["deviceNodes"]] == [str(card)]
+                env = f"DEVPLUG_EXAMPLE_COM_FPGA_REGION={device['device']}"
+                assert env in spec["containerEdits"]["env"]
+
+            # A half goes (its claim released, as the controller-manager would): what
+            # waits is allocated in the slots it freed, never in the other half's.
+            gone = f"half-{first[-1]}"
+            core.delete_namespaced_pod(gone, namespace, grace_period_seconds=0)
+            await kubelet.wait_for(
+                lambda: kubelet.pod(gone, namespace) is None, WAIT_S, f"{gone} deleted"
+            )
+            freed, kept = slots(first), slots(second)
+            release(resource, first, namespace)
+            await kubelet.wait_for(
+                lambda: bool(running(waiting, "slot")), WAIT_S, "a waiting pod scheduled"
+            )
+            taken = [slots(c) for c in (f"h{i}" for i in range(3)) if c != first]
+            taken.append(slots("s0"))
+            assert sum(map(len, taken)) == len(set().union(*taken)) <= 4
+            new = set().union(*taken) - kept
+            assert new
+            assert new <= freed
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        resource.delete_device_class(driver)
+
+
+def test_the_scheduler_shares_a_gpu_by_memory(
+    kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
+) -> None:
+    """The doc's 10 GiB share of a (fake NVML) 40 GiB GPU, through the real scheduler:
+    claims share the one GPU while its memory lasts, a request is rounded up to the
+    policy's step, each share is prepared with a CDI device of its own and unprepared
+    alone."""
+    import yaml
+    from kubernetes import client
+
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    driver = "gpu.devplug.io"
+    device_class, template, pod = doc_objects("gpu-share.devplug.io", "gpu-10gib-share", "infer")
+    resource.create_device_class(device_class)
+    dirs = NodeDirs(short_tmp)
+    card = gpu(2, name="NVIDIA A100-SXM4-40GB", memory_gib=40, cc=(8, 0), numa=0)
+    host = FakeGpuHost(dirs.root / "gpus", {"driver": {"loaded": True}, "gpus": [card]})
+    config = doc_config("consumableCapacity")
+    config["resources"][0]["nvidia"] = {"hostRoot": host.host_root}
+    path = dirs.root / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    odd = json.loads(json.dumps(template))
+    [request] = odd["spec"]["spec"]["devices"]["requests"]
+    request["exactly"]["capacity"]["requests"]["memory"] = "1500Mi"
+    claims = {"m0": template, "m1": template, "m2": template, "odd": odd}
+
+    async def scenario() -> None:
+        async with node_serving(dirs, api, kubeconfig, path, driver, host.env) as kubelet:
+
+            def shared(spec: dict[str, Any]) -> bool:
+                return any(d.get("allowMultipleAllocations") for d in spec.get("devices", []))
+
+            await published_by(api, driver, shared)
+            uids = {}
+            for name, source in claims.items():
+                body = claim_from(source, name)
+                made = resource.create_namespaced_resource_claim(namespace, body)
+                uids[name] = made.metadata.uid
+                core.create_namespaced_pod(namespace, pod_from(pod, f"p-{name}", name))
+            shares = {}
+            for name, uid in uids.items():
+                result = await admitted(kubelet, f"p-{name}", namespace)
+                [share] = allocation(resource, name, namespace)
+                shares[name] = share
+                cdi = f"{uid}-{share['device']}-{share['shareID']}"
+                assert result.containers[0].options.cdi_devices == [f"{driver}/claim={cdi}"]
+                spec = json.loads((dirs.cdi / f"{driver}-{uid}.json").read_text())
+                [device] = spec["devices"]
+                assert device["name"] == cdi
+                label = share["device"].upper().replace("-", "_")
+                env = device["containerEdits"]["env"]
+                assert f"DEVPLUG_DRA_SHARE_{label}={share['shareID']}" in env
+                memory = share["consumedCapacity"]["memory"]
+                assert f"DEVPLUG_DRA_SHARE_{label}_MEMORY={memory}" in env
+                assert f"NVIDIA_VISIBLE_DEVICES={gpu_uuid(2)}" in spec["containerEdits"]["env"]
+            assert len({s["device"] for s in shares.values()}) == 1
+            assert len({s["shareID"] for s in shares.values()}) == 4
+            consumed = {n: s["consumedCapacity"]["memory"] for n, s in shares.items()}
+            assert consumed == {"m0": "10Gi", "m1": "10Gi", "m2": "10Gi", "odd": "2Gi"}
+
+            # 38 GiB taken: another 10 GiB waits.
+            resource.create_namespaced_resource_claim(namespace, claim_from(template, "m3"))
+            core.create_namespaced_pod(namespace, pod_from(pod, "p-m3", "m3"))
+            pending = await asyncio.to_thread(unschedulable, api, "p-m3", namespace)
+            assert "cannot allocate all claims" in scheduled_message(pending)
+
+            # One share goes: the others keep their specs.
+            core.delete_namespaced_pod("p-m0", namespace, grace_period_seconds=0)
+            await kubelet.wait_for(
+                lambda: kubelet.pod("p-m0", namespace) is None, WAIT_S, "p-m0 deleted"
+            )
+            assert not (dirs.cdi / f"{driver}-{uids['m0']}.json").exists()
+            for name in ("m1", "m2", "odd"):
+                assert (dirs.cdi / f"{driver}-{uids[name]}.json").exists()
+            release(resource, "m0", namespace)
+            await admitted(kubelet, "p-m3", namespace)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        resource.delete_device_class(device_class["metadata"]["name"])
+
+
+POLICIES = [  # (request policy, what devplug's config check says, or None: accepted)
+    ({"default": "10G", "validValues": ["10G", "25G", "50G"]}, None),
+    ({"default": "1G", "validRange": {"min": "1G", "max": "9G", "step": "2G"}}, None),
+    ({"default": "5G"}, None),
+    ({"default": "5G", "validValues": ["10G", "25G"]}, "is not one of the valid values"),
+    ({"default": "10G", "validValues": ["25G", "10G"]}, "distinct and in ascending order"),
+    ({"default": "10G", "validValues": ["10G", "10G"]}, "distinct and in ascending order"),
+    ({"default": "10G", "validValues": ["10G", "200G"]}, "'200G' is more than the capacity"),
+    (
+        {"default": "10G", "validValues": [f"{i}G" for i in range(10, 21)]},
+        "more than 10 values",
+    ),
+    ({"default": "2G", "validRange": {"min": "1G", "step": "2G"}}, "not min plus a number"),
+    ({"default": "1G", "validRange": {"min": "2G"}}, "outside the valid range"),
+    ({"default": "200G", "validRange": {"min": "200G"}}, "is more than the capacity"),
+    ({"default": "1G", "validRange": {"min": "1G", "max": "4G", "step": "2G"}}, "number of steps"),
+    ({"default": "95G", "validRange": {"min": "95G", "step": "10G"}}, "min plus one step"),
+    (
+        {"default": "10G", "validValues": ["10G"], "validRange": {"min": "1G"}},
+        "both 'validValues' and 'validRange'",
+    ),
+]
+
+
+def test_the_api_server_accepts_what_the_config_accepts(api: Any) -> None:
+    """The truth about field names and limits is the API server's: every slice a
+    partitioned or shared config publishes is accepted (a pool of 20 partitioned cards
+    too, in six slices), and each request policy the config check refuses, the API
+    server refuses as well."""
+    import yaml
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from devplug.framework.dra.slices import slice_bodies
+    from devplug.sources import ConfigError, build_plugins, parse_config
+    from devplug.sources.draconfig import config_driver
+
+    resource = client.ResourceV1Api(api)
+
+    def bodies(dra: dict[str, Any], cards: int = 1) -> list[dict[str, Any]]:
+        groups = [
+            {"id": f"card{i}", "paths": [{"path": "/dev/null"}], "attributes": {"memory": 8 << 30}}
+            for i in range(cards)
+        ]
+        entry = {"name": "example.com/card", "mode": "dra", "dra": dra, "groups": groups}
+        [plugin] = build_plugins(parse_config(yaml.safe_dump({"resources": [entry]})))
+        plugin.publish(plugin.discover())
+        return slice_bodies(config_driver(plugin), "api-check", 1)
+
+    def refusal(body: dict[str, Any]) -> str | None:
+        try:
+            resource.create_resource_slice(body, dry_run="All")
+        except ApiException as error:
+            return f"{error.status} {json.loads(error.body)['message']}"
+        return None
+
+    def config_problem(dra: dict[str, Any]) -> str | None:
+        try:
+            bodies(dra)
+        except ConfigError as error:
+            return str(error)
+        return None
+
+    regions = {
+        "counters": {"left": 4, "right": 4},
+        "devices": [
+            {"name": "left", "consumes": {"left": 4}, "env": {"REGION": "left"}},
+            {"name": "quarter", "consumes": {"left": 1, "right": 1}},
+            {"name": "whole", "consumes": {"left": 4, "right": 4}},
+        ],
+    }
+    accepted = [
+        *bodies({"partitions": {"slots": 32, "sizes": [1, 2, 4, 8, 16, 32]}}, cards=20),
+        *bodies({"partitions": regions}),
+        *bodies({"consumableCapacity": {"memory": {}}}),
+    ]
+    assert len(accepted) > 20
+    assert [refusal(b) for b in accepted] == [None] * len(accepted)
+
+    for policy, problem in POLICIES:
+        capacity = {"bandwidth": {"value": "100G", "requestPolicy": policy}}
+        said = config_problem({"consumableCapacity": capacity})
+        device = {"name": "card0", "allowMultipleAllocations": True, "capacity": capacity}
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "api-check"},
+            "spec": {
+                "driver": "card.example.com",
+                "nodeName": "api-check",
+                "pool": {"name": "api-check", "generation": 1, "resourceSliceCount": 1},
+                "devices": [device],
+            },
+        }
+        refused = refusal(body)
+        if problem is None:
+            assert (said, refused) == (None, None), policy
+        else:
+            assert said is not None, policy
+            assert problem in said
+            assert refused is not None, policy
+            assert refused.startswith("422 "), refused
+
+
+def test_the_scheduler_allocates_mig_partitions_that_never_overlap(
+    kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
+) -> None:
+    """The doc's MIG example on an A100 40GB in MIG mode (fake NVML): the real
+    scheduler gives two 3g.20gb claims the two halves and leaves a 1g.5gb claim
+    waiting; the node makes each instance at prepare."""
+    import yaml
+    from kubernetes import client
+
+    from devplug.testing.fakegpus import gpu as mig_gpu
+
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    driver = "mig.devplug.io"
+    device_class, template, pod = doc_objects(driver, "mig-3g", "finetune")
+    resource.create_device_class(device_class)
+    dirs = NodeDirs(short_tmp)
+    description = {
+        "driver": {"loaded": True},
+        "gpus": [mig_gpu(0, model_key="A100-SXM4-40GB", mig=[])],
+    }
+    host = FakeGpuHost(dirs.root / "gpus", description)
+    config = doc_config("{mig: true}")
+    config["resources"][0]["nvidia"] = {"hostRoot": host.host_root}
+    path = dirs.root / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    small = variant(template, f'device.attributes["{driver}"].migProfile == "1g.5gb"')
+
+    async def scenario() -> None:
+        async with node_serving(dirs, api, kubeconfig, path, driver, host.env) as kubelet:
+            await published_by(api, driver, lambda spec: "sharedCounters" in spec)
+            for name in ("half-a", "half-b"):
+                resource.create_namespaced_resource_claim(namespace, claim_from(template, name))
+                core.create_namespaced_pod(namespace, pod_from(pod, f"p-{name}", name))
+            for name in ("half-a", "half-b"):
+                await admitted(kubelet, f"p-{name}", namespace)
+            response = resource.list_resource_slice(_preload_content=False)
+            offered = {
+                d["name"]: d
+                for s in json.loads(response.data)["items"]
+                if s["spec"]["driver"] == driver
+                for d in s["spec"].get("devices") or []
+            }
+            starts = []
+            for name in ("half-a", "half-b"):
+                [result] = allocation(resource, name, namespace)
+                attributes = offered[result["device"]]["attributes"]
+                assert attributes["migProfile"] == {"string": "3g.20gb"}
+                starts.append(attributes["migPlacement"]["int"])
+            assert sorted(starts) == [0, 4]
+            resource.create_namespaced_resource_claim(namespace, claim_from(small, "small"))
+            core.create_namespaced_pod(namespace, pod_from(pod, "p-small", "small"))
+            pending = await asyncio.to_thread(unschedulable, api, "p-small", namespace)
+            assert "cannot allocate all claims" in scheduled_message(pending)
+            host.reload()
+            made = sorted((g["start"], g["size"]) for g in host.gpu(0)["gpuInstances"])
+            assert made == [(0, 4), (4, 4)]
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        resource.delete_device_class(driver)

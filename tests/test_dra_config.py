@@ -5,6 +5,7 @@ only when a resource is served through DRA."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +24,16 @@ from tests.dra_helpers import DRIVER, NodeDirs, accelerator_config
 TIMEOUT_S = 30
 
 
-def devplug(*args: str | Path) -> subprocess.CompletedProcess[str]:
+def devplug(
+    *args: str | Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "devplug.cli.main", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
         check=False,
+        env={**os.environ, **(env or {})},
     )
 
 

@@ -25,10 +25,34 @@ def manifests() -> list[dict[str, Any]]:
     return [d for d in docs if "apiVersion" in d]
 
 
-def test_config_example_is_valid() -> None:
-    [config] = [b for b in blocks("yaml") if b.startswith("resources:")]
-    [plugin] = build_plugins(parse_config(config, "docs/dra.md"))
+def test_config_examples_are_valid() -> None:
+    configs = [parse_config(b, "docs/dra.md") for b in blocks("yaml") if b.startswith("resources:")]
+    assert [r.name for c in configs for r in c.resources] == [
+        "example.com/fpga",
+        "example.com/fpga-region",
+        "nvidia.com/gpu",
+        "nvidia.com/gpu",
+    ]
+    [plugin] = build_plugins(configs[0])
     assert plugin.resource_name == "example.com/fpga"
+
+
+def test_partition_example_publishes_what_the_doc_shows() -> None:
+    """The `devplug check` lines of the partition section are those of its config."""
+    from devplug.framework.dra.slices import slice_bodies
+    from devplug.sources.draconfig import config_driver
+
+    [config] = [b for b in blocks("yaml") if b.startswith("resources:") and "region" in b]
+    [plugin] = build_plugins(parse_config(config.replace("/dev/xclmgmt0", "/dev/null")))
+    plugin.publish(plugin.discover())
+    counters, devices = slice_bodies(config_driver(plugin), "node-a", 1)
+    shown = DOC.read_text()
+    assert f"slice {counters['metadata']['name']} (node node-a): 1 counter set(s)" in shown
+    names = [d["name"] for d in devices["spec"]["devices"]]
+    assert f"slice {devices['metadata']['name']} (node node-a): {len(names)} device(s)" in shown
+    for name in ("fpga0-slot-0", "fpga0-slots-2-3", "fpga0-slots-0-3"):
+        assert f"    {name}: model=u250 slots=" in shown
+        assert name in names
 
 
 def test_driver_example_defines_a_driver(tmp_path: Path) -> None:
@@ -39,11 +63,14 @@ def test_driver_example_defines_a_driver(tmp_path: Path) -> None:
     assert widgets.driver_name == "widget.example.com"
 
 
-def test_manifests_ask_for_a_u280_and_a_40gib_gpu() -> None:
+def test_manifests_ask_for_a_u280_a_40gib_gpu_half_a_card_and_a_gpu_share() -> None:
     kinds = [(m["kind"], m["metadata"]["name"]) for m in manifests()]
     assert ("ResourceClaim", "one-u280") in kinds
     assert ("ResourceClaimTemplate", "gpu-40gib") in kinds
     assert ("DeviceClass", "gpu-40gib.devplug.io") in kinds
+    assert ("ResourceClaimTemplate", "half-fpga") in kinds
+    assert ("ResourceClaimTemplate", "gpu-10gib-share") in kinds
+    assert ("DeviceClass", "gpu-share.devplug.io") in kinds
 
 
 def test_readme_dra_example_is_valid() -> None:

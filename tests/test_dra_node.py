@@ -22,10 +22,9 @@ from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as healthgrpc
 from devplug.api.pluginregistration.v1 import api_pb2 as regpb
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reggrpc
 from devplug.framework.channel import unix_channel
-from devplug.framework.dra.claims import FileClaims
 from devplug.simulator import Kubelet
 from devplug.simulator.report import node_text
-from devplug.simulator.results import REASON_FAILED_PREPARE
+from devplug.simulator.results import REASON_FAILED_PREPARE, REASON_UNSCHEDULABLE
 from tests.dra_helpers import (
     DRIVER,
     Daemon,
@@ -34,6 +33,7 @@ from tests.dra_helpers import (
     allocated_claim,
     claim_pod,
     first_result,
+    kubelet_for,
     kubelet_process,
     serve_command,
 )
@@ -42,16 +42,6 @@ from tests.sim_helpers import run
 
 MODELS = {"acc0": "u250", "acc1": "u280"}
 CDI_KIND = f"{DRIVER}/claim"
-
-
-def kubelet_for(dirs: NodeDirs) -> Kubelet:
-    return Kubelet(
-        dirs.plugin_dir,
-        dirs.state_dir,
-        control_socket=False,
-        dra_registry_dir=dirs.registry,
-        claims=FileClaims(dirs.claims),
-    )
 
 
 @contextlib.asynccontextmanager
@@ -164,7 +154,9 @@ def test_pod_with_a_claim_gets_the_cdi_device_of_its_allocation(dirs: NodeDirs) 
     run(scenario())
 
 
-def test_a_claim_for_a_device_the_node_lacks_fails_to_prepare(dirs: NodeDirs) -> None:
+def test_a_claim_for_a_device_the_node_lacks_is_refused(dirs: NodeDirs) -> None:
+    """The simulator, standing in for the scheduler, refuses an allocation of a device
+    no slice lists; the driver, asked all the same, refuses to prepare it."""
     config = accelerator_config(dirs, MODELS)
     write_claim(dirs, "claim-x", "uid-2", ["acc9"])
 
@@ -172,8 +164,17 @@ def test_a_claim_for_a_device_the_node_lacks_fails_to_prepare(dirs: NodeDirs) ->
         async with serving(dirs, config) as kubelet:
             [result] = await kubelet.apply(claim_pod("p2", "claim-x"))
             assert not result.admitted
-            assert result.reason == REASON_FAILED_PREPARE
-            assert "device acc9 is not published by this node" in result.message
+            assert result.reason == REASON_UNSCHEDULABLE
+            assert result.message == (
+                f"claim default/claim-x: device acc9 of driver {DRIVER} is in no "
+                "ResourceSlice of pool node-a"
+            )
+            async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:
+                claim = drapb.Claim(namespace="default", uid="uid-2", name="claim-x")
+                answer = await dragrpc.DRAPluginStub(channel).NodePrepareResources(
+                    drapb.NodePrepareResourcesRequest(claims=[claim]), timeout=10
+                )
+            assert answer.claims["uid-2"].error == "device acc9 is not published by this node"
 
     run(scenario())
 

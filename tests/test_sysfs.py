@@ -371,6 +371,27 @@ def test_kernel_uevents_reach_the_watcher() -> None:
     asyncio.run(scenario())
 
 
+def test_without_pyudev_the_fallback_is_said_once_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
+    from devplug.sources.sysfs import udev
+
+    monkeypatch.setitem(sys.modules, "pyudev", None)  # as if not installed
+    monkeypatch.setattr(udev, "_said", set())
+
+    async def scenario() -> None:
+        for _resource in range(3):  # each resource of the config starts its watcher
+            assert udev.UdevEvents.start(lambda: None) is None
+
+    with caplog.at_level("WARNING", logger="devplug.sources.sysfs.udev"):
+        asyncio.run(scenario())
+    [line] = caplog.messages
+    assert "pip install 'devplug[udev]'" in line
+    assert "hot-plug is seen through /dev only" in line
+
+
 def test_two_devices_with_one_serial(tmp_path: Path) -> None:
     tree = FakeSysfs(tmp_path)
     for port, tty in (("1-1", 0), ("1-2", 1)):

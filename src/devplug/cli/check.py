@@ -77,7 +77,7 @@ def _add_dra_reports(
 ) -> None:
     """The mode of each resource and, for those served through DRA, the ResourceSlices
     the daemon would publish for this node now."""
-    from devplug.sources.draconfig import plugin_driver_name, serves_dra
+    from devplug.sources.draconfig import config_driver, serves_dra
 
     for plugin, entry in zip(plugins, report, strict=True):
         spec = plugin.spec
@@ -85,15 +85,9 @@ def _add_dra_reports(
         if not serves_dra(spec.mode):
             continue
         from devplug.cli.serve import node_name
-        from devplug.framework.dra.driver import Driver
         from devplug.framework.dra.slices import slice_bodies
 
-        driver = Driver(
-            plugin,
-            plugin_driver_name(plugin.resource_name, spec.name, spec.dra),
-            spec.dra.attributes if spec.dra else {},
-            spec.dra.attribute_names if spec.dra else {},
-        )
+        driver = config_driver(plugin)
         plugin.publish(plugin.discover())
         entry["draDriver"] = driver.name
         entry["slices"] = slice_bodies(driver, node_name(args), generation=1)
@@ -103,10 +97,15 @@ def _slices_lines(resource: dict[str, Any]) -> list[str]:
     lines = []
     for body in resource.get("slices", []):
         spec = body["spec"]
-        lines.append(
-            f"  DRA driver {spec['driver']}, slice {body['metadata']['name']} "
-            f"(node {spec['nodeName']}): {len(spec['devices'])} device(s)"
-        )
+        where = f"  DRA driver {spec['driver']}, slice {body['metadata']['name']} "
+        where += f"(node {spec['nodeName']})"
+        if "sharedCounters" in spec:
+            lines.append(f"{where}: {len(spec['sharedCounters'])} counter set(s)")
+            for counters in spec["sharedCounters"]:
+                values = [f"{k}={v['value']}" for k, v in counters["counters"].items()]
+                lines.append(f"    {counters['name']}: {' '.join(values)}")
+            continue
+        lines.append(f"{where}: {len(spec['devices'])} device(s)")
         for device in spec["devices"]:
             values = [
                 f"{k}={next(iter(v.values()))}" for k, v in device.get("attributes", {}).items()
@@ -116,6 +115,11 @@ def _slices_lines(resource: dict[str, Any]) -> list[str]:
             capacity = [f"{k}={v['value']}" for k, v in device.get("capacity", {}).items()]
             if capacity:
                 values += ["capacity", *capacity]
+            if device.get("allowMultipleAllocations"):
+                values.append("shared")
+            for use in device.get("consumesCounters", []):
+                taken = [f"{k}={v['value']}" for k, v in use["counters"].items()]
+                values += [f"consumes {use['counterSet']}:", *taken]
             lines.append(f"    {device['name']}: {' '.join(values) or '-'}")
     return lines
 

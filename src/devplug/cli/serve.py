@@ -114,7 +114,7 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
         "--claims-dir",
         type=style.folder,
         metavar="DIR",
-        help="read claims from YAML files in DIR instead of the API server; publish no slices",
+        help="read claims from YAML files in DIR, and write the slices there (no API server)",
     )
 
 
@@ -148,8 +148,12 @@ def run(args: argparse.Namespace) -> int:
     device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
     services = list(services)
     if any(serves_dra(p.spec.mode) for p in plugins):
+        from devplug.extras import MissingExtra
+
         try:
             services.append(_dra_service(args, plugins))
+        except MissingExtra as e:
+            return style.fail(args, str(e))
         except Exception as e:
             print(f"devplug serve: DRA: {e}", file=sys.stderr)
             return style.EXIT_USAGE
@@ -165,12 +169,13 @@ def run(args: argparse.Namespace) -> int:
         return [p for p in build(config) if serves_device_plugin(p.spec.mode)]
 
     services += reload_and_metrics(args, config, build_device_plugins)
+    from devplug.extras import MissingExtra
     from devplug.framework.daemon import ServiceFailed
 
     try:
         services += _debug_services()
         asyncio.run(serve(device_plugins, args.plugin_dir, services=services))
-    except (ServiceFailed, OSError) as error:
+    except (ServiceFailed, OSError, MissingExtra) as error:
         return style.fail(args, str(error))
     except Exception as error:  # a bug: one line, the trace at debug level
         log.debug("stopped on a failure", exc_info=True)
@@ -202,20 +207,10 @@ def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
     lets in the ssl module `devplug serve` leaves out)."""
     from pathlib import Path
 
-    from devplug.framework.dra.driver import Driver
     from devplug.framework.dra.service import DraService, DraSettings
-    from devplug.sources.draconfig import plugin_driver_name, serves_dra
+    from devplug.sources.draconfig import config_driver, serves_dra
 
-    drivers = [
-        Driver(
-            plugin,
-            plugin_driver_name(plugin.resource_name, plugin.spec.name, plugin.spec.dra),
-            plugin.spec.dra.attributes if plugin.spec.dra else {},
-            plugin.spec.dra.attribute_names if plugin.spec.dra else {},
-        )
-        for plugin in plugins
-        if serves_dra(plugin.spec.mode)
-    ]
+    drivers = [config_driver(plugin) for plugin in plugins if serves_dra(plugin.spec.mode)]
     settings = DraSettings(
         node_name=node_name(args),
         registry_dir=Path(args.registry_dir),

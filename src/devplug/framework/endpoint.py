@@ -57,6 +57,7 @@ class Endpoint:
         self._dial_retry_s = _DIAL_RETRY_FIRST_S
         self._silent: SocketIdentity | None = None  # a kubelet.sock found not answering
         self._retry: asyncio.TimerHandle | None = None
+        self._problem: str | None = None  # why the socket cannot be served, said once
 
     def wake(self) -> None:
         self._wake.set()
@@ -81,9 +82,15 @@ class Endpoint:
                 await self._serve()
             except OSError as error:  # the folder refuses the socket: say why, retry later
                 await self._stop_server(grace=0)
-                log.error("%s: %s; retrying in %.1f s", self.name, error, self._retry_s)
+                # The cause once at error level; the same cause again only at debug.
+                level = logging.DEBUG if str(error) == self._problem else logging.ERROR
+                self._problem = str(error)
+                log.log(level, "%s: %s; retrying in %.1f s", self.name, error, self._retry_s)
                 self._schedule_retry()
                 return
+            if self._problem is not None:
+                log.info("%s: serving %s again", self.name, self.socket_path)
+                self._problem = None
             if self._server is None or not self._server.owns_path():
                 return  # wiped while starting: its deletion event brings us back here
         kubelet = socket_identity(self.kubelet_socket)

@@ -42,11 +42,11 @@ from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.framework.channel import unix_channel
 from devplug.framework.dirwatch import DirWatcher
-from devplug.framework.dra.claims import ClaimError, ClaimSource
+from devplug.framework.dra.claims import ClaimError, ClaimSource, FileClaims
 from devplug.framework.dra.driver import ClaimRef
 from devplug.framework.dra.names import driver_name_problem
 from devplug.simulator.pods import PodSpec
-from devplug.simulator.results import DraClaimStatus
+from devplug.simulator.results import REASON_FAILED_PREPARE, REASON_UNSCHEDULABLE, DraClaimStatus
 
 log = logging.getLogger("devplug.simulator.dra")
 
@@ -73,7 +73,12 @@ DEVICE_HEALTH = "dra_device_health"
 
 
 class PrepareError(Exception):
-    """A claim of the pod could not be prepared (the kubelet's FailedPrepareDynamicResources)."""
+    """A claim of the pod could not be prepared (the kubelet's FailedPrepareDynamicResources),
+    or (`reason` Unschedulable) could never have been allocated so."""
+
+    def __init__(self, message: str, reason: str = REASON_FAILED_PREPARE) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(slots=True)
@@ -94,6 +99,8 @@ class PreparedClaimState(msgspec.Struct):
     # driver -> CDI device IDs by request name ("" for devices of every request)
     cdi: dict[str, dict[str, list[str]]] = {}
     pods: list[str] = []
+    # The allocation results, to check the claims that come after it.
+    results: list[dict[str, Any]] = []
 
 
 class State(msgspec.Struct):
@@ -161,6 +168,11 @@ class DraManager:
         self._watch_task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
         self._state = self._load()
+        # Claims from a folder were allocated by no scheduler: check them as it would,
+        # against the slices the drivers write there.
+        self._slices_dir = (
+            getattr(claims, "folder", None) if isinstance(claims, FileClaims) else None
+        )
 
     # -- state ----------------------------------------------------------------------
 
@@ -370,8 +382,12 @@ class DraManager:
         if not allocation:
             raise PrepareError(f"ResourceClaim {pod.namespace}/{claim_name} is not allocated")
         results = (allocation.get("devices") or {}).get("results") or []
+        if self._slices_dir is not None:
+            self._check_allocation(f"{pod.namespace}/{claim_name}", results)
         drivers = sorted({str(r.get("driver")) for r in results})
-        state = PreparedClaimState(pod.namespace, claim_name, uid, pods=[pod.uid])
+        state = PreparedClaimState(
+            pod.namespace, claim_name, uid, pods=[pod.uid], results=list(results)
+        )
         for name in drivers:
             driver = self.drivers.get(name)
             if driver is None:
@@ -399,6 +415,16 @@ class DraManager:
         self._state.claims[uid] = state
         self._save()
         return state
+
+    def _check_allocation(self, claim: str, results: list[dict[str, Any]]) -> None:
+        from devplug.simulator.allocation import AllocationError, check, read_pools
+
+        assert self._slices_dir is not None
+        others = [(f"{c.namespace}/{c.name}", c.results) for c in self._state.claims.values()]
+        try:
+            check(claim, results, others, read_pools(self._slices_dir))
+        except (AllocationError, ValueError) as error:
+            raise PrepareError(str(error), REASON_UNSCHEDULABLE) from None
 
     async def unprepare_pod(self, pod: PodSpec) -> None:
         """Release the pod's claims; a claim no other pod uses is unprepared."""

@@ -16,6 +16,8 @@ REASON_INVALID = "Invalid"
 REASON_ALREADY_EXISTS = "AlreadyExists"
 # A claim of the pod could not be prepared by its DRA driver.
 REASON_FAILED_PREPARE = "FailedPrepareDynamicResources"
+# A claim's allocation (from a file) that the scheduler could never have made.
+REASON_UNSCHEDULABLE = "Unschedulable"
 
 # Container states in the simulator.
 STARTED = "Started"
@@ -78,6 +80,8 @@ class PodResult(msgspec.Struct, frozen=True):
     reason: str = ""
     message: str = ""
     containers: list[ContainerResult] = msgspec.field(default_factory=list)
+    # the same pod applied again: nothing done, as kubectl's "unchanged"
+    unchanged: bool = False
 
 
 class DeviceStatus(msgspec.Struct, frozen=True):

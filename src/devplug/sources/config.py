@@ -259,6 +259,16 @@ def _check(config: Config, source: str) -> None:
             seen[pool] = i
         if problem := _int_problem(resource.count, 1, MAX_COUNT):
             fail(f"{at}.count", problem)
+        if resource.dra is not None:
+            nvidia = resource.nvidia is not None
+            check_dra(
+                resource.dra,
+                f"{at}.dra",
+                fail,
+                mode=resource.mode,
+                count=resource.nvidia.replicas if resource.nvidia else resource.count,
+                nvidia=nvidia,
+            )
         if resource.nvidia is not None:
             if resource.groups is not None or resource.virtual is not None:
                 fail(at, "'nvidia' is set with 'groups' or 'virtual': a resource has one of them")
@@ -273,8 +283,6 @@ def _check(config: Config, source: str) -> None:
             fail(at, "both 'groups' and 'virtual' are set: a resource has exactly one of them")
         if resource.groups is None and resource.virtual is None:
             fail(at, "neither 'groups' nor 'virtual' nor 'nvidia' is set: a resource needs one")
-        if resource.dra is not None:
-            check_dra(resource.dra, f"{at}.dra", fail)
         if serves_dra(resource.mode):
             if resource.split is not None and resource.dra and resource.dra.driver:
                 fail(

@@ -3,12 +3,22 @@ driver, or both) and how its DRA driver publishes it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import Literal, NoReturn
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import msgspec
 
 from devplug.framework.device import Attribute
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from devplug.framework.device import ContainerEdits, Device
+    from devplug.framework.dra.driver import ClaimRef, Driver
+    from devplug.framework.dra.layout import Layout
+    from devplug.framework.plugin import Plugin
 
 MODE_DEVICE_PLUGIN = "devicePlugin"
 MODE_DRA = "dra"
@@ -16,13 +26,66 @@ MODE_BOTH = "both"
 Mode = Literal["devicePlugin", "dra", "both"]
 
 
-class DraSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+# A quantity as the API writes it ('40Gi', '100G', '8'); YAML may give a number.
+Quantity = str | int
+
+
+class _Spec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    pass
+
+
+class PartitionSpec(_Spec):
+    # A DNS label; published as '<device>-<name>'.
+    name: str
+    # Counter name -> how much of it the partition takes.
+    consumes: dict[str, int]
+    attributes: dict[str, Attribute] = {}
+    env: dict[str, str] = {}
+
+
+class PartitionsSpec(_Spec):
+    """Each device offered as partitions instead of whole: `slots` equal slots in
+    aligned partitions of `sizes` slots, or `counters` and the `devices` consuming them."""
+
+    slots: int | None = None
+    sizes: list[int] = []
+    counters: dict[str, int] = {}
+    devices: list[PartitionSpec] = []
+    # An `nvidia` entry: each GPU in MIG mode offered as its MIG profiles at every
+    # placement, made when a claim is prepared and removed when it is unprepared.
+    mig: bool = False
+
+
+class RangeSpec(_Spec):
+    min: Quantity
+    max: Quantity | None = None
+    step: Quantity | None = None
+
+
+class RequestPolicySpec(_Spec):
+    default: Quantity
+    valid_values: list[Quantity] = []
+    valid_range: RangeSpec | None = None
+
+
+class CapacitySpec(_Spec):
+    # The capacity; default: the device's own of that name (its `memory`).
+    value: Quantity | None = None
+    request_policy: RequestPolicySpec | None = None
+
+
+class DraSpec(_Spec):
     # The driver name (a DNS subdomain); default: '<resource short name>.<domain>'.
     driver: str | None = None
     # Attributes published for every device of the resource (model, vendor...).
     attributes: dict[str, Attribute] = {}
     # Published names of device attributes: {model: productName}.
     attribute_names: dict[str, str] = {}
+    # Each device offered as partitions (DRAPartitionableDevices).
+    partitions: PartitionsSpec | None = None
+    # Capacities several claims consume at once (DRAConsumableCapacity): each device
+    # may be allocated many times, within them.
+    consumable_capacity: dict[str, CapacitySpec] = {}
 
 
 def serves_device_plugin(mode: str) -> bool:
@@ -46,7 +109,19 @@ def check_attributes(
             fail(f"{at}.{name}", problem)
 
 
-def check_dra(spec: DraSpec, at: str, fail: Callable[[str, str], NoReturn]) -> None:
+_Fail = Callable[[str, str], NoReturn]
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def check_dra(
+    spec: DraSpec,
+    at: str,
+    fail: _Fail,
+    *,
+    mode: str = MODE_DRA,
+    count: int = 1,
+    nvidia: bool = False,
+) -> None:
     from devplug.framework.dra.names import attribute_name_problem, driver_name_problem
 
     if spec.driver is not None and (problem := driver_name_problem(spec.driver)):
@@ -55,6 +130,233 @@ def check_dra(spec: DraSpec, at: str, fail: Callable[[str, str], NoReturn]) -> N
     for key, name in spec.attribute_names.items():
         if problem := attribute_name_problem(name):
             fail(f"{at}.attributeNames.{key}", problem)
+    shaped = "partitions" if spec.partitions is not None else ""
+    shaped = shaped or ("consumableCapacity" if spec.consumable_capacity else "")
+    if not shaped:
+        return
+    if spec.partitions is not None and spec.consumable_capacity:
+        fail(at, "both 'partitions' and 'consumableCapacity' are set: a device has one of them")
+    if mode != MODE_DRA:
+        fail(
+            f"{at}.{shaped}",
+            f"needs mode: dra (a device plugin hands out whole devices, never {shaped})",
+        )
+    if count != 1:
+        replicas = "'nvidia.replicas'" if nvidia else "'count'"
+        fail(f"{at}.{shaped}", f"not with {replicas}: a device is shared by DRA or by replicas")
+    if spec.partitions is not None and spec.partitions.mig:
+        if not nvidia:
+            fail(f"{at}.partitions.mig", "only for an 'nvidia' entry")
+        rest = spec.partitions.slots, spec.partitions.counters, spec.partitions.sizes
+        if any(rest) or spec.partitions.devices:
+            fail(f"{at}.partitions", "'mig' takes its partitions from NVML: nothing else")
+    elif spec.partitions is not None:
+        _check_partitions(spec.partitions, f"{at}.partitions", fail)
+    for name, capacity in spec.consumable_capacity.items():
+        _check_capacity(name, capacity, f"{at}.consumableCapacity.{name}", fail)
+
+
+def _label_problem(kind: str, name: str) -> str | None:
+    if len(name) > 63 or not _DNS_LABEL.match(name):
+        return f"{kind} name {name!r} must be a lower-case DNS label ('slot-0')"
+    return None
+
+
+def _check_partitions(spec: PartitionsSpec, at: str, fail: _Fail) -> None:
+    from devplug.api.dra.constants import MAX_COUNTERS_PER_SET
+
+    if (spec.slots is None) == (not spec.counters):
+        fail(at, "expected 'slots' (with 'sizes') or 'counters' (with 'devices'), one of them")
+    if spec.slots is not None:
+        if spec.devices:
+            fail(f"{at}.devices", "not with 'slots': the sizes give the partitions")
+        if not 1 <= spec.slots <= MAX_COUNTERS_PER_SET:
+            fail(
+                f"{at}.slots",
+                f"expected 1 to {MAX_COUNTERS_PER_SET} (a counter per slot), got {spec.slots}",
+            )
+        if not spec.sizes:
+            fail(f"{at}.sizes", "expected the partition sizes, in slots ([1, 2, 4])")
+        for k, size in enumerate(spec.sizes):
+            if not 1 <= size <= spec.slots:
+                fail(f"{at}.sizes[{k}]", f"expected 1 to {spec.slots} slots, got {size}")
+        return
+    if spec.sizes:
+        fail(f"{at}.sizes", "only with 'slots'")
+    if len(spec.counters) > MAX_COUNTERS_PER_SET:
+        fail(f"{at}.counters", f"{len(spec.counters)} counters, more than {MAX_COUNTERS_PER_SET}")
+    for name, value in spec.counters.items():
+        if problem := _label_problem("counter", name):
+            fail(f"{at}.counters.{name}", problem)
+        if value < 1:
+            fail(f"{at}.counters.{name}", f"expected an integer >= 1, got {value}")
+    if not spec.devices:
+        fail(f"{at}.devices", "expected at least one partition")
+    seen: set[str] = set()
+    for k, partition in enumerate(spec.devices):
+        where = f"{at}.devices[{k}]"
+        if problem := _label_problem("partition", partition.name):
+            fail(f"{where}.name", problem)
+        if partition.name in seen:
+            fail(f"{where}.name", f"partition {partition.name!r} is listed twice")
+        seen.add(partition.name)
+        if not partition.consumes:
+            fail(f"{where}.consumes", "expected the counters the partition takes")
+        for counter, amount in partition.consumes.items():
+            if counter not in spec.counters:
+                fail(f"{where}.consumes.{counter}", f"no counter {counter!r} in 'counters'")
+            if not 1 <= amount <= spec.counters[counter]:
+                fail(
+                    f"{where}.consumes.{counter}",
+                    f"expected 1 to {spec.counters[counter]}, got {amount}",
+                )
+        check_attributes(partition.attributes, f"{where}.attributes", fail)
+        for key in partition.env:
+            if not key or "=" in key or "\0" in key:
+                fail(f"{where}.env", f"bad variable name {key!r}")
+
+
+def quantity(value: Quantity) -> Decimal:
+    """A quantity's value ('1Gi' -> 1073741824); ValueError when it is none. The
+    Kubernetes client's parser: the driver that shares capacity loads it anyway."""
+    from devplug.lazy import allow_ssl
+
+    allow_ssl()
+    from kubernetes.utils.quantity import parse_quantity
+
+    result: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]
+    return result
+
+
+def _check_capacity(name: str, spec: CapacitySpec, at: str, fail: _Fail) -> None:
+    """What the API server checks of a shared capacity, so that a config it would
+    refuse stops at start with one line instead of failing each publish."""
+    from devplug.api.dra.constants import MAX_VALID_VALUES
+    from devplug.framework.dra.names import attribute_name_problem
+
+    if problem := attribute_name_problem(name):
+        fail(at, problem)
+
+    def parsed(value: Quantity, where: str) -> Decimal:
+        try:
+            amount = quantity(value)
+        except ValueError:
+            fail(where, f"{value!r} is not a quantity ('40Gi', '100G', '8')")
+        if amount < 0:
+            fail(where, f"expected a quantity >= 0, got {value!r}")
+        return amount
+
+    total = parsed(spec.value, f"{at}.value") if spec.value is not None else None
+    if total is None and name != "memory":
+        fail(f"{at}.value", "required: only 'memory' comes from the devices themselves")
+    policy = spec.request_policy
+    if policy is None:
+        return
+    where = f"{at}.requestPolicy"
+    default = parsed(policy.default, f"{where}.default")
+    if policy.valid_values and policy.valid_range is not None:
+        fail(where, "both 'validValues' and 'validRange' are set: a policy has one of them")
+    if total is not None and default > total:
+        fail(f"{where}.default", f"{policy.default!r} is more than the capacity {spec.value!r}")
+    if policy.valid_values:
+        if len(policy.valid_values) > MAX_VALID_VALUES:
+            fail(f"{where}.validValues", f"more than {MAX_VALID_VALUES} values")
+        values = [parsed(v, f"{where}.validValues[{k}]") for k, v in enumerate(policy.valid_values)]
+        if values != sorted(set(values)):
+            fail(f"{where}.validValues", "values must be distinct and in ascending order")
+        if default not in values:
+            fail(f"{where}.default", f"{policy.default!r} is not one of the valid values")
+        if total is not None and values[-1] > total:
+            fail(f"{where}.validValues", f"{policy.valid_values[-1]!r} is more than the capacity")
+    if policy.valid_range is not None:
+        bounds = policy.valid_range
+        low = parsed(bounds.min, f"{where}.validRange.min")
+        high = parsed(bounds.max, f"{where}.validRange.max") if bounds.max is not None else None
+        step = parsed(bounds.step, f"{where}.validRange.step") if bounds.step is not None else None
+        if total is not None and high is not None and high > total:
+            fail(f"{where}.validRange.max", f"{bounds.max!r} is more than the capacity")
+        if total is not None and low > total:
+            fail(f"{where}.validRange.min", f"{bounds.min!r} is more than the capacity")
+        if not low <= default <= (high if high is not None else default):
+            fail(f"{where}.default", f"{policy.default!r} is outside the valid range")
+        if step is not None:
+            if step <= 0:
+                fail(f"{where}.validRange.step", f"expected a quantity > 0, got {bounds.step!r}")
+            if (default - low) % step:
+                fail(f"{where}.default", f"{policy.default!r} is not min plus a number of steps")
+            if total is not None and low + step > total:
+                fail(f"{where}.validRange.step", "min plus one step is more than the capacity")
+            if high is not None and (high - low) % step:
+                fail(f"{where}.validRange.max", f"{bounds.max!r} is not min plus a number of steps")
+
+
+class ConfigLayout:
+    """The hooks of a config-built plugin whose `dra` block shapes its devices: each
+    device offered as the config says, prepared with what Allocate gives."""
+
+    def __init__(self, plugin: Plugin, layout: Callable[[Device], Layout | None]) -> None:
+        self.plugin = plugin
+        self.layout = layout
+
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Device]) -> ContainerEdits:
+        return await self.plugin.allocate(devices)
+
+    async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None:
+        return None
+
+
+def layout_of(spec: DraSpec | None) -> Callable[[Device], Layout | None] | None:
+    """How the config offers each device: as partitions, with shared capacity, or
+    (None) whole."""
+    if spec is None or (spec.partitions is None and not spec.consumable_capacity):
+        return None
+    from devplug.framework.dra import layout
+
+    if spec.partitions is not None:
+        parts = spec.partitions
+        if parts.slots is not None:
+            shape = layout.slot_layout(parts.slots, parts.sizes)
+        else:
+            shape = layout.Layout(
+                parts.counters,
+                tuple(
+                    layout.Partition(p.name, p.consumes, p.attributes, p.env) for p in parts.devices
+                ),
+            )
+        return lambda device: shape
+
+    shared = {name: _shared(c) for name, c in spec.consumable_capacity.items()}
+    sharing = layout.Layout(shared=shared)
+    own = [name for name, c in shared.items() if c.value is None]
+
+    def shared_layout(device: Device) -> Layout | None:
+        # A device without a capacity the config shares is offered whole.
+        return sharing if all(isinstance(device.attributes.get(n), int) for n in own) else None
+
+    return shared_layout
+
+
+def _shared(spec: CapacitySpec) -> Any:
+    from devplug.framework.dra.layout import RequestPolicy, SharedCapacity
+
+    policy = spec.request_policy
+    if policy is None:
+        return SharedCapacity(_text(spec.value))
+    bounds = policy.valid_range
+    return SharedCapacity(
+        _text(spec.value),
+        RequestPolicy(
+            str(policy.default),
+            tuple(str(v) for v in policy.valid_values),
+            _text(bounds.min) if bounds else None,
+            _text(bounds.max) if bounds else None,
+            _text(bounds.step) if bounds else None,
+        ),
+    )
+
+
+def _text(value: Quantity | None) -> str | None:
+    return None if value is None else str(value)
 
 
 def driver_name(resource_name: str, spec: DraSpec | None) -> str:
@@ -79,3 +381,23 @@ def plugin_driver_name(resource_name: str, spec_name: str, spec: DraSpec | None)
         return spec.driver
     label = default_driver_name(resource_name).partition(".")[0]
     return f"{label}.{spec.driver}"[:MAX_LABEL].rstrip(".-")
+
+
+def config_driver(plugin: Any) -> Driver:
+    """The DRA driver of a config-built plugin (its `spec` is its config entry)."""
+    from devplug.framework.dra.driver import Driver
+
+    spec = plugin.spec
+    driver = Driver(
+        plugin,
+        plugin_driver_name(plugin.resource_name, spec.name, spec.dra),
+        spec.dra.attributes if spec.dra else {},
+        spec.dra.attribute_names if spec.dra else {},
+    )
+    if spec.dra is not None and spec.dra.partitions is not None and spec.dra.partitions.mig:
+        from devplug.sources.nvidia.partitions import MigPartitions
+
+        driver.hooks = MigPartitions(plugin, lambda: driver.held)
+    elif (shape := layout_of(spec.dra)) is not None:
+        driver.hooks = ConfigLayout(plugin, shape)
+    return driver

@@ -8,7 +8,7 @@ picks the results that belong to one driver's pool.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,7 +42,14 @@ def allocated_devices(
         raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} is not allocated")
     results = (allocation.get("devices") or {}).get("results") or []
     return [
-        AllocatedDevice(str(r.get("request", "")), str(r["pool"]), str(r["device"]))
+        AllocatedDevice(
+            str(r.get("request", "")),
+            str(r["pool"]),
+            str(r["device"]),
+            str(r.get("shareID") or ""),
+            {str(k): str(v) for k, v in (r.get("consumedCapacity") or {}).items()},
+            bool(r.get("adminAccess")),
+        )
         for r in results
         if r.get("driver") == driver and r.get("pool") == pool
     ]
@@ -85,20 +92,26 @@ class FileClaims:
         self.folder = Path(folder)
 
     def get(self, claim: ClaimRef) -> Mapping[str, Any]:
-        for path in sorted(self.folder.glob("*")):
-            if path.suffix not in (".yaml", ".yml", ".json"):
-                continue
-            try:
-                documents = list(yaml.safe_load_all(path.read_text()))
-            except (OSError, yaml.YAMLError):
-                continue
-            for doc in documents:
-                if not isinstance(doc, Mapping) or doc.get("kind") != "ResourceClaim":
-                    continue
-                meta = doc.get("metadata") or {}
-                if (meta.get("namespace") or "default", meta.get("name")) == (
-                    claim.namespace,
-                    claim.name,
-                ):
-                    return doc
+        for doc in folder_documents(self.folder, "ResourceClaim"):
+            meta = doc.get("metadata") or {}
+            if (meta.get("namespace") or "default", meta.get("name")) == (
+                claim.namespace,
+                claim.name,
+            ):
+                return doc
         raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} not found in {self.folder}")
+
+
+def folder_documents(folder: Path, kind: str) -> Iterator[Mapping[str, Any]]:
+    """The objects of `kind` in the YAML and JSON files of `folder` (unreadable files
+    are skipped: another writer may be halfway through one)."""
+    for path in sorted(folder.glob("*")):
+        if path.suffix not in (".yaml", ".yml", ".json"):
+            continue
+        try:
+            documents = list(yaml.safe_load_all(path.read_text()))
+        except (OSError, yaml.YAMLError):
+            continue
+        for doc in documents:
+            if isinstance(doc, Mapping) and doc.get("kind") == kind:
+                yield doc

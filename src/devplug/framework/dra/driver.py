@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Protocol
 
 from devplug.framework.device import Attribute, ContainerEdits, Device
+from devplug.framework.dra.layout import Layout, Partition, partition_device
 from devplug.framework.dra.names import default_driver_name, device_name, driver_name_problem
 from devplug.framework.plugin import Plugin
 
@@ -33,17 +35,57 @@ class ClaimRef:
 
 @dataclass(frozen=True, slots=True)
 class AllocatedDevice:
-    """One result of a claim's allocation that belongs to this driver and pool."""
+    """One result of a claim's allocation that belongs to this driver and pool: with
+    the share ID and consumed capacity of a share of a shared device."""
 
     request: str
     pool: str
     device: str
+    share_id: str = ""
+    consumed: Mapping[str, str] = field(default_factory=dict)
+    admin_access: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A device as the slices publish it: a physical device, or one partition of it.
+    `device` is what the containers of a claim get."""
+
+    name: str
+    device: Device
+    parent: Device
+    layout: Layout | None = None
+    partition: Partition | None = None
+
+    @property
+    def shared(self) -> bool:
+        """Several claims may hold it at once (allowMultipleAllocations)."""
+        return self.layout is not None and bool(self.layout.shared)
+
+    @property
+    def counter_set(self) -> str:
+        """The counter set a partition consumes from: its parent's, named as the
+        parent would be; "" for a whole device."""
+        return device_name(self.parent.id) if self.partition is not None else ""
+
+
+class DraHooks(Protocol):
+    """What a driver does beyond a device plugin: how each device is offered, and the
+    work of preparing a claim's devices (a DraDriver, or what a source adds to a
+    config-built plugin: partitions, MIG instances made at prepare)."""
+
+    def layout(self, device: Device) -> Layout | None: ...
+
+    async def prepare(self, claim: ClaimRef, devices: Sequence[Device]) -> ContainerEdits: ...
+
+    async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None: ...
 
 
 class DraDriver(Plugin):
     """A Plugin that is also a DRA driver: set `driver_name` (or pass it), describe the
     devices as for a device plugin, and override `prepare` / `unprepare` to do more
-    than hand out the devices' container edits.
+    than hand out the devices' container edits, and `layout` to offer devices as
+    partitions or shared capacity.
     """
 
     driver_name: str = ""
@@ -72,32 +114,72 @@ class DraDriver(Plugin):
     async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None:
         """Undo `prepare` (devices that are gone meanwhile are left out)."""
 
+    def layout(self, device: Device) -> Layout | None:
+        """How `device` is offered: as partitions, as shared capacity, or (None) as one
+        device for one claim."""
+        return None
+
 
 @dataclass(slots=True)
 class Driver:
     """A plugin served as the DRA driver `name`, with slice attributes added from the
-    config (`attributes`, for every device) and renamed (`attribute_names`)."""
+    config (`attributes`, for every device) and renamed (`attribute_names`), and its
+    hooks (a DraDriver's own; without, each device is whole and gets what Allocate
+    gives)."""
 
     plugin: Plugin
     name: str
     attributes: Mapping[str, Attribute] = field(default_factory=dict)
     attribute_names: Mapping[str, str] = field(default_factory=dict)
+    hooks: DraHooks | None = None
+    # The names of the devices prepared for a claim on this node (the Preparer keeps it).
+    held: set[str] = field(default_factory=set)
+    _offers: tuple[int, dict[str, Offer]] = field(
+        default=(-1, {}), init=False, repr=False, compare=False
+    )
+
+    @classmethod
+    def of(cls, plugin: Plugin) -> Driver:
+        """The driver of a DraDriver, or of a plain plugin under its default name."""
+        if isinstance(plugin, DraDriver):
+            return cls(plugin, plugin.driver_name, hooks=plugin)
+        return cls(plugin, default_driver_name(plugin.resource_name))
 
     def __post_init__(self) -> None:
         if problem := driver_name_problem(self.name):
             raise ValueError(problem)
         self.attributes = MappingProxyType(dict(self.attributes))
         self.attribute_names = MappingProxyType(dict(self.attribute_names))
+        if self.hooks is None and isinstance(self.plugin, DraDriver):
+            self.hooks = self.plugin
 
-    @classmethod
-    def of(cls, plugin: Plugin) -> Driver:
-        """The driver of a DraDriver, or of a plain plugin under its default name."""
-        name = plugin.driver_name if isinstance(plugin, DraDriver) else ""
-        return cls(plugin, name or default_driver_name(plugin.resource_name))
+    def layout(self, device: Device) -> Layout | None:
+        return self.hooks.layout(device) if self.hooks is not None else None
+
+    def offers(self) -> dict[str, Offer]:
+        """What the slices publish, by device name: each device, or each partition in
+        its place (kept until the plugin's devices change)."""
+        generation = self.plugin.generation
+        if self._offers[0] == generation:
+            return self._offers[1]
+        offers: dict[str, Offer] = {}
+        for device in self.plugin.devices.values():
+            layout = self.layout(device)
+            if layout is None or not layout.partitions:
+                name = device_name(device.id)
+                offers[name] = Offer(name, device, device, layout)
+                continue
+            for partition in layout.partitions:
+                part = partition_device(device, partition)
+                name = device_name(part.id)
+                offers[name] = Offer(name, part, device, layout, partition)
+        self._offers = (generation, offers)
+        return offers
 
     def devices_by_name(self) -> dict[str, Device]:
-        """The published devices by their name in the slices."""
-        return {device_name(d.id): d for d in self.plugin.devices.values()}
+        """The published devices by their name in the slices (partitions in place of
+        the devices they divide)."""
+        return {name: offer.device for name, offer in self.offers().items()}
 
     def describe(self, device: Device) -> tuple[dict[str, Attribute], dict[str, int]]:
         """A device's slice attributes and capacities, by their published names."""
@@ -114,10 +196,10 @@ class Driver:
         return attributes, capacity
 
     async def prepare(self, claim: ClaimRef, devices: Sequence[Device]) -> ContainerEdits:
-        if isinstance(self.plugin, DraDriver):
-            return await self.plugin.prepare(claim, devices)
+        if self.hooks is not None:
+            return await self.hooks.prepare(claim, devices)
         return await self.plugin.allocate(devices)
 
     async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None:
-        if isinstance(self.plugin, DraDriver):
-            await self.plugin.unprepare(claim, devices)
+        if self.hooks is not None:
+            await self.hooks.unprepare(claim, devices)

@@ -14,6 +14,9 @@ def api_client(kubeconfig: str | None = None) -> Any:
     from devplug.lazy import allow_ssl
 
     allow_ssl()  # `devplug serve` keeps ssl out until a resource needs the API server
+    from devplug.extras import require
+
+    require("kubernetes", "dra", "the Kubernetes API (DRA, --kubeconfig)")
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 

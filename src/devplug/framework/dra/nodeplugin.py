@@ -35,7 +35,6 @@ from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.dra.claims import ClaimError
 from devplug.framework.dra.driver import ClaimRef
-from devplug.framework.dra.names import device_name
 from devplug.framework.dra.prepare import Preparer
 from devplug.framework.unixserver import UnixServer
 
@@ -133,13 +132,11 @@ class HealthServicer:
         return pb.NodeWatchResourcesResponse(
             devices=[
                 pb.DeviceHealth(
-                    device=pb.DeviceIdentifier(
-                        pool_name=self.preparer.pool, device_name=device_name(d.id)
-                    ),
-                    health=pb.HEALTHY if d.healthy else pb.UNHEALTHY,
+                    device=pb.DeviceIdentifier(pool_name=self.preparer.pool, device_name=name),
+                    health=pb.HEALTHY if offer.device.healthy else pb.UNHEALTHY,
                     last_updated_time=now,
                 )
-                for d in self.preparer.driver.plugin.devices.values()
+                for name, offer in self.preparer.driver.offers().items()
             ]
         )
 

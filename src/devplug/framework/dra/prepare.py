@@ -5,6 +5,11 @@ loses nothing.
 Prepare is idempotent: a claim already prepared gets the same answer (its CDI spec
 is written again if it went missing). Unprepare of a claim that is not prepared
 succeeds, as the kubelet expects after a restart in between.
+
+A device that is not shareable is prepared for one claim at a time, and partitions
+never together with one they overlap: the scheduler never allocates so, but a pod
+force-deleted while its container still runs frees its claim's devices early, and the
+node is the last place that can refuse.
 """
 
 from __future__ import annotations
@@ -12,14 +17,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
 from devplug.framework.device import ContainerEdits, Device
 from devplug.framework.dra.claims import ClaimError, ClaimSource, allocated_devices
-from devplug.framework.dra.driver import ClaimRef, Driver
+from devplug.framework.dra.driver import AllocatedDevice, ClaimRef, Driver, Offer
+from devplug.framework.dra.layout import overlapping
 from devplug.outputs import cdi
 from devplug.outputs.files import remove_quietly, write_atomic
 
@@ -36,6 +43,13 @@ class PreparedDevice(msgspec.Struct, frozen=True):
     device: str
     device_id: str
     cdi_ids: list[str]
+    # A share of a shared device: its share ID (several claims hold the device).
+    share_id: str = ""
+    # Allocated for administrative access: never in the way of another claim.
+    admin: bool = False
+    # A partition: the counter set it consumes from, and how much of each counter.
+    counter_set: str = ""
+    consumes: dict[str, int] = {}
 
 
 class PreparedClaim(msgspec.Struct):
@@ -46,6 +60,21 @@ class PreparedClaim(msgspec.Struct):
 
 class Checkpoint(msgspec.Struct):
     claims: dict[str, PreparedClaim] = msgspec.field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Pick:
+    """One allocated device of the claim being prepared (a share counts apart)."""
+
+    offer: Offer
+    share_id: str
+    consumed: dict[str, str]
+    admin: bool
+    requests: list[str] = field(default_factory=list)
+
+    @property
+    def cdi_name(self) -> str:
+        return f"{self.offer.name}-{self.share_id}" if self.share_id else self.offer.name
 
 
 class Preparer:
@@ -67,6 +96,7 @@ class Preparer:
         self.cdi_kind = f"{driver.name}/{CDI_CLASS}"
         self._lock = asyncio.Lock()
         self.prepared: dict[str, PreparedClaim] = self._load()
+        self._tell_held()
 
     def _load(self) -> dict[str, PreparedClaim]:
         try:
@@ -84,6 +114,12 @@ class Preparer:
     def _save(self) -> None:
         data = msgspec.json.encode(Checkpoint(self.prepared))
         write_atomic(self.checkpoint_path, data, mode=0o600)
+        self._tell_held()
+
+    def _tell_held(self) -> None:
+        """The driver's hooks may ask what is prepared (a MIG instance found at start is
+        one devplug made when a claim holds its partition)."""
+        self.driver.held = {d.device for c in self.prepared.values() for d in c.devices}
 
     def spec_path(self, claim_uid: str) -> Path:
         return self.cdi_dir / f"{self.driver.name}-{claim_uid}.json"
@@ -94,58 +130,115 @@ class Preparer:
             if done is not None and (not done.devices or self.spec_path(claim.uid).exists()):
                 return done.devices
             obj = await asyncio.to_thread(self.claims.get, claim)
-            results = allocated_devices(claim, obj, self.driver.name, self.pool)
-            by_name = self.driver.devices_by_name()
-            chosen: dict[str, Device] = {}
-            requests: dict[str, list[str]] = {}
-            for result in results:
-                device = by_name.get(result.device)
-                if device is None:
-                    raise ClaimError(f"device {result.device} is not published by this node")
-                if not device.healthy:
-                    raise ClaimError(f"device {result.device} is unhealthy")
-                chosen[result.device] = device
-                requests.setdefault(result.device, []).append(result.request)
+            picks = self._picks(allocated_devices(claim, obj, self.driver.name, self.pool))
+            self._refuse_double_allocation(claim, picks)
+            devices = list({id(p.offer): p.offer.device for p in picks}.values())
             try:
-                edits = await self.driver.prepare(claim, list(chosen.values()))
+                edits = await self.driver.prepare(claim, devices)
             except ClaimError:
                 raise
             except Exception as error:
                 raise ClaimError(f"preparing failed: {error}") from error
-            devices = self._write_spec(claim, chosen, requests, edits) if chosen else []
-            self.prepared[claim.uid] = PreparedClaim(claim.namespace, claim.name, devices)
+            prepared = self._write_spec(claim, picks, edits) if picks else []
+            self.prepared[claim.uid] = PreparedClaim(claim.namespace, claim.name, prepared)
             self._save()
             log.info(
                 "%s: prepared claim %s/%s: %s",
                 self.driver.name,
                 claim.namespace,
                 claim.name,
-                ", ".join(chosen) or "no devices",
+                ", ".join(p.cdi_name for p in picks) or "no devices",
             )
-            return devices
+            return prepared
+
+    def _picks(self, results: Sequence[AllocatedDevice]) -> list[_Pick]:
+        """The claim's devices, known and healthy; a device allocated for several of the
+        claim's requests once, with all of them."""
+        offers = self.driver.offers()
+        picks: dict[tuple[str, str], _Pick] = {}
+        for result in results:
+            offer = offers.get(result.device)
+            if offer is None:
+                raise ClaimError(f"device {result.device} is not published by this node")
+            if not offer.device.healthy:
+                raise ClaimError(f"device {result.device} is unhealthy")
+            key = (result.device, result.share_id)
+            pick = picks.setdefault(
+                key, _Pick(offer, result.share_id, dict(result.consumed), result.admin_access)
+            )
+            pick.requests.append(result.request)
+        return list(picks.values())
+
+    def _refuse_double_allocation(self, claim: ClaimRef, picks: Sequence[_Pick]) -> None:
+        """A device that is not shareable, or a partition that overlaps one, already
+        prepared for another claim (one the kubelet has not unprepared yet: its pod may
+        still run) is refused, as the scheduler could not have allocated it."""
+        held: dict[str, tuple[str, PreparedClaim]] = {}
+        consuming: dict[str, list[tuple[PreparedDevice, str, PreparedClaim]]] = {}
+        for uid, other in self.prepared.items():
+            if uid == claim.uid:
+                continue
+            for device in other.devices:
+                if device.admin:
+                    continue
+                if not device.share_id:
+                    held[device.device] = (uid, other)
+                if device.counter_set:
+                    consuming.setdefault(device.counter_set, []).append((device, uid, other))
+        mine: dict[str, list[Mapping[str, int]]] = {}
+        for pick in picks:
+            if pick.admin:
+                continue
+            name = pick.offer.name
+            if not pick.offer.shared and name in held:
+                uid, other = held[name]
+                raise ClaimError(
+                    f"device {name} is already prepared for claim {other.namespace}/"
+                    f"{other.name} (UID {uid}) and is not shareable: it is free once that "
+                    "claim is unprepared"
+                )
+            partition, layout = pick.offer.partition, pick.offer.layout
+            if partition is None or layout is None:
+                continue
+            counter_set = pick.offer.counter_set
+            others = consuming.get(counter_set, [])
+            taken = [d.consumes for d, _, _ in others] + mine.get(counter_set, [])
+            if short := overlapping(layout, taken, partition.consumes):
+                culprits = [
+                    f"{d.device} of claim {o.namespace}/{o.name} (UID {u})"
+                    for d, u, o in others
+                    if set(d.consumes) & set(short)
+                ] or ["another device of this claim"]
+                raise ClaimError(
+                    f"partition {name} overlaps {', '.join(culprits)}: counter "
+                    f"{', '.join(short)} of {counter_set} would be exceeded"
+                )
+            mine.setdefault(counter_set, []).append(partition.consumes)
 
     def _write_spec(
-        self,
-        claim: ClaimRef,
-        chosen: dict[str, Device],
-        requests: dict[str, list[str]],
-        edits: ContainerEdits,
+        self, claim: ClaimRef, picks: Sequence[_Pick], edits: ContainerEdits
     ) -> list[PreparedDevice]:
-        """One CDI device per allocated device (its nodes and mounts), the claim's env
-        and any further edits of the prepare hook as the spec's common edits."""
+        """One CDI device per allocated device or share (its nodes and mounts; a share's
+        ID and consumed capacity as env), the claim's env and any further edits of the
+        prepare hook as the spec's common edits."""
         per_device: dict[str, ContainerEdits] = {}
         own_nodes: set[str] = set()
         own_mounts: set[str] = set()
-        for name, device in chosen.items():
+        for pick in picks:
+            device = pick.offer.device
             device_edits = ContainerEdits(nodes=list(device.nodes), mounts=list(device.mounts))
             own_nodes.update(n.container_path for n in device.nodes)
             own_mounts.update(m.container_path for m in device.mounts)
-            if not device_edits.nodes and not device_edits.mounts:
+            label = _ENV_UNSAFE.sub("_", pick.offer.name).upper()
+            if pick.share_id:
+                device_edits.env[f"DEVPLUG_DRA_SHARE_{label}"] = pick.share_id
+                for capacity, amount in pick.consumed.items():
+                    key = _ENV_UNSAFE.sub("_", capacity.rpartition("/")[2]).upper()
+                    device_edits.env[f"DEVPLUG_DRA_SHARE_{label}_{key}"] = amount
+            if not device_edits.nodes and not device_edits.mounts and not device_edits.env:
                 # CDI refuses a device without edits: name the device in the env.
-                device_edits.env[f"DEVPLUG_DRA_DEVICE_{_ENV_UNSAFE.sub('_', name).upper()}"] = (
-                    device.id
-                )
-            per_device[f"{claim.uid}-{name}"] = device_edits
+                device_edits.env[f"DEVPLUG_DRA_DEVICE_{label}"] = device.id
+            per_device[f"{claim.uid}-{pick.cdi_name}"] = device_edits
         common = ContainerEdits(
             env=dict(edits.env),
             nodes=[n for n in edits.nodes if n.container_path not in own_nodes],
@@ -159,18 +252,27 @@ class Preparer:
         )
         cdi.write_spec(self.spec_path(claim.uid), body)
         # CDI names the hook added beyond the devices' own go with the first device.
-        own = {c for d in chosen.values() for c in d.cdi_devices}
+        own = {c for p in picks for c in p.offer.device.cdi_devices}
         extra = [c for c in edits.cdi_devices if c not in own]
         prepared = []
-        for index, (name, device) in enumerate(chosen.items()):
-            ids = [cdi.qualified_name(self.cdi_kind, f"{claim.uid}-{name}"), *device.cdi_devices]
+        for index, pick in enumerate(picks):
+            device = pick.offer.device
+            ids = [
+                cdi.qualified_name(self.cdi_kind, f"{claim.uid}-{pick.cdi_name}"),
+                *device.cdi_devices,
+            ]
+            partition = pick.offer.partition
             prepared.append(
                 PreparedDevice(
-                    requests=requests[name],
+                    requests=pick.requests,
                     pool=self.pool,
-                    device=name,
+                    device=pick.offer.name,
                     device_id=device.id,
                     cdi_ids=ids + (extra if index == 0 else []),
+                    share_id=pick.share_id,
+                    admin=pick.admin,
+                    counter_set=pick.offer.counter_set,
+                    consumes=dict(partition.consumes) if partition else {},
                 )
             )
         return prepared
@@ -182,9 +284,9 @@ class Preparer:
                 remove_quietly(self.spec_path(claim.uid))
                 return
             by_name = self.driver.devices_by_name()
-            devices: Sequence[Device] = [
-                by_name[d.device] for d in done.devices if d.device in by_name
-            ]
+            devices: Sequence[Device] = list(
+                {d.device: by_name[d.device] for d in done.devices if d.device in by_name}.values()
+            )
             try:
                 await self.driver.unprepare(claim, devices)
             except Exception as error:

@@ -4,6 +4,10 @@ Each change of the plugin's device list (hot-plug, health) is published as a new
 pool generation: the slices are created or replaced, and slices of the pool that are
 no longer needed deleted. API failures are retried with backoff; the node plugin
 keeps serving meanwhile.
+
+Without an API server (the kubelet simulator's claims folder), the slices are written
+as documents into that folder instead, where the simulator reads them as the
+scheduler would.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from devplug.framework.dra.driver import Driver
@@ -22,18 +27,13 @@ _RETRY_FIRST_S = 0.5
 _RETRY_MAX_S = 30.0
 
 
-class SlicePublisher:
-    def __init__(self, driver: Driver, node: str, api_client: Any) -> None:
-        from kubernetes import client
+class PoolPublisher:
+    """Publishes the node's pool of one driver on every change of its devices."""
 
+    def __init__(self, driver: Driver, node: str) -> None:
         self.driver = driver
         self.node = node
-        # Any: bodies are plain dicts in the API's JSON form, answers read as JSON.
-        self._resource: Any = client.ResourceV1Api(api_client)
-        self._core: Any = client.CoreV1Api(api_client)
         self.published_generation = 0  # the plugin generation last published
-        self._owner: dict[str, Any] | None = None
-        self._owner_known = False
         self.pool_generation = 0
         self._published = asyncio.Event()
 
@@ -42,6 +42,93 @@ class SlicePublisher:
         while self.published_generation < plugin_generation:
             event = self._published
             await event.wait()
+
+    def _sync(self) -> int:
+        """Publish the current devices as the next pool generation; returns it."""
+        raise NotImplementedError
+
+    def _retried(self) -> tuple[type[BaseException], ...]:
+        """The failures a later attempt may overcome."""
+        return (OSError,)
+
+    async def run(self) -> None:
+        plugin = self.driver.plugin
+        await plugin.wait_published()
+        retried = self._retried()
+        retry = _RETRY_FIRST_S
+        while True:
+            seen = plugin.generation
+            try:
+                generation = await asyncio.to_thread(self._sync)
+            except retried as error:
+                reason = getattr(error, "reason", None) or error
+                log.warning(
+                    "%s: publishing slices failed (%s); retrying in %.1f s",
+                    self.driver.name,
+                    reason,
+                    retry,
+                )
+                await asyncio.sleep(retry)
+                retry = min(retry * 2, _RETRY_MAX_S)
+                continue
+            retry = _RETRY_FIRST_S
+            healthy = sum(o.device.healthy for o in self.driver.offers().values())
+            log.info(
+                "%s: published %d device(s) for node %s (pool generation %d)",
+                self.driver.name,
+                healthy,
+                self.node,
+                generation,
+            )
+            self.published_generation = seen
+            published, self._published = self._published, asyncio.Event()
+            published.set()
+            await plugin.wait_changed(seen)
+
+
+class FolderSlicePublisher(PoolPublisher):
+    """The slices as JSON documents in a folder ('<slice name>.json'): the simulator's
+    stand-in for the API server, beside the claim documents."""
+
+    def __init__(self, driver: Driver, node: str, folder: Path) -> None:
+        super().__init__(driver, node)
+        self.folder = folder
+        self._written: set[str] = set()
+
+    def _sync(self) -> int:
+        from devplug.outputs.files import remove_quietly, write_atomic
+
+        self.pool_generation += 1
+        bodies = slice_bodies(self.driver, self.node, self.pool_generation)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        names = {f"{b['metadata']['name']}.json" for b in bodies}
+        for body in bodies:
+            data = json.dumps(body, indent=1).encode()
+            write_atomic(self.folder / f"{body['metadata']['name']}.json", data, mode=0o644)
+        for stale in self._written - names:
+            remove_quietly(self.folder / stale)
+        self._written = names
+        return self.pool_generation
+
+
+class SlicePublisher(PoolPublisher):
+    """The slices on the API server, owned by the Node object."""
+
+    def __init__(self, driver: Driver, node: str, api_client: Any) -> None:
+        from kubernetes import client
+
+        super().__init__(driver, node)
+        # Any: bodies are plain dicts in the API's JSON form, answers read as JSON.
+        self._resource: Any = client.ResourceV1Api(api_client)
+        self._core: Any = client.CoreV1Api(api_client)
+        self._owner: dict[str, Any] | None = None
+        self._owner_known = False
+
+    def _retried(self) -> tuple[type[BaseException], ...]:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        return (ApiException, HTTPError, OSError)
 
     def _node_owner(self) -> dict[str, Any] | None:
         """The Node as owner, so that slices go with their node; None if the API server
@@ -102,39 +189,3 @@ class SlicePublisher:
                 self._resource.delete_resource_slice(name)
         self.pool_generation = int(generation)
         return self.pool_generation
-
-    async def run(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        plugin = self.driver.plugin
-        await plugin.wait_published()
-        retry = _RETRY_FIRST_S
-        while True:
-            seen = plugin.generation
-            try:
-                generation = await asyncio.to_thread(self._sync)
-            except (ApiException, HTTPError, OSError) as error:
-                reason = getattr(error, "reason", None) or error
-                log.warning(
-                    "%s: publishing slices failed (%s); retrying in %.1f s",
-                    self.driver.name,
-                    reason,
-                    retry,
-                )
-                await asyncio.sleep(retry)
-                retry = min(retry * 2, _RETRY_MAX_S)
-                continue
-            retry = _RETRY_FIRST_S
-            healthy = sum(d.healthy for d in plugin.devices.values())
-            log.info(
-                "%s: published %d device(s) for node %s (pool generation %d)",
-                self.driver.name,
-                healthy,
-                self.node,
-                generation,
-            )
-            self.published_generation = seen
-            published, self._published = self._published, asyncio.Event()
-            published.set()
-            await plugin.wait_changed(seen)

@@ -20,10 +20,10 @@ from devplug.framework.dra.claims import ApiClaims, ClaimSource, FileClaims
 from devplug.framework.dra.driver import Driver
 from devplug.framework.dra.nodeplugin import NodePlugin
 from devplug.framework.dra.prepare import Preparer
+from devplug.framework.dra.publisher import FolderSlicePublisher, PoolPublisher
 
 if TYPE_CHECKING:
     from devplug.framework.daemon import Daemon
-    from devplug.framework.dra.publisher import SlicePublisher
 
 log = logging.getLogger("devplug.dra")
 
@@ -38,8 +38,8 @@ class DraSettings:
     cdi_dir: Path = Path(dra.CDI_PATH)
     # A kubeconfig file; None: $KUBECONFIG or the in-cluster service account.
     kubeconfig: str | None = None
-    # Read claims from this folder instead of the API server, and publish no slices
-    # (the kubelet simulator without an API server).
+    # Read claims from this folder instead of the API server, and write the slices
+    # there (the kubelet simulator without an API server).
     claims_dir: Path | None = None
 
 
@@ -53,7 +53,7 @@ class DraService:
         self.drivers = list(drivers)
         self.settings = settings
         self.node_plugins: list[NodePlugin] = []
-        self.publishers: list[SlicePublisher] = []
+        self.publishers: list[PoolPublisher] = []
         self._api: Any = None
         claims: ClaimSource
         if settings.claims_dir is not None:
@@ -80,6 +80,11 @@ class DraService:
             self.publishers = [
                 SlicePublisher(d, settings.node_name, self._api) for d in self.drivers
             ]
+        elif settings.claims_dir is not None:
+            folder = settings.claims_dir
+            self.publishers = [
+                FolderSlicePublisher(d, settings.node_name, folder) for d in self.drivers
+            ]
 
     async def run(self, daemon: Daemon | None = None) -> None:
         served = set(map(id, daemon.plugins)) if daemon is not None else set()
@@ -87,8 +92,12 @@ class DraService:
         for driver in self.drivers:
             if id(driver.plugin) not in served:
                 tasks.append(asyncio.create_task(_scan(driver), name=f"scan {driver.name}"))
+        # Slices written to the claims folder are there before the driver registers, as
+        # a scheduler has them before it allocates; the API server may be away a while.
+        first = {id(p.driver): p for p in self.publishers if isinstance(p, FolderSlicePublisher)}
         for node_plugin, driver in zip(self.node_plugins, self.drivers, strict=True):
-            tasks.append(asyncio.create_task(_serve(node_plugin, driver), name=driver.name))
+            serve = _serve(node_plugin, driver, first.get(id(driver)))
+            tasks.append(asyncio.create_task(serve, name=driver.name))
         for publisher in self.publishers:
             tasks.append(
                 asyncio.create_task(publisher.run(), name=f"slices {publisher.driver.name}")
@@ -113,9 +122,13 @@ async def _scan(driver: Driver) -> None:
         raise RuntimeError(f"{driver.name}: scan() returned without publishing devices")
 
 
-async def _serve(node_plugin: NodePlugin, driver: Driver) -> None:
+async def _serve(
+    node_plugin: NodePlugin, driver: Driver, slices: PoolPublisher | None = None
+) -> None:
     # Registered only once the devices are known, as the device plugins are.
     await driver.plugin.wait_published()
+    if slices is not None:
+        await slices.wait_published(driver.plugin.generation)
     log.info(
         "%s: serving %s, registration %s",
         driver.name,

@@ -1,5 +1,7 @@
 """ResourceSlice bodies for one node's pool of a driver: the devices as the scheduler
-sees them, attributes typed, capacities as quantities.
+sees them, attributes typed, capacities as quantities; the counter sets of
+partitioned devices in slices of their own (the API allows a slice to hold devices or
+counter sets, not both).
 
 Pure functions over the published devices, so `devplug check` shows exactly what the
 daemon publishes. Unhealthy devices are left out: the scheduler must not allocate
@@ -13,13 +15,16 @@ from typing import Any
 
 from devplug.api.dra.constants import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
+    MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_ADVANCED,
     MAX_STRING_ATTRIBUTE_LENGTH,
     RESOURCE_API_VERSION,
 )
-from devplug.framework.device import Attribute, Device
-from devplug.framework.dra.driver import Driver
-from devplug.framework.dra.names import attribute_name_problem, device_name, object_name
+from devplug.framework.device import Attribute
+from devplug.framework.dra.driver import Driver, Offer
+from devplug.framework.dra.layout import consumption, counter_set, shared_capacity
+from devplug.framework.dra.names import attribute_name_problem, object_name
 
 log = logging.getLogger("devplug.dra.slices")
 
@@ -50,17 +55,23 @@ def attribute_problem(name: str, value: Attribute) -> str | None:
     return None
 
 
-def slice_device(driver: Driver, device: Device) -> dict[str, Any]:
-    """One device of a ResourceSlice (v1 `Device`)."""
+def slice_device(driver: Driver, offer: Offer) -> dict[str, Any]:
+    """One device of a ResourceSlice (v1 `Device`): a partition consumes its parent's
+    counters; a shared device allows several allocations of its capacities."""
+    device = offer.device
     attributes, capacity = driver.describe(device)
-    body: dict[str, Any] = {"name": device_name(device.id)}
+    body: dict[str, Any] = {"name": offer.name}
     typed: dict[str, Any] = {}
     for name, value in attributes.items():
         if problem := attribute_problem(name, value):
             _report(f"{driver.name}: device {device.id}: {problem}: not published")
             continue
         typed[name] = typed_value(value)
-    quantities = {name: {"value": str(value)} for name, value in capacity.items()}
+    quantities: dict[str, dict[str, Any]] = {
+        name: {"value": str(value)} for name, value in capacity.items()
+    }
+    if offer.layout is not None and offer.shared:
+        quantities.update(shared_capacity(offer.layout, capacity))
     if len(typed) + len(quantities) > MAX_ATTRIBUTES_AND_CAPACITIES:
         _report(
             f"{driver.name}: device {device.id}: more than {MAX_ATTRIBUTES_AND_CAPACITIES} "
@@ -72,6 +83,10 @@ def slice_device(driver: Driver, device: Device) -> dict[str, Any]:
         body["attributes"] = typed
     if quantities:
         body["capacity"] = quantities
+    if offer.partition is not None:
+        body["consumesCounters"] = consumption(offer.counter_set, offer.partition)
+    if offer.shared:
+        body["allowMultipleAllocations"] = True
     return body
 
 
@@ -79,20 +94,47 @@ def slice_name(node: str, driver: str, index: int) -> str:
     return object_name(node, driver, str(index))
 
 
+def counter_slice_name(node: str, driver: str, index: int) -> str:
+    return object_name(node, driver, "counters", str(index))
+
+
+def _devices_per_slice(devices: list[dict[str, Any]]) -> int:
+    """The API allows 128 devices in a slice, 64 when one consumes counters or has
+    taints."""
+    advanced = any("consumesCounters" in d or "taints" in d for d in devices)
+    return MAX_DEVICES_PER_SLICE_ADVANCED if advanced else MAX_DEVICES_PER_SLICE
+
+
 def slice_bodies(
     driver: Driver, node: str, generation: int, owner: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
-    """The ResourceSlices of the node's pool: healthy devices, at most 128 per slice,
-    one slice (maybe empty) at least, all with pool `generation`."""
-    devices = [slice_device(driver, d) for d in driver.plugin.devices.values() if d.healthy]
-    chunks = [
-        devices[i : i + MAX_DEVICES_PER_SLICE]
-        for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    ] or [[]]
+    """The ResourceSlices of the node's pool, all with pool `generation`: the counter
+    sets of the healthy partitioned devices (8 per slice), then the healthy devices
+    and partitions (128 per slice, 64 with partitions), one slice (maybe empty) at
+    least."""
+    offers = [o for o in driver.offers().values() if o.device.healthy]
+    devices = [slice_device(driver, o) for o in offers]
+    parents = {o.counter_set: o.layout for o in offers if o.partition is not None}
+    sets = [counter_set(name, layout.counters) for name, layout in parents.items() if layout]
+    per_slice = _devices_per_slice(devices)
+    device_chunks = [devices[i : i + per_slice] for i in range(0, len(devices), per_slice)] or [[]]
+    set_chunks = [
+        sets[i : i + MAX_COUNTER_SETS_PER_SLICE]
+        for i in range(0, len(sets), MAX_COUNTER_SETS_PER_SLICE)
+    ]
+    count = len(set_chunks) + len(device_chunks)
+    named: list[tuple[str, dict[str, Any]]] = [
+        (counter_slice_name(node, driver.name, i), {"sharedCounters": chunk})
+        for i, chunk in enumerate(set_chunks)
+    ]
+    named += [
+        (slice_name(node, driver.name, i), {"devices": chunk})
+        for i, chunk in enumerate(device_chunks)
+    ]
     bodies = []
-    for index, chunk in enumerate(chunks):
+    for name, content in named:
         metadata: dict[str, Any] = {
-            "name": slice_name(node, driver.name, index),
+            "name": name,
             "labels": {"app.kubernetes.io/managed-by": "devplug"},
         }
         if owner is not None:
@@ -105,12 +147,8 @@ def slice_bodies(
                 "spec": {
                     "driver": driver.name,
                     "nodeName": node,
-                    "pool": {
-                        "name": node,
-                        "generation": generation,
-                        "resourceSliceCount": len(chunks),
-                    },
-                    "devices": chunk,
+                    "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+                    **content,
                 },
             }
         )

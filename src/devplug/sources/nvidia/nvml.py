@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devplug.sources.nvidia.mig import (
+    COMPUTE_INSTANCE_PROFILES,
     ComputeInstance,
     GpuInstance,
     GpuInstanceProfile,
@@ -294,6 +295,66 @@ class Nvml:
             profiles=tuple(profiles),
             instances=tuple(sorted(instances, key=lambda i: i.id)),
         )
+
+    def create_mig(self, index: int, profile: GpuInstanceProfile, placement: Placement) -> int:
+        """A GPU instance of `profile` at `placement` on GPU `index`, with one compute
+        instance over all of it (`nvidia-smi mig -cgi <profile>:<start> -C`); its GPU
+        instance ID. NVML's errors are raised (InsufficientResources: the placement is
+        taken); a GPU instance whose compute instance cannot be made is destroyed."""
+        lib = self.lib
+        handle = self._handles[index]
+        spot = lib.c_nvmlGpuInstancePlacement_t()
+        spot.start, spot.size = placement.start, placement.size
+        gi = lib.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile.id, ctypes.byref(spot))
+        try:
+            whole = [
+                info
+                for enum, info in self._compute_profiles(gi)
+                if COMPUTE_INSTANCE_PROFILES.get(enum) == profile.slices
+            ]
+            if not whole:
+                raise lib.NVMLError_NotSupported()
+            lib.nvmlGpuInstanceCreateComputeInstance(gi, int(whole[0].id))
+        except BaseException:
+            with contextlib.suppress(self.Error):
+                lib.nvmlGpuInstanceDestroy(gi)
+            raise
+        return int(lib.nvmlGpuInstanceGetInfo(gi).id)
+
+    def destroy_mig(self, index: int, gpu_instance: int) -> None:
+        """Destroy a GPU instance of GPU `index` and its compute instances (`-dci`, then
+        `-dgi`); one that is gone already is fine."""
+        lib = self.lib
+        handle = self._handles[index]
+        try:
+            gi = lib.nvmlDeviceGetGpuInstanceById(handle, gpu_instance)
+        except lib.NVMLError_NotFound:
+            return
+        for _, info in self._compute_profiles(gi):
+            count = ctypes.c_uint()
+            array = (lib.c_nvmlComputeInstance_t * max(int(info.instanceCount), 1))()
+            lib.nvmlGpuInstanceGetComputeInstances(gi, int(info.id), array, ctypes.byref(count))
+            for ci in array[: count.value]:
+                lib.nvmlComputeInstanceDestroy(ci)
+        lib.nvmlGpuInstanceDestroy(gi)
+
+    def _compute_profiles(self, gi: Any) -> list[tuple[int, Any]]:
+        """(NVML_COMPUTE_INSTANCE_PROFILE_*, its info) of the profiles a GPU instance offers."""
+        lib = self.lib
+        found = []
+        for enum in range(int(lib.NVML_COMPUTE_INSTANCE_PROFILE_COUNT)):
+            try:
+                found.append(
+                    (
+                        enum,
+                        lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                            gi, enum, lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                        ),
+                    )
+                )
+            except (lib.NVMLError_NotSupported, lib.NVMLError_InvalidArgument):
+                continue
+        return found
 
     def _gpu_instances(
         self, handle: Any, pid: int, total: int, profile: GpuInstanceProfile
