@@ -29,6 +29,7 @@ from devplug.testing.realnode import (
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_node_is_ready_and_a_busybox_pod_runs(real_node: RealNode) -> None:
     node = real_node.node()
@@ -53,6 +54,7 @@ def test_the_node_is_ready_and_a_busybox_pod_runs(real_node: RealNode) -> None:
         assert real_node.wait_pod(ns, "done", pod_phase("Succeeded"))["status"]["phase"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_host_processes_of_the_node_see_the_kubelets_folder(real_node: RealNode) -> None:
     listed = real_node.exec("ls", "/var/lib/kubelet/device-plugins").stdout.split()
@@ -145,6 +147,7 @@ def test_real_node_tests_skip_with_the_how_to(tmp_path: Path) -> None:
     assert "node.sh" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_image_of_make_image_is_in_the_nodes_containerd(
     real_node: RealNode, real_node_image: str
