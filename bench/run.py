@@ -35,6 +35,7 @@ from common import (
 from dra import bench_dra
 from fleet import bench_fleet
 from nvidia import bench_nvidia
+from realnode import bench_real_node
 from simulator import bench_admission
 from simulator import summary as admission_summary
 from sysfs import bench_sysfs
@@ -204,6 +205,7 @@ def main() -> int:
         report["startup"] = bench_startup(root)
     report["deploy"] = bench_deploy()
     report["nvidia"] = bench_nvidia()
+    report["real_node"] = bench_real_node()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)
@@ -283,6 +285,16 @@ def summary(report: dict[str, Any]) -> str:
             f"gpu allocate p50 {gpus['allocate_1_gpu']['p50_ms']} ms, "
             f"xid->unhealthy p50 {gpus['xid_to_unhealthy']['p50_ms']} ms"
         )
+    real = report.get("real_node", {})
+    if "kubelet_sigkill" in real:
+        kill, pod = real["kubelet_sigkill"], real["plugin_pod_deleted"]
+        parts.append(
+            f"real kubelet SIGKILL -> registered {kill['registered_s']['median']} s, "
+            f"allocatable {kill['allocatable_back_s']['median']} s; plugin pod deleted -> "
+            f"allocatable {pod['allocatable_back_s']['median']} s"
+        )
+    elif "skipped" in real:
+        parts.append("real node skipped")
     return "bench: " + ", ".join(parts)
 
 

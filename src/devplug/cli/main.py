@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 EXIT_USAGE = style.EXIT_USAGE
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 # Node daemons that talk over unix sockets only: they run without the ssl module,
 # which saves about 4 MiB of RSS on every node.
@@ -124,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`devplug check ... | head`): quietly stop writing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:  # Ctrl-C in a blocking wait (`devplug node --wait-for`)
+        print(f"{args.prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return code
 
 
