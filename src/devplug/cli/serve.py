@@ -144,8 +144,6 @@ def run(args: argparse.Namespace) -> int:
         parse_config,
         start_problems,
     )
-    from devplug.sources.nvidia import nvidiafile
-    from devplug.sources.nvidia.nodelabel import label_keys, read_labels
     from devplug.sources.services import build_services
 
     def build(config: Config) -> list[SourcePlugin]:
@@ -166,11 +164,14 @@ def run(args: argparse.Namespace) -> int:
             config = parse_config(text, "--nvidia-config")
         else:
             config = load_config(args.config) if args.config else load_default_config()
-        if label_keys(config):  # NVIDIA configs chosen by a node label: read it first
+        if keys := label_keys(config):  # NVIDIA configs chosen by a node label: read it
+            from devplug.sources.nvidia import nvidiafile
+            from devplug.sources.nvidia.nodelabel import read_labels
+
             try:
                 nvidiafile.node_labels = read_labels(node_name(args), args.kubeconfig)
             except ValueError as error:
-                return style.fail(args, f"{', '.join(label_keys(config))}: {error}")
+                return style.fail(args, f"{', '.join(keys)}: {error}")
             config = parse_config(text, "--nvidia-config") if text else load_config(args.config)
         plugins = build(config)
         services = build_services(config, feature_file=args.feature_file)
@@ -184,8 +185,12 @@ def run(args: argparse.Namespace) -> int:
     device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
     services = list(services)
     if any(serves_dra(p.spec.mode) for p in plugins):
+        from devplug.extras import MissingExtra
+
         try:
             services.append(_dra_service(args, plugins))
+        except MissingExtra as e:
+            return style.fail(args, str(e))
         except Exception as e:
             print(f"devplug serve: DRA: {e}", file=sys.stderr)
             return style.EXIT_USAGE
@@ -201,17 +206,28 @@ def run(args: argparse.Namespace) -> int:
         return [p for p in build(config) if serves_device_plugin(p.spec.mode)]
 
     services += reload_and_metrics(args, config, build_device_plugins, text)
+    from devplug.extras import MissingExtra
     from devplug.framework.daemon import ServiceFailed
 
     try:
         services += _debug_services()
         asyncio.run(serve(device_plugins, args.plugin_dir, services=services))
-    except (ServiceFailed, OSError) as error:
+    except (ServiceFailed, OSError, MissingExtra) as error:
         return style.fail(args, str(error))
     except Exception as error:  # a bug: one line, the trace at debug level
         log.debug("stopped on a failure", exc_info=True)
         return style.fail(args, f"stopped on a failure: {error!r}")
     return style.EXIT_OK
+
+
+def label_keys(config: Config) -> list[str]:
+    """The node labels choosing NVIDIA configs of the config (their module loaded only
+    when an `nvidia:` entry names one)."""
+    if not any(r.nvidia is not None and r.nvidia.nvidia_config for r in config.resources):
+        return []
+    from devplug.sources.nvidia.nodelabel import label_keys as keys
+
+    return keys(config)
 
 
 def nvidia_config_text(path: str) -> str:
@@ -231,8 +247,6 @@ def reload_and_metrics(
     """The config reloader (with --config or --nvidia-config, whose `text` it is; `build`
     as at start-up), the node label watch (when a node label chooses an NVIDIA config)
     and the metrics server (with --metrics-port), each imported only when used."""
-    from devplug.sources.nvidia.nodelabel import label_keys
-
     services: list[Service] = []
     if args.config or text is not None:
         from devplug.sources.reload import ConfigReloader
