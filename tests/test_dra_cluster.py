@@ -23,7 +23,7 @@ from devplug.framework.dra.kube import api_client
 from devplug.simulator import Kubelet, PodResult
 from devplug.simulator.apipods import ApiPodFollower
 from devplug.simulator.dra import NodeSlices
-from devplug.testing.controlplane import ControlPlane, how_to_provide, watch_until
+from devplug.testing.controlplane import watch_until
 from devplug.testing.fakenvml import FakeGpuHost, gpu, gpu_uuid
 from tests.dra_helpers import (
     DRIVER,
@@ -40,17 +40,6 @@ from tests.serve_helpers import wait_for_log
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 30
-
-
-@pytest.fixture(scope="session")
-def kubeconfig() -> Iterator[str]:
-    plane = ControlPlane.find(ROOT)
-    if plane is None:
-        pytest.skip(how_to_provide(ROOT))
-    try:
-        yield plane.start()
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="session")

@@ -183,3 +183,35 @@ def test_a_reader_that_went_away_is_no_error(tmp_path: Path) -> None:
                 os.close(write)
             assert done.stderr == "", done.stderr
             assert done.returncode == 1
+
+
+def test_ctrl_c_in_a_wait_is_one_line(tmp_path: Path) -> None:
+    """`devplug node --wait-for` on a simulator whose plugin never comes: SIGINT ends
+    the wait at once, with one line and 130, as a shell reports it."""
+    import subprocess
+
+    from sim_helpers import cli_command
+
+    plugins, state = tmp_path / "plugins", tmp_path / "state"
+    with kubelet_process("--plugin-dir", str(plugins), "--state-dir", str(state)):
+        control = str(state / "control.sock")
+        command = ["node", "--control", control, "--wait-for", FOO, "--timeout", "600"]
+        waiting = subprocess.Popen(
+            cli_command(*command, "--log-level", "debug"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert waiting.stderr is not None
+            asked = waiting.stderr.readline()  # the request is out: it waits for the answer
+            assert "asked" in asked, asked
+            assert ": wait;" in asked, asked
+            waiting.send_signal(signal.SIGINT)
+            _, errors = waiting.communicate(timeout=30)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+                waiting.wait()
+    assert waiting.returncode == 130, errors
+    assert errors.splitlines() == ["devplug node: interrupted"]

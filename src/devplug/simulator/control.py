@@ -179,6 +179,7 @@ class ControlClient:
             sock.settimeout(timeout)
             sock.connect(str(self.path))
             sock.sendall(payload)
+            log.debug("asked %s: %s; waiting up to %g s for the answer", self.path, op, timeout)
             chunks: list[bytes] = []
             while not chunks or not chunks[-1].endswith(b"\n"):
                 chunk = sock.recv(1 << 16)

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+import os
+import socket
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -252,13 +255,24 @@ class Kubelet:
         await self._stop_node()
         log.info("kubelet simulator stopped")
 
-    async def restart(self) -> None:
+    async def restart(
+        self, kill: bool = False, between: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         """What a kubelet restart does to plugins: every socket in the plugin folder is
         removed and kubelet.sock is served anew; allocations come back from the
-        checkpoint, and plugins must register again."""
+        checkpoint, and plugins must register again.
+
+        `kill`: as after a SIGKILL, the old kubelet.sock stays behind, refusing
+        connections, until the next kubelet's start-up wipe removes it with the
+        plugins' sockets (a stopped kubelet removes it itself). `between` runs once the
+        old kubelet has gone and before the new one starts."""
         self._require_running()
         async with self._admit_lock:
             await self._stop_node()
+            if kill:
+                leave_dead_socket(self.registration_socket)
+            if between is not None:
+                await between()
             await self._start_node()
         self._emit(RESTARTED)
 
@@ -803,3 +817,15 @@ def _same_pod(running: PodSpec, applied: PodSpec) -> bool:
         and running.containers == applied.containers
         and (not uid_given or running.uid == applied.uid)
     )
+
+
+def leave_dead_socket(path: Path) -> None:
+    """A socket file at `path` that nobody listens on, as a killed process leaves its
+    listening socket: connecting to it is refused."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        dead.bind(os.fspath(path))
+    finally:
+        dead.close()

@@ -130,9 +130,11 @@ def watch_until(
     `ResourceV1Api(api).list_resource_slice`) that `predicate` accepts, as its JSON
     form; TimeoutError after `timeout` seconds. Blocking: run it in a thread from a loop.
 
-    The watch starts from resource version "0" (the apiserver's watch cache as it is,
-    current objects first), and starts again when the cache answers that it is
-    behind, which an etcd without progress notifications makes it say.
+    A list first (the objects there now), then a watch from the list's resource
+    version, as an informer does; both again when the apiserver's watch cache answers
+    that it is behind the list (etcd 3.5.1 sends no progress notifications, so the
+    cache of a kind that has not changed lately lags etcd and answers 504 "Too large
+    resource version"; a watch from version "0" then sends nothing at all).
     """
     import json
     import time
@@ -142,12 +144,16 @@ def watch_until(
 
     deadline = time.monotonic() + timeout
     while (left := int(deadline - time.monotonic())) > 0:
-        # Raw events: the client's own watch wants a model for every kind, and has
-        # none for some (ResourceClaim).
+        # Raw JSON, for the list and the events: the client's own watch wants a model
+        # for every kind, and has none for some (ResourceClaim).
+        listed = json.loads(list_call(_preload_content=False, **kwargs).data)
+        for found in listed.get("items") or []:
+            if predicate(found):
+                return dict(found)
         response = list_call(
             watch=True,
             timeout_seconds=left,
-            resource_version="0",
+            resource_version=listed["metadata"]["resourceVersion"],
             _preload_content=False,
             **kwargs,
         )
@@ -159,7 +165,7 @@ def watch_until(
                 obj: dict[str, Any] = event.get("object") or {}
                 if event.get("type") == "ERROR":
                     if obj.get("code") in (410, 504):
-                        break
+                        break  # behind or expired: list and watch again
                     raise ApiException(status=obj.get("code"), reason=obj.get("message"))
                 if event.get("type") in ("ADDED", "MODIFIED") and predicate(obj):
                     return obj

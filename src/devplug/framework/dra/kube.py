@@ -11,6 +11,16 @@ from typing import Any
 def api_client(kubeconfig: str | None = None) -> Any:
     """A client for `kubeconfig` (or $KUBECONFIG), else the in-cluster service account;
     ValueError with a one-line reason when neither can be used."""
+    settings = configuration(kubeconfig)  # first: it lets the ssl module in
+    from kubernetes import client
+
+    return client.ApiClient(settings)
+
+
+def configuration(kubeconfig: str | None = None) -> Any:
+    """The `kubernetes` client's Configuration (server, TLS, credentials) for
+    `kubeconfig` (or $KUBECONFIG), else the in-cluster service account; ValueError
+    with a one-line reason when neither can be used."""
     from devplug.lazy import allow_ssl
 
     allow_ssl()  # `devplug serve` keeps ssl out until a resource needs the API server
@@ -25,29 +35,30 @@ def api_client(kubeconfig: str | None = None) -> Any:
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 
     path = kubeconfig or os.environ.get("KUBECONFIG")
-    configuration = client.Configuration()
+    settings = client.Configuration()
     try:
         if path:
             config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=path, client_configuration=configuration
+                config_file=path, client_configuration=settings
             )
         else:
             config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
+                client_configuration=settings
             )
     except (ConfigException, OSError) as error:
         where = f"kubeconfig {path}" if path else "in-cluster config (no --kubeconfig)"
         raise ValueError(f"cannot use the {where}: {error}") from None
-    return client.ApiClient(configuration)
+    return settings
 
 
 def node_labels(api: Any, node: str) -> dict[str, str]:
-    """The labels of Node `node` (blocking); the client's errors are raised."""
+    """The labels of Node `node` (blocking; nodeModeLabel, the NVIDIA config's node
+    label); the client's errors are raised."""
     import json
 
     from kubernetes import client
 
     core: Any = client.CoreV1Api(api)  # read as JSON, not as models
-    answer = core.read_node(node, _preload_content=False)
+    answer = core.read_node(node, _preload_content=False, _request_timeout=30)
     labels = (json.loads(answer.data).get("metadata") or {}).get("labels") or {}
     return {str(k): str(v) for k, v in labels.items()}

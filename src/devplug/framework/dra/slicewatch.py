@@ -22,6 +22,7 @@ log = logging.getLogger("devplug.dra.slicewatch")
 
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this; it is started again
 RETRY_FIRST_S = 0.5
+CACHE_BEHIND_WAIT_S = 0.1  # a 504 "Too large resource version": the cache catches up
 RETRY_MAX_S = 30.0
 
 # (objects by name, complete): complete=True after a list (the view is the whole
@@ -85,6 +86,10 @@ class SliceWatch:
             except ApiException as error:
                 if error.status == 410:  # too old: list again, no wait
                     version = None
+                    continue
+                if error.status == 504:  # the watch cache is behind the list: a moment
+                    version = None
+                    self._stop.wait(CACHE_BEHIND_WAIT_S)
                     continue
                 problem = f"{error.status} {error.reason}"
             except (HTTPError, OSError, ValueError) as error:
