@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,10 @@ def bench_real_node() -> dict[str, Any]:
                     key = "kubelet_sigkill" if kill else "kubelet_sigterm"
                     report[key] = _restarts(node, kill)
                 report["plugin_pod_deleted"] = _pod_deletions(node)
+            # DRA through the same kubelet: the slices it wipes at start, its prepare.
+            from dra import bench_dra_on_node
+
+            report["dra"] = bench_dra_on_node(node, Path(tempfile.mkdtemp(prefix="dra-real-")))
             return report
         finally:
             node.down()

@@ -68,3 +68,15 @@ def wait_for_path(path: Path) -> None:
             assert left > 0, f"{path} did not appear"
             inotify.sync_timeout = left
             inotify.sync_get()
+
+
+def wait_for_gone(path: Path, timeout: float = TIMEOUT_S) -> None:
+    """Return once `path` is gone, woken by inotify on its folder."""
+    deadline = time.monotonic() + timeout
+    with Inotify() as inotify:
+        inotify.add_watch(path.parent, Mask.DELETE | Mask.MOVED_FROM)
+        while path.exists():
+            left = deadline - time.monotonic()
+            assert left > 0, f"{path} is still there"
+            inotify.sync_timeout = left
+            inotify.sync_get()

@@ -250,25 +250,22 @@ def test_deploy_dra_starts_and_publishes_through_the_api(
     real_node: RealNode, real_node_image: str, tmp_path: Path
 ) -> None:
     """deploy/dra: the image has the Kubernetes client, the pod reaches the API server
-    (the overlay's address), and serves both ways."""
+    (the overlay's address), and serves its devices through DRA."""
     from kubernetes import client
 
     with deployed(real_node, overlay(tmp_path / "dra", "dra", real_node)) as pod:
-        real_node.wait_node(
-            # deploy/dra's config: /dev/null once, eight fake devices, both ways.
-            lambda n: capacity(n, NULL) == 1 and capacity(n, "devplug.io/fake") == 8
-        )
-        found = watch_until(
-            real_node.api,
-            client.ResourceV1Api(real_node.api).list_resource_slice,
-            lambda s: (
-                s["spec"]["driver"] == "fake.devplug.io"
-                and len(s["spec"].get("devices") or []) == 8
-            ),
-            60,
-            field_selector=f"spec.nodeName={real_node.node_name}",
-        )
-        assert found["spec"]["pool"]["name"] == real_node.node_name
+        # deploy/dra's config: /dev/null once, eight fake devices, through DRA only.
+        for driver, count in (("fake.devplug.io", 8), ("null.devplug.io", 1)):
+            found = watch_until(
+                real_node.api,
+                client.ResourceV1Api(real_node.api).list_resource_slice,
+                lambda s, d=driver, n=count: (
+                    s["spec"]["driver"] == d and len(s["spec"].get("devices") or []) == n
+                ),
+                60,
+                field_selector=f"spec.nodeName={real_node.node_name}",
+            )
+            assert found["spec"]["pool"]["name"] == real_node.node_name
         log = real_node.kubectl("logs", "-n", NAMESPACE, pod).stdout
         assert "No module named" not in log
     # The kubelet removes a gone driver's slices only after a grace period: leave the

@@ -11,6 +11,7 @@ Skipped, saying what to provide, where the node cannot run (see tests/conftest.p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -244,3 +245,95 @@ def test_after_a_kubelet_restart_the_slices_are_back_and_claims_are_prepared(
         assert pod_ready(again)
         sees_one_device(dra, ns, "again")
         dra.gone(ns, "again", again["status"]["resourceClaimStatuses"][0]["resourceClaimName"])
+
+
+@pytest.mark.slow
+def test_a_rolling_update_with_surge_loses_nothing(
+    real_node: RealNode, real_node_image: str, tmp_path: Path
+) -> None:
+    """deploy/dra updated while a claim is prepared and a new claim arrives: the new
+    devplug pod starts beside the old one (surge), the kubelet calls the newer, the
+    claim prepared by the old pod is kept and unprepared by the new one, the new claim
+    is prepared, and no slice of the node is deleted meanwhile."""
+    import threading
+    import uuid
+
+    from kubernetes import client, watch
+    from node_helpers import NAMESPACE, deployed, overlay
+
+    from tests.serve_helpers import wait_for_gone
+
+    node = real_node
+    resource = client.ResourceV1Api(node.api)
+    fake = "fake.devplug.io"
+    deleted: list[str] = []
+    running: dict[str, bool] = {}
+    most = [0]
+    watchers: list[Any] = []
+
+    def follow(list_call: Any, seen: Callable[[str, Any], None], **selector: str) -> None:
+        from urllib3.exceptions import HTTPError
+
+        w: Any = watch.Watch()  # type: ignore[no-untyped-call]
+        watchers.append(w)
+        with contextlib.suppress(HTTPError, OSError, ValueError):  # ends with the test
+            for event in w.stream(list_call, **selector):
+                seen(event["type"], event["object"])
+
+    def slice_seen(kind: str, obj: Any) -> None:
+        if kind == "DELETED":
+            deleted.append(obj.metadata.name)
+
+    def pod_seen(kind: str, obj: Any) -> None:
+        ready = any(c.type == "Ready" and c.status == "True" for c in obj.status.conditions or [])
+        running[obj.metadata.name] = kind != "DELETED" and ready
+        most[0] = max(most[0], sum(running.values()))
+
+    def claimed(name: str, ns: str) -> dict[str, Any]:
+        pod = node.busybox_pod(name, namespace=ns)
+        pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": "fake"}]
+        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "dev"}]}
+        return pod
+
+    template = claim_template("fake")
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = fake
+    with (
+        deployed(node, overlay(tmp_path / "dra", "dra", node)) as first,
+        node.namespace("surge") as ns,
+    ):
+        resource.create_namespaced_resource_claim_template(ns, template)
+        node.create(claimed("before", ns))
+        before = node.wait_pod(ns, "before")
+        claim = before["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        uid = resource.read_namespaced_resource_claim(claim, ns).metadata.uid
+        spec = CDI_DIR / f"{fake}-{uid}.json"
+        assert spec.exists()
+        for target, args in (
+            (resource.list_resource_slice, {"field_selector": f"spec.nodeName={node.node_name}"}),
+            (
+                client.CoreV1Api(node.api).list_namespaced_pod,
+                {"namespace": NAMESPACE, "label_selector": "app.kubernetes.io/name=devplug"},
+            ),
+        ):
+            seen = slice_seen if target == resource.list_resource_slice else pod_seen
+            threading.Thread(target=follow, args=(target, seen), kwargs=args, daemon=True).start()
+        # The update: a new pod template, as a new image or config makes one.
+        rollout = {"test/rollout": uuid.uuid4().hex}
+        client.AppsV1Api(node.api).patch_namespaced_daemon_set(
+            "devplug", NAMESPACE, {"spec": {"template": {"metadata": {"annotations": rollout}}}}
+        )
+        node.create(claimed("during", ns))
+        second = node.rolled_out(NAMESPACE, "devplug")
+        assert second != first
+        assert most[0] == 2  # the new pod Ready beside the old one: a surge
+        assert pod_ready(node.wait_pod(ns, "during"))
+        assert pod_ready(node.wait_pod(ns, "before"))  # kept its device throughout
+        assert spec.exists()
+        # The new pod unprepares what the old one prepared.
+        client.CoreV1Api(node.api).delete_namespaced_pod("before", ns, grace_period_seconds=0)
+        wait_for_gone(spec, timeout=60)
+        log = node.kubectl("logs", "-n", NAMESPACE, second).stdout
+        assert f"unprepared claim {ns}/{claim}" in log
+    for w in watchers:
+        w.stop()
+    assert deleted == []
