@@ -276,3 +276,51 @@ def test_mig_without_the_monitor_capability(
     assert g.migs == ()
     assert "NVIDIA_MIG_MONITOR_DEVICES=all" in g.mig_problem
     assert "NoPermission" in g.mig_problem
+
+
+def test_the_nodes_are_real_and_their_host_paths_follow_dev_root(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fake host's nodes are character devices with the driver's numbers, so a
+    container runtime can apply them; with `devRoot` (or --dev-root) a MIG device's
+    nodes are found there on the host and stay `/dev/...` in the container."""
+    import os
+    import stat
+
+    import yaml
+
+    from devplug.sources import build_plugins, parse_config
+    from devplug.testing.fakegpus import CONTROL_MINOR, NVIDIA_MAJOR, driver_major
+
+    host = FakeGpuHost(
+        short_tmp / "h", fake_host("gpus: [{model: A100-SXM4-40GB, mig: [3g.20gb]}]")
+    )
+    for key, value in host.env.items():
+        monkeypatch.setenv(key, value)
+    dev = Path(host.dev_root)
+    minors = (Path(host.host_root) / "proc/driver/nvidia-caps/mig-minors").read_text().split()
+    [made] = host.gpu(0)["gpuInstances"]
+    key = f"gpu0/gi{made['id']}"
+    gi = int(minors[minors.index(f"{key}/access") + 1])
+    ci = int(minors[minors.index(f"{key}/ci{made['computeInstances'][0]['id']}/access") + 1])
+    numbers = {
+        "nvidia0": (NVIDIA_MAJOR, 0),
+        "nvidiactl": (NVIDIA_MAJOR, CONTROL_MINOR),
+        "nvidia-uvm": (driver_major("nvidia-uvm"), 0),
+        "nvidia-uvm-tools": (driver_major("nvidia-uvm"), 1),
+        f"nvidia-caps/nvidia-cap{gi}": (driver_major("nvidia-caps"), gi),
+        f"nvidia-caps/nvidia-cap{ci}": (driver_major("nvidia-caps"), ci),
+    }
+    for name, number in numbers.items():
+        info = (dev / name).stat()
+        assert stat.S_ISCHR(info.st_mode), name
+        assert (os.major(info.st_rdev), os.minor(info.st_rdev)) == number, name
+    assert not (dev / "nvidia-modeset").exists()  # not on this host: not passed
+
+    entry = {"nvidia": {"hostRoot": host.host_root, "migStrategy": "mixed"}}
+    config = parse_config(yaml.safe_dump({"resources": [entry]}), "c.yaml")
+    for dev_root, where in ((None, Path("/dev")), (host.dev_root, dev)):
+        plugins = {p.resource_name: p for p in build_plugins(config, dev_root=dev_root)}
+        [device] = plugins["nvidia.com/mig-3g.20gb"].discover()
+        nodes = {n.container_path: n.host_path for n in device.nodes}
+        assert nodes == {f"/dev/{name}": str(where / name) for name in numbers}

@@ -1,14 +1,21 @@
 """From what NVML sees to what is served: units (GPUs or MIG devices), their resource
-names, host files (NUMA node, MIG capability nodes) and the Devices with their edits."""
+names, host files (NUMA node, MIG capability nodes) and the Devices with their edits.
+
+Two roots: `hostRoot` is where the daemon reads the host's /dev, /proc and /sys (a
+container mounts them elsewhere); the config's `devRoot` is where the runtime finds the
+driver's nodes on the host, the host path of each node (`<devRoot>/nvidia0`), as it is
+for sysfs devices. The container path stays `/dev/...`."""
 
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from devplug.framework.device import Attribute, Device, DeviceNode, Mount
 from devplug.sources.config import replica_ids
+from devplug.sources.hardware import DEFAULT_DEV_ROOT
 from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.sources.nvidia.mig import resource_suffix
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo, NvmlView
@@ -36,6 +43,14 @@ class Unit:
 
 def host_path(root: str, path: str) -> str:
     return path if root == "/" else root + path
+
+
+def dev_node(dev_root: str, path: str) -> DeviceNode:
+    """The node `path` (`/dev/...`) at its place under `dev_root` on the host, at `path`
+    in the container."""
+    if dev_root == DEFAULT_DEV_ROOT:
+        return DeviceNode(path)
+    return DeviceNode(str(PurePosixPath(dev_root, path.removeprefix("/dev/"))), path)
 
 
 def numa_node(root: str, bus: str) -> int | None:
@@ -86,16 +101,21 @@ def mig_resource(mig: MigInfo, name: str, spec: NvidiaSpec) -> str:
     return name
 
 
-def units(view: NvmlView, name: str, spec: NvidiaSpec) -> tuple[list[Unit], list[str]]:
-    """The units to serve, in GPU order, and one-line warnings about the layout."""
+def units(
+    view: NvmlView, name: str, spec: NvidiaSpec, dev_root: str = DEFAULT_DEV_ROOT
+) -> tuple[list[Unit], list[str]]:
+    """The units to serve, in GPU order, and one-line warnings about the layout; their
+    nodes' host paths under `dev_root`."""
     root = spec.host_root
-    shared = tuple(DeviceNode(p) for p in SHARED_NODES if os.path.exists(host_path(root, p)))
+    shared = tuple(
+        dev_node(dev_root, p) for p in SHARED_NODES if os.path.exists(host_path(root, p))
+    )
     minors = mig_minors(root) if any(g.mig_enabled for g in view.gpus) else {}
     found: list[Unit] = []
     warnings: list[str] = []
     for gpu in view.gpus:
         numa = numa_node(root, gpu.bus_id)
-        gpu_node = DeviceNode(f"/dev/nvidia{gpu.minor}")
+        gpu_node = dev_node(dev_root, f"/dev/nvidia{gpu.minor}")
         attributes: dict[str, Attribute] = {
             "vendor": "NVIDIA",
             "vendorID": VENDOR_ID,
@@ -131,7 +151,7 @@ def units(view: NvmlView, name: str, spec: NvidiaSpec) -> tuple[list[Unit], list
                 f"gpu{gpu.minor}/gi{mig.gpu_instance}/ci{mig.compute_instance}/access",
             ):
                 if key in minors:
-                    caps.append(DeviceNode(f"/dev/nvidia-caps/nvidia-cap{minors[key]}"))
+                    caps.append(dev_node(dev_root, f"/dev/nvidia-caps/nvidia-cap{minors[key]}"))
                 else:
                     warnings.append(f"MIG device {mig.uuid}: no {key} in {MIG_MINORS}")
             mig_attributes = dict(attributes, uuid=mig.uuid, memory=mig.memory)
