@@ -284,19 +284,21 @@ def test_the_nodes_are_real_and_their_host_paths_follow_dev_root(
     """The fake host's nodes are character devices with the driver's numbers, so a
     container runtime can apply them; with `devRoot` (or --dev-root) a MIG device's
     nodes are found there on the host and stay `/dev/...` in the container."""
+    import json
     import os
     import stat
 
     import yaml
 
-    from devplug.sources import build_plugins, parse_config
+    from devplug.sources.nvidia.config import NvidiaSpec
+    from devplug.sources.nvidia.discovery import units
     from devplug.testing.fakegpus import CONTROL_MINOR, NVIDIA_MAJOR, driver_major
+    from tests.test_dra_config import devplug
+    from tests.test_nvidia_units import loaded, read_view
 
     host = FakeGpuHost(
         short_tmp / "h", fake_host("gpus: [{model: A100-SXM4-40GB, mig: [3g.20gb]}]")
     )
-    for key, value in host.env.items():
-        monkeypatch.setenv(key, value)
     dev = Path(host.dev_root)
     minors = (Path(host.host_root) / "proc/driver/nvidia-caps/mig-minors").read_text().split()
     [made] = host.gpu(0)["gpuInstances"]
@@ -317,10 +319,24 @@ def test_the_nodes_are_real_and_their_host_paths_follow_dev_root(
         assert (os.major(info.st_rdev), os.minor(info.st_rdev)) == number, name
     assert not (dev / "nvidia-modeset").exists()  # not on this host: not passed
 
+    loaded(host, monkeypatch)
+    view = read_view()
+    spec = NvidiaSpec(host_root=host.host_root, mig_strategy="mixed")
+    [mig] = [u for u in units(view, "nvidia.com/gpu", spec, host.dev_root)[0] if u.mig]
+    nodes = {n.container_path: n.host_path for n in mig.nodes}
+    assert nodes == {f"/dev/{name}": str(dev / name) for name in numbers}
+
+    # The config's devRoot and --dev-root reach the source (the flag wins).
     entry = {"nvidia": {"hostRoot": host.host_root, "migStrategy": "mixed"}}
-    config = parse_config(yaml.safe_dump({"resources": [entry]}), "c.yaml")
-    for dev_root, where in ((None, Path("/dev")), (host.dev_root, dev)):
-        plugins = {p.resource_name: p for p in build_plugins(config, dev_root=dev_root)}
-        [device] = plugins["nvidia.com/mig-3g.20gb"].discover()
-        nodes = {n.container_path: n.host_path for n in device.nodes}
-        assert nodes == {f"/dev/{name}": str(where / name) for name in numbers}
+    config = short_tmp / "c.yaml"
+    for document, flags, where in (
+        ({}, (), Path("/dev")),
+        ({"devRoot": str(dev)}, (), dev),
+        ({"devRoot": "/elsewhere"}, ("--dev-root", str(dev)), dev),
+    ):
+        config.write_text(yaml.safe_dump({**document, "resources": [entry]}))
+        result = devplug("check", "--config", config, *flags, "--output", "json", env=host.env)
+        assert result.returncode == 0, result.stderr
+        found = {r["name"]: r for r in json.loads(result.stdout)["resources"]}
+        [device] = found["nvidia.com/mig-3g.20gb"]["devices"]
+        assert sorted(device["hostPaths"]) == sorted(str(where / name) for name in numbers)

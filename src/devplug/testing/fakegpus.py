@@ -480,10 +480,10 @@ class FakeGpuHost:
             nodes[f"nvidia{entry['minor']}"] = (NVIDIA_MAJOR, entry["minor"], 0o666)
         lines = mig_minors(g for g in self.description["gpus"] if g.get("migMode") is not None)
         caps = driver_major("nvidia-caps")
-        for line in lines:
-            name, _, minor = line.rpartition(" ")
-            mode = 0o400 if name == "config" else 0o444
-            nodes[f"nvidia-caps/nvidia-cap{minor}"] = (caps, int(minor), mode)
+        for line in lines:  # config (only root may read it), monitor, each instance's
+            cap, _, number = line.rpartition(" ")
+            mode = 0o400 if cap == "config" else 0o444
+            nodes[f"nvidia-caps/nvidia-cap{number}"] = (caps, int(number), mode)
         for name, (major, minor, mode) in nodes.items():
             if not (dev / name).exists():
                 os.mknod(dev / name, stat.S_IFCHR | mode, os.makedev(major, minor))
