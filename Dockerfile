@@ -14,13 +14,16 @@ COPY . /src
 RUN python3 -m venv /opt/pip \
  && python3 -m venv --without-pip /opt/devplug \
  && if [ -d /src/build/wheels ]; then \
-      from="--no-index --find-links /src/build/wheels devplug[metrics,udev]"; \
+      from="--no-index --find-links /src/build/wheels devplug[udev,dra]"; \
     else \
-      from="/src[metrics,udev]"; \
+      from="/src[udev,dra]"; \
     fi \
  && /opt/pip/bin/pip --python /opt/devplug/bin/python install \
       --no-cache-dir --disable-pip-version-check --no-warn-script-location $from \
- && find /opt/devplug -name 'tests' -path '*/site-packages/*/tests' -prune -exec rm -rf {} +
+ && find /opt/devplug -name 'tests' -path '*/site-packages/*/tests' -prune -exec rm -rf {} + \
+ # The Kubernetes client ships a second, asyncio copy of itself (kubernetes.aio), about
+ # half its size; the DRA driver uses the first one only.
+ && rm -rf /opt/devplug/lib/python3*/site-packages/kubernetes/aio
 
 FROM ${BASE}
 COPY --from=build /opt/devplug /opt/devplug

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench soak clean image image-deps node-deps
+.PHONY: demo test lint proto bench fleet-bench soak clean image image-deps node-deps browser-deps
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/devplug demo
 
-test: lint image-deps node-deps
+test: lint image-deps node-deps browser-deps
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
@@ -32,6 +32,11 @@ proto: $(STAMP)
 bench: $(STAMP) image
 	@$(BIN)/python bench/run.py
 
+# `devplug fleet` at full size: 1,000 nodes x 8 devices (each shared twice), 10,000 pods
+# through the real kube-scheduler (minutes; JSON on stdout). `make bench`: 100 nodes.
+fleet-bench: $(STAMP)
+	@$(BIN)/python bench/fleet.py --nodes 1000 --pods 10000
+
 # The container image (Dockerfile) as an OCI archive, built with buildah from a Debian
 # base made by mmdebstrap: no docker engine, no registry. Debian packages are installed
 # only when missing (podman and containerd: the image test loads the archive into both).
@@ -42,6 +47,11 @@ image-deps:
 		echo "installing $$missing" >&2; \
 		apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >&2; \
 	fi
+
+# Debian's Chromium, headless: the test that opens `devplug plan --html` reports in it.
+browser-deps:
+	@command -v chromium >/dev/null || { echo "installing chromium" >&2; \
+		apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2; }
 
 # What the real one-node cluster of the tests (../shared/k8s/node.sh) runs from Debian:
 # runc, the CNI plugins and a static busybox (its pod image), installed only when missing.

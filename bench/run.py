@@ -33,7 +33,9 @@ from common import (
     wait_for_health,
 )
 from dra import bench_dra
+from fleet import bench_fleet
 from nvidia import bench_nvidia
+from realnode import bench_real_node
 from simulator import bench_admission
 from simulator import summary as admission_summary
 from sysfs import bench_sysfs
@@ -197,11 +199,13 @@ def main() -> int:
         report["simulator"] = bench_admission(root, REPO)
         report["sysfs_hotplug"] = bench_sysfs(root)
         report["dra"] = bench_dra(root)
+        report["fleet"] = bench_fleet(root)
         from startup import bench_startup  # bench/startup.py
 
         report["startup"] = bench_startup(root)
     report["deploy"] = bench_deploy()
     report["nvidia"] = bench_nvidia()
+    report["real_node"] = bench_real_node()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
     print(summary(report), file=sys.stderr)
@@ -269,12 +273,28 @@ def summary(report: dict[str, Any]) -> str:
         parts.append(f"re-register p99 {report['reregister']['p99_ms']} ms")
     if "simulator" in report:
         parts.append(admission_summary(report["simulator"]))
+    fleet = report.get("fleet", {})
+    if "end_to_end" in fleet:
+        parts.append(
+            f"fleet {fleet['nodes']} nodes in {fleet['registered_s']} s, "
+            f"{fleet['end_to_end']['pods_per_s']} pods/s"
+        )
     if "nvidia" in report:
         gpus = report["nvidia"]
         parts.append(
             f"gpu allocate p50 {gpus['allocate_1_gpu']['p50_ms']} ms, "
             f"xid->unhealthy p50 {gpus['xid_to_unhealthy']['p50_ms']} ms"
         )
+    real = report.get("real_node", {})
+    if "kubelet_sigkill" in real:
+        kill, pod = real["kubelet_sigkill"], real["plugin_pod_deleted"]
+        parts.append(
+            f"real kubelet SIGKILL -> registered {kill['registered_s']['median']} s, "
+            f"allocatable {kill['allocatable_back_s']['median']} s; plugin pod deleted -> "
+            f"allocatable {pod['allocatable_back_s']['median']} s"
+        )
+    elif "skipped" in real:
+        parts.append("real node skipped")
     return "bench: " + ", ".join(parts)
 
 

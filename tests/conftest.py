@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -11,11 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from devplug.testing.controlplane import ControlPlane, how_to_provide
 from devplug.testing.realnode import MachineLock, RealNode, missing
 
 ROOT = Path(__file__).resolve().parent.parent
 _NODE_LOCK = pytest.StashKey[MachineLock]()
 _NODE_LOCK_ERROR = pytest.StashKey[str]()
+# The folder of a running node.sh cluster to use instead of starting one (iterating on
+# tests): `node.sh up FOLDER`, then DEVPLUG_NODE_DIR=FOLDER pytest ...
+ATTACH_ENV = "DEVPLUG_NODE_DIR"
 
 
 @pytest.fixture
@@ -57,7 +62,8 @@ def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
 ) -> Generator[None, object, object]:
     # Outside pytest-timeout's timer: the wait for the lock is not the test's time.
-    if "real_node" in getattr(item, "fixturenames", ()) and missing(ROOT) is None:
+    uses = "real_node" in getattr(item, "fixturenames", ())
+    if uses and missing(ROOT) is None and not os.environ.get(ATTACH_ENV):
         _node_lock(item.config)
     return (yield)
 
@@ -71,6 +77,14 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
     why = missing(ROOT)
     if why is not None:
         pytest.skip(f"no real node: {why}")
+    if running := os.environ.get(ATTACH_ENV):
+        # A cluster started elsewhere (node.sh up FOLDER): used as it is, left running.
+        node = RealNode.find(ROOT)
+        assert node is not None
+        node.folder = Path(running)
+        node.attach()
+        yield node
+        return
     lock = _node_lock(request.config)
     if error := request.config.stash.get(_NODE_LOCK_ERROR, None):
         pytest.fail(error)
@@ -91,3 +105,17 @@ def real_node_image(real_node: RealNode) -> str:
 
     real_node.import_image(build_image())
     return image_name()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[str]:
+    """One throwaway control plane (etcd, kube-apiserver, kube-scheduler) per test run,
+    shared by every test that talks to an API server; skipped, saying how to provide
+    the binaries, where they are absent."""
+    plane = ControlPlane.find(ROOT)
+    if plane is None:
+        pytest.skip(how_to_provide(ROOT))
+    try:
+        yield plane.start()
+    finally:
+        plane.stop()

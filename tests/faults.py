@@ -169,7 +169,7 @@ class Serve:
     def state(self) -> Path:
         return self.state_dir / f"state-{self.starts}.json"
 
-    def start(self, *, without_dac_override: bool = False) -> None:
+    def start(self, *, without_dac_override: bool = False, log_level: str = "info") -> None:
         self.starts += 1
         env = {**os.environ, DEBUG_STATE_ENV: str(self.state)}
         args = [sys.executable, "-m", "devplug.cli.main", "serve"]
@@ -177,7 +177,7 @@ class Serve:
             args[1:1] = ["-c", WITHOUT_DAC_OVERRIDE]
         if self.config is not None:
             args += ["--config", str(self.config)]
-        args += ["--plugin-dir", str(self.plugin_dir)]
+        args += ["--plugin-dir", str(self.plugin_dir), "--log-level", log_level]
         with open(self.log_path, "ab") as log:
             self.started_at = time.time()
             self.proc = ChildProcess(args, env=env, stdout=subprocess.DEVNULL, stderr=log)
@@ -658,16 +658,20 @@ async def stale_socket_of_the_same_name(root: Path) -> list[str]:
 
 
 async def permission_denied(root: Path) -> list[str]:
-    """A folder the daemon may not write: a clear error, retried with backoff (the
-    delays double), and served as soon as the permission is given."""
+    """A folder the daemon may not write: a clear error (at error level once, then at
+    debug), retried with backoff (the delays double), served as soon as the permission
+    is given."""
     problems: list[str] = []
     plugin_dir = root / "plugins"
     plugin_dir.mkdir(mode=0o555)
     plugin_dir.chmod(0o555)
     serve = Serve(root, virt_config(3), plugin_dir)
-    serve.start(without_dac_override=True)
+    serve.start(without_dac_override=True, log_level="debug")
     async with serving(serve):
-        lines = await serve.wait_for_log(r"permission denied on .*retrying in", count=2)
+        lines = await serve.wait_for_log(r"Permission denied; retrying in", count=2)
+        levels = [line.split()[1] for line in lines[:2]]
+        if levels != ["ERROR", "DEBUG"]:
+            problems.append(f"the cause said more than once: {levels}")
         delays = [float(re.findall(r"retrying in ([0-9.]+) s", line)[0]) for line in lines[:2]]
         if delays[1] <= delays[0]:
             problems.append(f"no backoff: {delays}")
@@ -692,9 +696,12 @@ async def folder_cannot_be_made(root: Path) -> list[str]:
     parent.chmod(0o555)
     plugin_dir = parent / "plugins"
     serve = Serve(root, virt_config(3), plugin_dir)
-    serve.start(without_dac_override=True)
+    serve.start(without_dac_override=True, log_level="debug")
     async with serving(serve):
         lines = await serve.wait_for_log(r"cannot create the plugin folder .*retrying in", 2)
+        levels = [line.split()[1] for line in lines[:2]]
+        if levels != ["ERROR", "DEBUG"]:
+            problems.append(f"the cause said more than once: {levels}")
         delays = [float(re.findall(r"retrying in ([0-9.]+) s", line)[0]) for line in lines[:2]]
         if delays[1] <= delays[0]:
             problems.append(f"no backoff: {delays}")

@@ -8,7 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,31 @@ def devplug(
         timeout=timeout,
         env=dict(os.environ),
     )
+
+
+@contextmanager
+def kubelet_process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`devplug kubelet ARGS`, once it said it is ready; yields it and its ready line."""
+    proc = subprocess.Popen(
+        cli_command("kubelet", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        ready = proc.stdout.readline()
+        if not ready.startswith("kubelet simulator ready"):
+            proc.kill()
+            _, errors = proc.communicate()
+            raise AssertionError(f"devplug kubelet did not start: {ready!r} {errors}")
+        yield proc, ready
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()

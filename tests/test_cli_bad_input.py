@@ -205,14 +205,33 @@ def test_runtime_mistakes_get_one_line(files: Files) -> None:
     assert not wrong, "\n".join(wrong)
 
 
-def test_metrics_port_in_use_is_one_line(files: Files) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = str(taken.getsockname()[1])
-        argv = ["serve", "--config", str(files.config), "--plugin-dir", str(files.scratch / "p")]
-        argv += ["--metrics-port", port, "--metrics-address", "127.0.0.1"]
-        wrong = problems([Case(argv, [f"port {port}"], style.EXIT_FAILED)])
+def test_a_missing_extra_is_named(files: Files) -> None:
+    """Without the Kubernetes client (the `dra` extra), DRA says which extra to install."""
+    scratch = files.scratch
+    dra = scratch / "dra.yaml"
+    dra.write_text(
+        "resources:\n  - {name: example.com/a, virtual: 1, mode: dra,\n"
+        "     dra: {driver: a.example.com}}\n"
+    )
+    kubeconfig = scratch / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    hint = "pip install 'devplug[dra]'"
+    folders = ["--plugin-dir", str(scratch / "dp"), "--registry-dir", str(scratch / "reg")]
+    cases = [
+        Case(
+            ["serve", "--config", str(dra), *folders, "--kubeconfig", str(kubeconfig)],
+            [hint],
+            1,
+            block=["kubernetes"],
+        ),
+        Case(
+            ["kubelet", *folders, "--kubeconfig", str(kubeconfig), "--node-name", "n"],
+            [hint],
+            1,
+            block=["kubernetes"],
+        ),
+    ]
+    wrong = problems(cases)
     assert not wrong, "\n".join(wrong)
 
 

@@ -190,3 +190,63 @@ def test_serve_runs_until_a_signal(tmp_path: Path, config: Path, signum: signal.
                 process.wait()
     assert process.returncode == 0, stderr
     assert f"{signal.Signals(signum).name} received" in stderr
+
+
+def test_serve_says_it_waits_for_the_kubelet_and_when_it_registered(tmp_path: Path) -> None:
+    from sim_helpers import kubelet_process
+
+    plugin_dir = tmp_path / "plugins"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "devplug.cli.main", "serve", "--plugin-dir", str(plugin_dir)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        lines = iter(process.stderr.readline, "")
+        waiting = next(line for line in lines if "devplug.daemon" in line)
+        assert f"waiting for the kubelet: no {plugin_dir / 'kubelet.sock'} yet" in waiting
+        with kubelet_process("--plugin-dir", str(plugin_dir)):
+            registered = next(line for line in lines if "registered with the kubelet" in line)
+            assert "INFO" in registered
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=TIMEOUT_S)
+    assert process.returncode == 0
+
+
+def test_a_read_only_plugin_folder_is_said_once_with_its_real_cause(tmp_path: Path) -> None:
+    """EROFS is said as such (not 'permission denied'), once, in devplug's log format
+    (no gRPC C-core line), and retried quietly (at debug level)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(folder)], capture_output=True, check=False
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here (root needed): {mounted.stderr!r}")
+    config = tmp_path / "config.yaml"
+    config.write_text("resources:\n  - {name: example.com/fake, virtual: 1}\n")
+    serve = [sys.executable, "-m", "devplug.cli.main", "serve", "--config", str(config)]
+    process = subprocess.Popen(
+        [*serve, "--plugin-dir", str(folder), "--log-format", "json", "--log-level", "debug"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        seen = []
+        for line in iter(process.stderr.readline, ""):
+            seen.append(line)
+            if "retrying in" in line and '"level": "debug"' in line:
+                break  # the second attempt: said at debug level only
+        records = [json.loads(line) for line in seen]  # every line is devplug's JSON
+        errors = [r["msg"] for r in records if r["level"] == "error"]
+        assert len(errors) == 1, errors
+        assert "Read-only file system" in errors[0]
+        assert str(folder / "devplug-example.com-fake.sock") in errors[0]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=TIMEOUT_S)
+        subprocess.run(["umount", str(folder)], check=False)
+    assert process.returncode == 0

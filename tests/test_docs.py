@@ -12,6 +12,7 @@ import msgspec
 import yaml
 
 from devplug.cli.main import build_parser
+from devplug.fleet import parse_fleet
 from devplug.sources import build_plugins, parse_config
 from devplug.sources.config import Config
 
@@ -101,6 +102,8 @@ def test_every_yaml_example_parses_as_a_config_or_kubernetes_objects() -> None:
         for block in YAML_BLOCK.findall(page.read_text()):
             if re.search(r"^apiVersion:", block, re.M):
                 assert all(doc.get("kind") for doc in yaml.safe_load_all(block)), name
+            elif re.search(r"^pools:", block, re.M):  # a fleet file (docs/fleet.md)
+                assert parse_fleet(block, name).pools, name
             else:  # anything else shown as YAML is a devplug config, or its top level
                 if not re.search(r"^resources:", block, re.M):
                     block += "resources: [{name: example.com/fake, virtual: 1}]\n"

@@ -21,7 +21,7 @@ from devplug.framework.dra.claims import ApiClaims
 from devplug.framework.dra.kube import api_client
 from devplug.simulator import Kubelet, PodResult
 from devplug.simulator.apipods import ApiPodFollower
-from devplug.testing.controlplane import ControlPlane, how_to_provide, watch_until
+from devplug.testing.controlplane import watch_until
 from devplug.testing.fakenvml import FakeGpuHost, gpu, gpu_uuid
 from tests.dra_helpers import (
     DRIVER,
@@ -37,17 +37,6 @@ from tests.dra_helpers import (
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 30
-
-
-@pytest.fixture(scope="session")
-def kubeconfig() -> Iterator[str]:
-    plane = ControlPlane.find(ROOT)
-    if plane is None:
-        pytest.skip(how_to_provide(ROOT))
-    try:
-        yield plane.start()
-    finally:
-        plane.stop()
 
 
 @pytest.fixture(scope="session")

@@ -88,6 +88,16 @@ def test_image_prints_its_version_and_checks_the_default_config(image: Unpacked)
     assert "devplug.io/null" in check.stdout
 
 
+def test_image_carries_the_kubernetes_client_of_the_dra_driver(image: Unpacked) -> None:
+    """`deploy/dra` serves through DRA, which loads the Kubernetes client."""
+    loaded = subprocess.run(
+        in_image(image, "python3", "-c", "import kubernetes.client, kubernetes.watch"),
+        capture_output=True,
+        text=True,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+
+
 def serve_in_image(
     kubelet: KubeletHarness, image: Unpacked, args: list[str], resources: list[str]
 ) -> PluginProcess:

@@ -216,7 +216,38 @@ def test_metrics_port_in_use_stops_the_daemon_with_the_reason(short_tmp: Path) -
             timeout=30,
         )
     assert done.returncode == 1
-    assert "Address already in use" in done.stderr
+    lines = done.stderr.splitlines()
+    assert "Traceback" not in done.stderr
+    assert lines[-1] == (
+        f"devplug serve: cannot serve metrics on 127.0.0.1 port {port}: Address already in use"
+    )
+
+
+def test_probes_work_without_prometheus_client(nodes: Path, short_tmp: Path) -> None:
+    """A broken install without prometheus-client: /healthz and /readyz still answer,
+    /metrics says what is missing, and the log says it once."""
+    shadow = short_tmp / "shadow" / "prometheus_client"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'prometheus_client'\", "
+        "name='prometheus_client')\n"
+    )
+    port = free_port()
+    with KubeletHarness() as kubelet:
+        serve = kubelet.start_serve(
+            node_config(nodes),
+            "--metrics-port",
+            str(port),
+            env={"PYTHONPATH": str(shadow.parent)},
+        )
+        output = wait_for_output(serve, SERVING)
+        assert http_get(port, "/healthz") == (200, "ok\n")
+        assert http_get(port, "/readyz") == (200, "ok\n")
+        status, body = http_get(port, "/metrics")
+        assert status == 503
+        assert "prometheus-client is not installed" in body
+        assert output.count("prometheus-client is not installed") == 1
+        assert serve.stop() == 0
 
 
 def test_events_without_consequence_log_nothing(nodes: Path) -> None:

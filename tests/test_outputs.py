@@ -11,7 +11,13 @@ from hw_helpers import validate_cdi, wait_file
 
 from devplug.framework.device import Device
 from devplug.outputs.cdi import qualified_name, spec_document
-from devplug.outputs.nfd import device_labels, label_name_problem, label_value, parse_features
+from devplug.outputs.nfd import (
+    HEADER,
+    device_labels,
+    label_name_problem,
+    label_value,
+    parse_features,
+)
 from devplug.sources.config import path_device_id
 from devplug.testing import KubeletHarness
 from devplug.testing.sysfs import make_node as mknod
@@ -173,9 +179,9 @@ def test_services_work_for_any_plugin(short_tmp: Path) -> None:
         ]
         daemon = Daemon([plugin], short_tmp / "plugins", services=services)
         task = asyncio.create_task(daemon.run(stop))
-        await wait_for_file(features, lambda t: t == "example.com/widget.count=1\n")
+        await wait_for_file(features, lambda t: t == HEADER + "example.com/widget.count=1\n")
         plugin.publish([Device("w0"), Device("w1", nodes=[DeviceNode("/dev/w1")])])
-        await wait_for_file(features, lambda t: t == "example.com/widget.count=2\n")
+        await wait_for_file(features, lambda t: t == HEADER + "example.com/widget.count=2\n")
         text = await wait_for_file(spec_path, lambda t: t is not None and "w1" in t)
         validate_cdi(json.loads(text or ""))
         stop.set()
@@ -183,12 +189,12 @@ def test_services_work_for_any_plugin(short_tmp: Path) -> None:
         assert not features.exists()
         assert not spec_path.exists()
 
-        # No plugins: an empty file, kept until shutdown.
+        # No plugins: a file of no labels, kept until shutdown.
         stop = asyncio.Event()
         task = asyncio.create_task(
             Daemon([], short_tmp / "plugins", services=[FeatureFile(features)]).run(stop)
         )
-        await wait_for_file(features, lambda t: t == "")
+        await wait_for_file(features, lambda t: t == HEADER)
         stop.set()
         await task
         assert not features.exists()
@@ -250,6 +256,6 @@ def test_feature_file_from_the_flag(kubelet: KubeletHarness) -> None:
     process = kubelet.start_serve(
         "resources: [{name: example.com/fake, virtual: 2}]\n", "--feature-file", str(features)
     )
-    assert wait_file(features, lambda t: t is not None) == "example.com/fake.count=2\n"
+    assert wait_file(features, lambda t: t is not None) == HEADER + "example.com/fake.count=2\n"
     assert process.stop() == 0
     assert not features.exists()

@@ -29,6 +29,7 @@ from devplug.testing.realnode import (
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_node_is_ready_and_a_busybox_pod_runs(real_node: RealNode) -> None:
     node = real_node.node()
@@ -53,15 +54,17 @@ def test_the_node_is_ready_and_a_busybox_pod_runs(real_node: RealNode) -> None:
         assert real_node.wait_pod(ns, "done", pod_phase("Succeeded"))["status"]["phase"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_host_processes_of_the_node_see_the_kubelets_folder(real_node: RealNode) -> None:
     listed = real_node.exec("ls", "/var/lib/kubelet/device-plugins").stdout.split()
     assert "kubelet.sock" in listed
     # ...which the host's own /var/lib/kubelet never has: the node's is a private mount.
     assert not Path("/var/lib/kubelet/device-plugins/kubelet.sock").exists()
-    lines = real_node.kubelet_lines()
-    assert any(klog_pid(line) == real_node.kubelet_pid for line in lines)
-    # Its lines' times (klog's, local time) lie between its start and now.
+    pid = real_node.kubelet_pid
+    lines = [line for line in real_node.kubelet_lines() if klog_pid(line) == pid]
+    assert lines
+    # The running kubelet's lines' times (klog's, local time) lie between its start and now.
     started = process_start(real_node.kubelet_pid)
     stamps = [t for t in map(klog_time, lines) if t is not None]
     assert stamps
@@ -144,6 +147,7 @@ def test_real_node_tests_skip_with_the_how_to(tmp_path: Path) -> None:
     assert "node.sh" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_image_of_make_image_is_in_the_nodes_containerd(
     real_node: RealNode, real_node_image: str

@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from devplug.api.constants import KUBELET_SOCKET
+from devplug.framework.unixserver import socket_identity
 from devplug.simulator import Kubelet
 
 FAKE = "test.devplug.io/fake"
@@ -169,5 +170,99 @@ def test_serves_again_when_its_socket_is_removed(short_tmp: Path) -> None:
             assert await kubelet.wait_for_registration(FAKE, after=1) == 2
             await kubelet.wait_for_resource(FAKE, count=3)
             assert kubelet.registrations(BIG) == 1  # the other resource was left alone
+
+    asyncio.run(scenario())
+
+
+def test_a_wipe_right_after_a_re_serve_costs_one_registration(short_tmp: Path) -> None:
+    """The race of a real kubelet restart, made deterministic. The old kubelet is killed
+    (its kubelet.sock stays behind), our sockets are removed and served again, devplug
+    tries the dead kubelet.sock; only then does the new kubelet start: its wipe removes
+    the sockets just served, then it serves a new kubelet.sock. A registration that
+    waited on the dead socket would reach the new kubelet while our socket is missing
+    (its dial back fails after the dial timeout) and be followed by a second one. One
+    kubelet start must give exactly one registration per resource, none refused."""
+
+    async def scenario() -> None:
+        plugin_dir = short_tmp / "device-plugins"
+        sockets = {"devplug-test.devplug.io-fake.sock", "devplug-test.devplug.io-big.sock"}
+        async with (
+            Kubelet(
+                plugin_dir, short_tmp / "state", control_socket=False, dial_timeout=2
+            ) as kubelet,
+            daemon(short_tmp, plugin_dir) as proc,
+        ):
+            await kubelet.wait_for_resource(FAKE, count=3)
+            await kubelet.wait_for_resource(BIG, count=1000)
+            before = dict(kubelet.node_status().registration_total)
+            events = len(kubelet.events)
+
+            async def between() -> None:
+                for name in sockets:
+                    (plugin_dir / name).unlink()
+                await wait_for_files(plugin_dir, sockets)  # served again
+                await devplug_tries(plugin_dir / KUBELET_SOCKET)
+
+            await kubelet.restart(kill=True, between=between)
+            for resource, count in ((FAKE, 3), (BIG, 1000)):
+                await kubelet.wait_for_registration(resource, after=1)
+                assert (await kubelet.wait_for_resource(resource, count=count)).capacity == count
+            total = kubelet.node_status().registration_total
+            assert {r: total[r] - before[r] for r in (FAKE, BIG)} == {FAKE: 1, BIG: 1}
+            kinds = [e.kind for e in kubelet.events[events:]]
+            assert "registration_refused" not in kinds
+            assert proc.returncode is None
+
+    asyncio.run(scenario())
+
+
+async def devplug_tries(kubelet_socket: Path) -> None:
+    """Serve kubelet.sock as a kubelet going down does: accept the first connection
+    (so devplug is registering now) and drop it, then stop listening."""
+    import socket
+
+    os.unlink(kubelet_socket)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.fspath(kubelet_socket))
+    listener.listen(8)
+    listener.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(10):
+            connection, _ = await loop.sock_accept(listener)
+        connection.close()
+    finally:
+        listener.close()
+
+
+def test_a_killed_kubelet_leaves_its_socket_until_the_next_wipes_it(short_tmp: Path) -> None:
+    """The simulator's SIGKILL restart, as the real kubelet's: the old kubelet.sock
+    stays, refusing connections, until the next kubelet's start-up wipe."""
+    import socket
+
+    async def scenario() -> None:
+        plugin_dir = short_tmp / "device-plugins"
+        async with (
+            Kubelet(plugin_dir, short_tmp / "state", control_socket=False) as kubelet,
+            daemon(short_tmp, plugin_dir),
+        ):
+            await kubelet.wait_for_resource(FAKE, count=3)
+            sock = plugin_dir / KUBELET_SOCKET
+            old = socket_identity(sock)
+            seen: list[str] = []
+
+            async def between() -> None:
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    probe.connect(os.fspath(sock))
+                except ConnectionRefusedError:
+                    seen.append("refused")
+                finally:
+                    probe.close()
+
+            await kubelet.restart(kill=True, between=between)
+            assert seen == ["refused"]
+            assert socket_identity(sock) not in (None, old)  # wiped, then served anew
+            assert await kubelet.wait_for_registration(FAKE, after=1) == 2
 
     asyncio.run(scenario())

@@ -62,11 +62,13 @@ def test_not_enough_devices_and_deletion(tmp_path: Path) -> None:
             assert two.message.endswith("Requested: 2, Available: 1, which is unexpected")
             assert kubelet.pod("two") is None  # a rejected pod is not kept...
             assert kubelet.resource_status(FOO).allocated == 1  # type: ignore[union-attr]
+            # The same pod again: unchanged, as kubectl says; another one of that name: refused.
             [again] = await kubelet.apply(pod("one", {"c": {FOO: 1}}))
-            assert (again.reason, again.message) == (
-                REASON_ALREADY_EXISTS,
-                'pods "one" already exists',
-            )
+            assert (again.admitted, again.unchanged, admitted(again)) == (True, True, admitted(one))
+            assert kubelet.resource_status(FOO).allocated == 1  # type: ignore[union-attr]
+            [other] = await kubelet.apply(pod("one", {"c": {FOO: 2}}))
+            assert (other.admitted, other.reason) == (False, REASON_ALREADY_EXISTS)
+            assert other.message.startswith('pods "one" already exists with another spec')
             # A pod whose second container cannot be served gives back the first one's.
             [partial] = await kubelet.apply(pod("partial", {"a": {FOO: 1}, "b": {FOO: 1}}))
             assert partial.message.endswith("Requested: 1, Available: 0, which is unexpected")

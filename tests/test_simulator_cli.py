@@ -5,40 +5,18 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from sim_helpers import FOO, PluginProcess, cli_command, device, devplug, plugin, pod, pods_yaml
-
-
-@contextmanager
-def kubelet_process(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`devplug kubelet ARGS`, once it said it is ready; yields it and its ready line."""
-    proc = subprocess.Popen(
-        cli_command("kubelet", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        ready = proc.stdout.readline()
-        if not ready.startswith("kubelet simulator ready"):
-            proc.kill()
-            _, errors = proc.communicate()
-            raise AssertionError(f"devplug kubelet did not start: {ready!r} {errors}")
-        yield proc, ready
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+from sim_helpers import (
+    FOO,
+    PluginProcess,
+    device,
+    devplug,
+    kubelet_process,
+    plugin,
+    pod,
+    pods_yaml,
+)
 
 
 def test_commands_end_to_end(tmp_path: Path) -> None:
@@ -145,3 +123,95 @@ def test_pods_at_start_and_usage_errors(tmp_path: Path) -> None:
     assert "cannot reach the kubelet simulator" in gone.stderr
     no_file = devplug("pods", "apply", "-f", str(tmp_path / "missing.yaml"), "--control", "x")
     assert no_file.returncode == 2
+
+
+def test_wait_for_ends_at_its_timeout_and_applies_nothing(tmp_path: Path) -> None:
+    manifest = tmp_path / "pods.yaml"
+    manifest.write_text(pods_yaml(pod("early", {"c": {FOO: 1}})))
+    args = ["--plugin-dir", str(tmp_path / "plugins"), "-f", str(manifest)]
+    args += ["--wait-for", f"{FOO}=2", "--timeout", "0.5", "--log-level", "warning"]
+    done = devplug("kubelet", *args, timeout=30)
+    assert done.returncode == 1
+    assert done.stdout.startswith("kubelet simulator ready")
+    assert "early" not in done.stdout
+    [line] = done.stderr.splitlines()
+    assert line == (
+        f"devplug kubelet: --wait-for {FOO}=2: not registered and listed within --timeout "
+        "0.5 s; no pod applied"
+    )
+
+
+def test_wait_for_ends_at_once_on_sigterm(tmp_path: Path) -> None:
+    manifest = tmp_path / "pods.yaml"
+    manifest.write_text(pods_yaml(pod("early", {"c": {FOO: 1}})))
+    args = ["--plugin-dir", str(tmp_path / "plugins"), "-f", str(manifest)]
+    args += ["--wait-for", FOO, "--timeout", "600"]
+    with kubelet_process(*args) as (kubelet, _):
+        kubelet.send_signal(signal.SIGTERM)
+        assert kubelet.wait(timeout=10) == 0  # not the 600 s of the wait
+        assert kubelet.stdout is not None
+        assert "early" not in kubelet.stdout.read()
+
+
+def test_a_reader_that_went_away_is_no_error(tmp_path: Path) -> None:
+    """`devplug node | head -1` and `devplug pods list | head -1`: nothing said about
+    the simulator, which answered."""
+    import os
+    import subprocess
+
+    from sim_helpers import cli_command
+
+    plugins, state = tmp_path / "plugins", tmp_path / "state"
+    with (
+        kubelet_process("--plugin-dir", str(plugins), "--state-dir", str(state)),
+        PluginProcess(tmp_path, plugins, [plugin(FOO, [device(f"d{i}") for i in range(50)])]),
+    ):
+        control = str(state / "control.sock")
+        assert devplug("node", "--control", control, "--wait-for", f"{FOO}=50").returncode == 0
+        for command in (["node"], ["pods", "list"], ["node", "-o", "yaml"]):
+            read, write = os.pipe()
+            os.close(read)
+            try:
+                done = subprocess.run(
+                    cli_command(*command, "--control", control),
+                    stdout=write,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    timeout=30,
+                )
+            finally:
+                os.close(write)
+            assert done.stderr == "", done.stderr
+            assert done.returncode == 1
+
+
+def test_ctrl_c_in_a_wait_is_one_line(tmp_path: Path) -> None:
+    """`devplug node --wait-for` on a simulator whose plugin never comes: SIGINT ends
+    the wait at once, with one line and 130, as a shell reports it."""
+    import subprocess
+
+    from sim_helpers import cli_command
+
+    plugins, state = tmp_path / "plugins", tmp_path / "state"
+    with kubelet_process("--plugin-dir", str(plugins), "--state-dir", str(state)):
+        control = str(state / "control.sock")
+        command = ["node", "--control", control, "--wait-for", FOO, "--timeout", "600"]
+        waiting = subprocess.Popen(
+            cli_command(*command, "--log-level", "debug"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert waiting.stderr is not None
+            asked = waiting.stderr.readline()  # the request is out: it waits for the answer
+            assert "asked" in asked, asked
+            assert ": wait;" in asked, asked
+            waiting.send_signal(signal.SIGINT)
+            _, errors = waiting.communicate(timeout=30)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+                waiting.wait()
+    assert waiting.returncode == 130, errors
+    assert errors.splitlines() == ["devplug node: interrupted"]

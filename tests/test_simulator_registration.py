@@ -160,3 +160,32 @@ def test_grace_period_keeps_devices_unhealthy_then_drops_them(tmp_path: Path) ->
 def test_bad_parameters(tmp_path: Path, bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):  # noqa: PT011
         Kubelet(tmp_path, **bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("sig", "level"), [("SIGTERM", "INFO"), ("SIGKILL", "WARNING")])
+def test_a_plugin_stopping_on_purpose_is_no_warning(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture, sig: str, level: str
+) -> None:
+    """A plugin that stops (SIGTERM) closes its stream itself: an info line; one that
+    dies (SIGKILL) loses it: the kubelet's warning."""
+    import signal
+
+    from devplug.simulator.events import ENDPOINT_STOPPED
+
+    plugins = short_tmp / "plugins"
+
+    async def scenario() -> None:
+        async with Kubelet(plugins, short_tmp / "state", control_socket=False) as kubelet:
+            process = PluginProcess(short_tmp, plugins, [plugin(FOO, [device("d0")])])
+            try:
+                await kubelet.wait_for_resource(FOO, timeout=20)
+                seen = kubelet.last_event_seq
+                process.stop(getattr(signal, sig))
+                await kubelet.wait_for_event(ENDPOINT_STOPPED, after=seen, timeout=20)
+            finally:
+                process.close()
+
+    with caplog.at_level("INFO", logger="devplug.simulator"):
+        run(scenario())
+    [record] = [r for r in caplog.records if "ListAndWatch" in r.getMessage()]
+    assert record.levelname == level, record.getMessage()

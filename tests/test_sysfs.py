@@ -371,6 +371,27 @@ def test_kernel_uevents_reach_the_watcher() -> None:
     asyncio.run(scenario())
 
 
+def test_without_pyudev_the_fallback_is_said_once_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncio
+
+    from devplug.sources.sysfs import udev
+
+    monkeypatch.setitem(sys.modules, "pyudev", None)  # as if not installed
+    monkeypatch.setattr(udev, "_said", set())
+
+    async def scenario() -> None:
+        for _resource in range(3):  # each resource of the config starts its watcher
+            assert udev.UdevEvents.start(lambda: None) is None
+
+    with caplog.at_level("WARNING", logger="devplug.sources.sysfs.udev"):
+        asyncio.run(scenario())
+    [line] = caplog.messages
+    assert "pip install 'devplug[udev]'" in line
+    assert "hot-plug is seen through /dev only" in line
+
+
 def test_two_devices_with_one_serial(tmp_path: Path) -> None:
     tree = FakeSysfs(tmp_path)
     for port, tty in (("1-1", 0), ("1-2", 1)):
@@ -399,3 +420,43 @@ def test_roots_from_flags(tmp_path: Path) -> None:
     result = devplug("check", "--config", str(config), *flags)
     assert result.returncode == 0, result.stderr
     assert f"usb-FT4ABC  Healthy  numa 0  {tree.dev}/bus/usb/001/002" in result.stdout
+
+
+def test_a_selected_device_without_a_node_is_named_by_check_and_in_the_log(
+    tmp_path: Path,
+) -> None:
+    """virtio-rng: its /dev/hwrng is a misc-class node, not below the PCI device in sysfs.
+    Served as selected (env, attributes), with a warning saying how to add the node."""
+    tree = FakeSysfs(tmp_path)
+    tree.add_pci("0000:00:05.0", "1af4", "1044", pci_class="0xffff00", driver="virtio-pci")
+    make_node(tree.dev / "hwrng")
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        roots(tree)
+        + "resources:\n"
+        + "  - {name: example.com/rng, groups: [{pci: {vendor: '1af4', device: '1044'}}]}\n"
+        + "  - name: example.com/rng-node\n"
+        + "    groups: [{pci: {vendor: '1af4', device: '1044'}, paths: [{path: /dev/hwrng}]}]\n"
+    )
+    report = check_json(config)
+    bare, named = report["example.com/rng"], report["example.com/rng-node"]
+    [device] = bare["devices"]  # type: ignore[misc]
+    assert (device["id"], device["health"], device["hostPaths"]) == ("0000:00:05.0", "Healthy", [])
+    assert bare["warnings"] == [
+        "example.com/rng: device 0000:00:05.0 (1af4:1044) has no device node under it in "
+        "sysfs: containers get none from it; to give them one, name it by path in "
+        "groups[0].paths"
+    ]
+    [device] = named["devices"]  # type: ignore[misc]
+    assert device["hostPaths"] == [f"{tree.dev}/hwrng"]
+    assert named["warnings"] == []
+    text = devplug("check", "--config", str(config))
+    assert (
+        "  warning: example.com/rng: device 0000:00:05.0 (1af4:1044) has no device" in text.stdout
+    )
+
+    with KubeletHarness() as kubelet:
+        served = kubelet.start_serve(config)
+        assert kubelet.device_ids("example.com/rng") == ["0000:00:05.0"]
+        assert served.stop() == 0
+        assert "example.com/rng: device 0000:00:05.0 (1af4:1044) has no device" in served.output

@@ -267,11 +267,13 @@ def test_restart_and_reregistration(kubelet: KubeletHarness) -> None:
     process = kubelet.start_plugin(Gadgets())
     held = kubelet.admit({GADGET: 2}, name="held")
     assert kubelet.restart() == {GADGET: 2}
+    # As after a SIGKILL too: the old kubelet.sock stays until the new kubelet's wipe.
+    assert kubelet.restart(kill=True) == {GADGET: 3}
     status = kubelet.resource(GADGET)
     assert status is not None
     assert (status.endpoint, status.allocatable, status.allocated) == ("connected", 3, 2)
     assert [p.name for p in kubelet.pods()] == ["held"]
-    assert [e.kind for e in kubelet.events()].count("restarted") == 1
+    assert [e.kind for e in kubelet.events()].count("restarted") == 2
     assert not kubelet.admit({GADGET: 2}).admitted  # only gadget2 is left
     assert kubelet.delete(held)
 

@@ -42,10 +42,10 @@ if ! bah inspect --type image "$base" >/dev/null 2>&1; then
     bah commit --quiet --rm "$c" "$base" >/dev/null
 fi
 
-echo "image: wheels for devplug[metrics,udev]" >&2
+echo "image: wheels for devplug[udev,dra]" >&2
 rm -rf build/wheels/devplug-*.whl build/lib build/bdist.*  # no stale file in the wheel
 "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --find-links build/wheels \
-    -w build/wheels '.[metrics,udev]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    -w build/wheels '.[udev,dra]' 2>&1 | grep -v '^WARNING: Location' >&2 || true
 ls build/wheels/devplug-*.whl >/dev/null
 
 echo "image: building $NAME" >&2

@@ -136,8 +136,12 @@ def run(args: argparse.Namespace) -> int:
     waits: list[tuple[str, int | None]] = args.wait_for
     import asyncio
 
+    from devplug.extras import MissingExtra
+
     try:
         return asyncio.run(_serve(args, manifests, waits))
+    except MissingExtra as error:
+        return style.fail(args, str(error))
     except ValueError as error:
         return style.fail(args, str(error), style.EXIT_USAGE)
     except OSError as error:

@@ -25,11 +25,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("node", "show a kubelet simulator's resources, allocations and registrations"),
     "kubelet-restart": ("kubelet_restart", "restart a kubelet simulator as a kubelet restarts"),
     "cluster": ("cluster", "place pods on N simulated nodes: scheduler fit, kubelet admission"),
+    "fleet": ("fleet", "simulated device nodes for a real API server: check, up, down"),
+    "plan": ("plan", "will a workload fit a fleet: devices used, free, stranded; pending pods"),
     "demo": ("demo", "run the kubelet simulator with real plugins and sample pods, as a story"),
     "status": ("status", "show a node's devices, their health and the pods holding them"),
 }
 
 EXIT_USAGE = style.EXIT_USAGE
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
 # Node daemons that talk over unix sockets only: they run without the ssl module,
 # which saves about 4 MiB of RSS on every node.
@@ -99,9 +102,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    # gRPC's core logs (absl) bypass Python logging and would break JSON logs; unless
-    # asked for, keep them to errors. Read when grpc loads, so before any import of it.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # gRPC's core logs (absl) bypass Python logging and would break the log format;
+    # devplug reports each failure itself, so unless asked for (GRPC_VERBOSITY=debug to
+    # see them) they are off. Read when grpc loads, so before any import of it.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     words = sys.argv[1:] if argv is None else argv
     if _command(argv) in WITHOUT_TLS and not any(
         w.partition("=")[0] in NEEDS_SSL_OPTIONS for w in words
@@ -121,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`devplug check ... | head`): quietly stop writing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:  # Ctrl-C in a blocking wait (`devplug node --wait-for`)
+        print(f"{args.prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return code
 
 

@@ -25,7 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=[],
         type=wait_spec,
         metavar="RESOURCE[=N]",
-        help="first wait until RESOURCE is registered and listed (with N healthy devices)",
+        help="first wait until RESOURCE is registered and listed (with N healthy devices), "
+        "the simulator itself too if it is still starting; a name without '/' is a DRA driver",
     )
     style.add_timeout(parser, "each --wait-for waits")
     add_control_argument(parser)
@@ -36,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
 
     def show(client: ControlClient) -> int:
         for resource, count in args.wait_for:
-            client.wait(resource, count, timeout=args.timeout)
+            if "/" not in resource:  # a DRA driver's name
+                client.wait_driver(resource, timeout=args.timeout)
+            else:
+                client.wait(resource, count, timeout=args.timeout)
         if args.metrics:
             sys.stdout.write(client.metrics())
             return style.EXIT_OK
@@ -44,4 +48,4 @@ def run(args: argparse.Namespace) -> int:
         style.print_result(status, args.output, text=lambda: node_text(status))
         return style.EXIT_OK
 
-    return call(args, show)
+    return call(args, show, wait=bool(args.wait_for))

@@ -31,12 +31,39 @@ def add_control_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def call(args: argparse.Namespace, action: Callable[[ControlClient], int]) -> int:
-    """Run `action(client)`, turning an unreachable simulator or a refusal into exit 1."""
+def wait_reachable(path: str, timeout: float) -> None:
+    """Wait until the simulator at `path` accepts connections (it may still be starting,
+    as in `devplug kubelet & devplug node --wait-for ...`), up to `timeout` seconds;
+    then the last OSError is raised. Nothing to be woken by before the folder exists:
+    connection attempts, 10 ms apart at first, 200 ms at most."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while True:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(path)
+                return
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() + delay > deadline:
+                    raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
+def call(
+    args: argparse.Namespace, action: Callable[[ControlClient], int], wait: bool = False
+) -> int:
+    """Run `action(client)`, turning an unreachable simulator or a refusal into exit 1;
+    with `wait`, a simulator still starting is waited for (`args.timeout`)."""
     from devplug.simulator.control import ControlClient, ControlError
 
     client = ControlClient(args.control)
     try:
+        if wait:
+            wait_reachable(args.control, args.timeout)
         return action(client)
     except ControlError as error:
         return style.fail(args, str(error))

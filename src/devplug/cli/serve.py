@@ -148,8 +148,12 @@ def run(args: argparse.Namespace) -> int:
     device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
     services = list(services)
     if any(serves_dra(p.spec.mode) for p in plugins):
+        from devplug.extras import MissingExtra
+
         try:
             services.append(_dra_service(args, plugins))
+        except MissingExtra as e:
+            return style.fail(args, str(e))
         except Exception as e:
             print(f"devplug serve: DRA: {e}", file=sys.stderr)
             return style.EXIT_USAGE
@@ -165,12 +169,13 @@ def run(args: argparse.Namespace) -> int:
         return [p for p in build(config) if serves_device_plugin(p.spec.mode)]
 
     services += reload_and_metrics(args, config, build_device_plugins)
+    from devplug.extras import MissingExtra
     from devplug.framework.daemon import ServiceFailed
 
     try:
         services += _debug_services()
         asyncio.run(serve(device_plugins, args.plugin_dir, services=services))
-    except (ServiceFailed, OSError) as error:
+    except (ServiceFailed, OSError, MissingExtra) as error:
         return style.fail(args, str(error))
     except Exception as error:  # a bug: one line, the trace at debug level
         log.debug("stopped on a failure", exc_info=True)

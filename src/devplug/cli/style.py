@@ -45,8 +45,10 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path  # not imported at run time: `serve` parses before it needs it
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # a runtime failure: the kubelet unreachable, a port in use, a folder read-only
@@ -175,10 +177,12 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 def read_inputs(names: list[str]) -> list[tuple[str, str]]:
     """(name, text) of each `-f` file, 'stdin' for '-'. Raises OSError or
     UnicodeDecodeError; `input_problem` words them."""
-    return [
-        ("stdin", sys.stdin.read()) if name == "-" else (name, Path(name).read_text())
-        for name in names
-    ]
+    return [("stdin", sys.stdin.read()) if name == "-" else (name, _read(name)) for name in names]
+
+
+def _read(name: str) -> str:
+    with open(name, encoding="utf-8") as f:
+        return f.read()
 
 
 def input_problem(name: str, error: Exception) -> str:
@@ -275,17 +279,20 @@ count = Number(int, 1, "a whole number, 1 or more")
 port = Number(int, 0, "a TCP port, 0 to 65535 (0: any free port)", high=65535)
 
 
-def _parent_problem(path: Path) -> str | None:
+def _parent_problem(path: str) -> str | None:
     """Why nothing can be made at `path`: its nearest existing folder is no folder."""
-    for parent in path.parents:
+    parent = os.path.dirname(os.path.abspath(path))
+    while True:
         try:
-            st = parent.stat()
+            st = os.stat(parent)
         except FileNotFoundError:
+            if parent == os.path.dirname(parent):
+                return None
+            parent = os.path.dirname(parent)
             continue
         except OSError as error:
             return f"{parent}: {error.strerror}"
         return None if stat.S_ISDIR(st.st_mode) else f"{parent} is not a folder"
-    return None
 
 
 class PathType(OptionType):
@@ -300,11 +307,10 @@ class PathType(OptionType):
             return text
         if not text:
             raise argparse.ArgumentTypeError(f"expected a {self.kind} path, got ''")
-        path = Path(text)
         try:
-            st = path.stat()
+            st = os.stat(text)
         except FileNotFoundError:
-            problem = _parent_problem(path)
+            problem = _parent_problem(text)
             if problem is None and self.must_exist:
                 problem = "no such file"
             if problem:
@@ -319,7 +325,7 @@ class PathType(OptionType):
         }[self.kind]
         if wrong:
             raise argparse.ArgumentTypeError(f"{text}: exists and is not a {self.kind}")
-        if self.must_exist and not os.access(path, os.R_OK):
+        if self.must_exist and not os.access(text, os.R_OK):
             raise argparse.ArgumentTypeError(f"{text}: permission denied")
         return text
 

@@ -92,6 +92,11 @@ class Daemon:
         await _make_folder(self.plugin_dir, stop)
         self._watcher = DirWatcher(self._on_folder_event)
         self._watcher.watch(self.plugin_dir)
+        kubelet = self.plugin_dir / KUBELET_SOCKET
+        if not kubelet.exists():
+            log.info(
+                "waiting for the kubelet: no %s yet; the plugins register when it appears", kubelet
+            )
         tasks = self._tasks
         tasks.add(asyncio.create_task(self._watcher.run(), name="dirwatch"))
         for endpoint in self.endpoints:
@@ -164,19 +169,25 @@ async def _make_folder(folder: Path, stop: asyncio.Event) -> None:
     unwritable parent), say why and try again with backoff instead of exiting. A path
     that is a file, not a folder, is a mistake no waiting mends: it is raised."""
     delay = FOLDER_RETRY_FIRST_S
+    said = None
     while not stop.is_set():
         try:
             os.makedirs(folder, mode=0o750, exist_ok=True)
+            if said is not None:
+                log.info("created the plugin folder %s", folder)
             return
         except (FileExistsError, NotADirectoryError):
             raise
         except OSError as error:
-            log.error(
+            cause = error.strerror or str(error)
+            log.log(  # the cause once; the same again only at debug level
+                logging.DEBUG if cause == said else logging.ERROR,
                 "cannot create the plugin folder %s: %s; retrying in %.1f s",
                 folder,
-                error.strerror or error,
+                cause,
                 delay,
             )
+            said = cause
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
         delay = min(delay * 2, FOLDER_RETRY_MAX_S)

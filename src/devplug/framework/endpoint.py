@@ -20,7 +20,7 @@ from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework import observe
 from devplug.framework.malformed import add_guarded
 from devplug.framework.plugin import Plugin
-from devplug.framework.registration import register
+from devplug.framework.registration import NotAnswering, Superseded, register
 from devplug.framework.servicer import DevicePluginServicer
 from devplug.framework.unixserver import (
     SocketIdentity,
@@ -34,6 +34,9 @@ log = logging.getLogger("devplug.endpoint")
 
 _RETRY_FIRST_S = 0.5
 _RETRY_MAX_S = 30.0
+# A kubelet.sock that does not answer: a kubelet that stopped (its next one brings a
+# new file, and inotify), or the next one between bind() and listen(): look again soon.
+_DIAL_RETRY_FIRST_S = 0.02
 STOP_GRACE_S = 1.0
 
 
@@ -51,7 +54,10 @@ class Endpoint:
         self._last_kubelet: SocketIdentity | None = None  # the kubelet registered with last
         self._wake = asyncio.Event()
         self._retry_s = _RETRY_FIRST_S
+        self._dial_retry_s = _DIAL_RETRY_FIRST_S
+        self._silent: SocketIdentity | None = None  # a kubelet.sock found not answering
         self._retry: asyncio.TimerHandle | None = None
+        self._problem: str | None = None  # why the socket cannot be served, said once
 
     def wake(self) -> None:
         self._wake.set()
@@ -76,9 +82,15 @@ class Endpoint:
                 await self._serve()
             except OSError as error:  # the folder refuses the socket: say why, retry later
                 await self._stop_server(grace=0)
-                log.error("%s: %s; retrying in %.1f s", self.name, error, self._retry_s)
+                # The cause once at error level; the same cause again only at debug.
+                level = logging.DEBUG if str(error) == self._problem else logging.ERROR
+                self._problem = str(error)
+                log.log(level, "%s: %s; retrying in %.1f s", self.name, error, self._retry_s)
                 self._schedule_retry()
                 return
+            if self._problem is not None:
+                log.info("%s: serving %s again", self.name, self.socket_path)
+                self._problem = None
             if self._server is None or not self._server.owns_path():
                 return  # wiped while starting: its deletion event brings us back here
         kubelet = socket_identity(self.kubelet_socket)
@@ -103,14 +115,35 @@ class Endpoint:
             pre_start_required=self.plugin.pre_start_required,
             get_preferred_allocation_available=self.plugin.preferred_allocation,
         )
+        server = self._server
+
+        def still_current() -> bool:
+            # Connected to this very kubelet.sock, whose kubelet has wiped the folder
+            # already: our socket is there now, and stays for its dial back.
+            ours = server is not None and server is self._server and server.owns_path()
+            return ours and socket_identity(self.kubelet_socket) == kubelet
+
         try:
             await register(
                 self.kubelet_socket,
                 self.plugin.socket_name,
                 self.plugin.resource_name,
                 options,
+                still_current=still_current,
                 timeout=self.plugin.limits.register_timeout_s,
             )
+        except Superseded:
+            return  # the change that superseded it wakes us: start over from the folder
+        except (NotAnswering, TimeoutError):
+            if self._silent != kubelet:
+                self._silent = kubelet
+                observe.emit(
+                    observe.KUBELET_GONE,
+                    self.name,
+                    "kubelet.sock does not answer (its kubelet stopped): waiting for the next",
+                )
+            self._schedule_retry(dial=True)
+            return
         except grpc.aio.AioRpcError as error:
             observe.emit(
                 observe.REGISTRATION_FAILED,
@@ -125,6 +158,8 @@ class Endpoint:
             return
         self._registered_to = kubelet
         self._retry_s = _RETRY_FIRST_S
+        self._dial_retry_s = _DIAL_RETRY_FIRST_S
+        self._silent = None
         again = self._last_kubelet is not None
         restart = again and self._last_kubelet != kubelet
         self._last_kubelet = kubelet
@@ -141,12 +176,16 @@ class Endpoint:
             kubelet_restart=restart,
         )
 
-    def _schedule_retry(self) -> None:
+    def _schedule_retry(self, dial: bool = False) -> None:
         # Only failures wait; the happy path is driven by inotify alone.
         if self._retry is not None:
             self._retry.cancel()
-        self._retry = asyncio.get_running_loop().call_later(self._retry_s, self._wake.set)
-        self._retry_s = min(self._retry_s * 2, _RETRY_MAX_S)
+        delay = self._dial_retry_s if dial else self._retry_s
+        self._retry = asyncio.get_running_loop().call_later(delay, self._wake.set)
+        if dial:
+            self._dial_retry_s = min(delay * 2, _RETRY_MAX_S)
+        else:
+            self._retry_s = min(delay * 2, _RETRY_MAX_S)
 
     async def _serve(self) -> None:
         await self._stop_server(grace=0)

@@ -1,11 +1,12 @@
 """`/metrics`, `/healthz` and `/readyz` over HTTP, as a daemon service.
 
 prometheus-client is imported here only, so a daemon without `--metrics-port` never
-loads it. Counters and the latency histogram follow the framework's events (see
-`observe`); gauges (devices by health, streams open, registered) are read from the
-daemon when scraped, so they can never drift from what is served. The HTTP server
-runs in threads; it asks the event loop for health and readiness, so `/healthz`
-answers only while the loop runs.
+loads it; `/healthz` and `/readyz` do not need it (without it, `/metrics` answers 503
+and says so, and the probes still work). Counters and the latency histogram follow the
+framework's events (see `observe`); gauges (devices by health, streams open,
+registered) are read from the daemon when scraped, so they can never drift from what is
+served. The HTTP server runs in threads; it asks the event loop for health and
+readiness, so `/healthz` answers only while the loop runs.
 """
 
 from __future__ import annotations
@@ -60,23 +61,8 @@ class MetricsServer:
         self.serving = threading.Event()
 
     async def run(self, daemon: Daemon) -> None:
-        from prometheus_client import (
-            CollectorRegistry,
-            Counter,
-            Histogram,
-            disable_created_metrics,
-            make_wsgi_app,
-        )
-        from prometheus_client.process_collector import ProcessCollector
-
-        disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created`: noise
-
-        registry = CollectorRegistry()
-        ProcessCollector(registry=registry)
-        counters = _EventMetrics(registry, Counter, Histogram)
-        registry.register(_StateCollector(daemon, self.pod_resources))
+        metrics_app, counters = _prometheus(daemon, self.pod_resources)
         loop = asyncio.get_running_loop()
-        metrics_app = make_wsgi_app(registry)
 
         def ask_loop(check: Callable[[], list[str]]) -> list[str]:
             async def run_check() -> list[str]:
@@ -115,7 +101,8 @@ class MetricsServer:
             ) from None
         self.bound_port = server.server_port
         thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
-        observe.add_observer(counters.observe)
+        if counters is not None:
+            observe.add_observer(counters.observe)
         thread.start()
         self.serving.set()
         log.info(
@@ -127,9 +114,44 @@ class MetricsServer:
         try:
             await asyncio.Event().wait()
         finally:
-            observe.remove_observer(counters.observe)
+            if counters is not None:
+                observe.remove_observer(counters.observe)
             await asyncio.to_thread(server.shutdown)
             server.server_close()
+
+
+NO_PROMETHEUS = (
+    "prometheus-client is not installed (a dependency of devplug: "
+    "pip install 'prometheus-client>=0.21'): /metrics answers 503; /healthz and /readyz work"
+)
+
+
+def _prometheus(daemon: Daemon, pod_resources: Path | None) -> tuple[Any, _EventMetrics | None]:
+    """The WSGI app of /metrics and the event counters; without prometheus-client, an
+    app answering 503 with the reason (said once in the log) and no counters."""
+    try:
+        from prometheus_client import (
+            CollectorRegistry,
+            Counter,
+            Histogram,
+            disable_created_metrics,
+            make_wsgi_app,
+        )
+        from prometheus_client.process_collector import ProcessCollector
+    except ImportError:
+        log.warning("%s", NO_PROMETHEUS)
+
+        def unavailable(environ: WSGIEnvironment, start_response: StartResponse) -> Any:
+            start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [NO_PROMETHEUS.encode() + b"\n"]
+
+        return unavailable, None
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created`: noise
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    counters = _EventMetrics(registry, Counter, Histogram)
+    registry.register(_StateCollector(daemon, pod_resources))
+    return make_wsgi_app(registry), counters
 
 
 def _not_ready(daemon: Daemon) -> list[str]:

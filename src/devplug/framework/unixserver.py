@@ -4,9 +4,11 @@ for the simulated kubelet alike."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import stat
+import struct
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -49,6 +51,34 @@ class SocketPathTaken(OSError):
     """The socket path holds something this process must not remove; the message says what."""
 
 
+def socket_holder(path: Path) -> str | None:
+    """Who serves the unix socket at `path`, as `process PID (NAME)`; None when nobody
+    answers there (no socket, or a stale one left by a process that died)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(os.fspath(path))
+    except (ConnectionRefusedError, FileNotFoundError, NotADirectoryError):
+        return None
+    except BlockingIOError:  # its backlog is full: someone listens, too busy to accept
+        return "a busy process"
+    except OSError as error:  # no permission to connect: someone may serve it
+        return f"a process this one cannot reach ({error.strerror})"
+    try:
+        cred = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid = struct.unpack("3i", cred)[0]
+    except OSError:
+        return "a process"
+    finally:
+        probe.close()
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        return f"process {pid}" if pid > 0 else "a process"
+    return f"process {pid} ({name})"
+
+
 def clear_stale_socket(path: Path) -> None:
     """Make room for a new socket at `path`: nothing there, or a socket nobody serves
     (left by a process that died) which is removed. Anything else is left alone and
@@ -62,38 +92,53 @@ def clear_stale_socket(path: Path) -> None:
         raise SocketPathTaken(f"{path} is a symbolic link: not followed and not removed")
     if not stat.S_ISSOCK(st.st_mode):
         raise SocketPathTaken(f"{path} exists and is not a socket: it is left alone")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.setblocking(False)
-    try:
-        probe.connect(os.fspath(path))
-    except ConnectionRefusedError:
-        pass  # nobody listens: stale
-    except BlockingIOError:
-        raise SocketPathTaken(f"{path} is served by another process") from None
-    except FileNotFoundError:
-        return
-    else:
-        raise SocketPathTaken(f"{path} is served by another process")
-    finally:
-        probe.close()
+    holder = socket_holder(path)
+    if holder is not None:
+        raise SocketPathTaken(f"{path} is served by {holder}: it is left alone")
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
 
 
 def bind_problem(path: Path) -> str:
-    """Why a socket could not be created at `path`, as far as the folder tells."""
-    folder = path.parent
-    if not folder.is_dir():
-        return f"cannot create socket {path}: the folder {folder} does not exist"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"cannot create socket {path}: permission denied on {folder}"
-    return f"cannot create socket {path}"
+    """Why a socket could not be created at `path`: the error a bind there gets (a
+    read-only file system, no permission, no folder), read from a probe bind."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.bind(os.fspath(path))
+    except OSError as error:
+        if error.errno == errno.ENOENT:
+            return f"cannot create socket {path}: the folder {path.parent} does not exist"
+        return f"cannot create socket {path}: {error.strerror}"
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()  # the probe's own socket file
+        return f"cannot create socket {path}"
+    finally:
+        probe.close()
+
+
+def _link_into_place(hidden: Path, path: Path) -> None:
+    """Give the socket at `hidden` the name `path` (a hard link, which never replaces
+    what another process put there meanwhile), and drop the hidden name."""
+    try:
+        os.link(hidden, path)
+    except FileExistsError:
+        raise SocketPathTaken(f"{path} was taken by another process while starting") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            hidden.unlink()
 
 
 class UnixServer:
     """A grpc.aio server on one unix socket (mode 0600), which it removes when it
     stops unless something else has taken the path meanwhile. It never removes what it
-    did not create, apart from a stale socket nobody serves (see clear_stale_socket)."""
+    did not create, apart from a stale socket nobody serves (see clear_stale_socket).
+
+    gRPC itself unlinks whatever socket is at the path it bound when it stops (and would
+    so remove another process's socket that replaced ours): the server binds a hidden
+    name beside the path (the kubelet's plugin watcher skips dot-files), and the socket
+    is linked into place once it serves, the hidden name removed. gRPC then finds
+    nothing to unlink, and only this class removes the path, while it is still ours."""
 
     def __init__(
         self,
@@ -112,13 +157,16 @@ class UnixServer:
     async def start(self) -> None:
         self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         clear_stale_socket(self.path)
+        hidden = self.path.with_name(f".dp-{os.urandom(4).hex()}")
+        if socket_path_problem(hidden) is not None:
+            hidden = self.path  # no room for a longer name: bound where it is served
         server = grpc.aio.server(options=self._options)
         self._add_services(server)
         # bind() inside add_insecure_port creates the file, 0600 by this umask. No
         # chmod after: it would change the file's ctime, part of its identity.
         umask = os.umask(0o177)
         try:
-            server.add_insecure_port(f"unix://{self.path}")
+            server.add_insecure_port(f"unix://{hidden}")
         except RuntimeError:
             await server.stop(0)
             raise OSError(bind_problem(self.path)) from None
@@ -127,8 +175,12 @@ class UnixServer:
         self._server = server  # set first: a stop() while starting still stops it
         try:
             await server.start()
+            if hidden != self.path:
+                _link_into_place(hidden, self.path)
         except BaseException:
             self._server = None
+            with contextlib.suppress(FileNotFoundError):
+                hidden.unlink()
             await server.stop(0)
             raise
         # The path may be wiped at any moment (a kubelet starting): then the identity

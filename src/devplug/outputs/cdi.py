@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from devplug.framework.device import ContainerEdits, Device, merge_edits
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import physical_id
-from devplug.outputs.files import remove_quietly, write_atomic
+from devplug.outputs.files import NotOurs, OwnedFile, write_atomic
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:
@@ -116,11 +116,16 @@ def spec_document(kind: str, devices: Iterable[Device]) -> dict[str, Any]:
     return spec(kind, entries)
 
 
-def write_spec(path: Path | str, body: Mapping[str, Any]) -> bool:
-    """Write a spec file atomically (JSON, which every CDI version reads)."""
+def _spec_text(body: Mapping[str, Any]) -> str:
+    """A spec as JSON, which every CDI version reads."""
     import json  # only where specs are written: the default daemon does without it
 
-    return write_atomic(path, json.dumps(body, indent=2) + "\n")
+    return json.dumps(body, indent=2) + "\n"
+
+
+def write_spec(path: Path | str, body: Mapping[str, Any]) -> bool:
+    """Write a spec file atomically."""
+    return write_atomic(path, _spec_text(body))
 
 
 def spec_file_name(kind: str) -> str:
@@ -168,24 +173,28 @@ class CdiSpecs:
             self.place = lambda p: (
                 (fixed[p.resource_name], where) if p.resource_name in fixed else None
             )
-        self.written: set[Path] = set()
+        self.written: dict[Path, OwnedFile] = {}
 
     async def run(self, daemon: Daemon) -> None:
+        from devplug.framework.daemon import ServiceFailed
+
         def update(plugins: Sequence[Plugin]) -> None:
             wanted: dict[Path, tuple[Plugin, str]] = {}
             for plugin in plugins:
                 if (place := self.place(plugin)) is not None:
                     kind, folder = place
                     wanted[Path(folder) / spec_file_name(kind)] = (plugin, kind)
-            for path in self.written - wanted.keys():
-                remove_quietly(path)
-            self.written &= wanted.keys()
+            for path in self.written.keys() - wanted.keys():
+                self.written.pop(path).remove()
             for path, (plugin, kind) in wanted.items():
                 document = spec_document(kind, plugin.devices.values())
+                spec = self.written.get(path) or OwnedFile(path, _spec_of(kind))
                 try:  # logged, not fatal: the next change tries again
-                    if write_spec(path, document):
+                    if spec.write(_spec_text(document)):
                         log.info("%s: CDI spec written to %s", plugin.resource_name, path)
-                    self.written.add(path)
+                    self.written[path] = spec
+                except NotOurs as e:  # another's spec: never replaced
+                    raise ServiceFailed(f"{plugin.resource_name}: CDI spec: {e}") from None
                 except OSError as e:
                     log.warning(
                         "%s: cannot write the CDI spec %s: %s", plugin.resource_name, path, e
@@ -194,6 +203,22 @@ class CdiSpecs:
         try:
             await follow(daemon, update, lambda p: self.place(p) is not None)
         finally:
-            for path in self.written:
-                remove_quietly(path)
+            for spec in self.written.values():
+                spec.remove()
             self.written.clear()
+
+
+def _spec_of(kind: str) -> Callable[[bytes], bool]:
+    """Whether a file's content is a spec devplug wrote for `kind` (a JSON object of that
+    kind, from this or an earlier run)."""
+
+    def ours(data: bytes) -> bool:
+        import json
+
+        try:
+            body = json.loads(data)
+        except ValueError:
+            return False
+        return isinstance(body, dict) and body.get("kind") == kind
+
+    return ours

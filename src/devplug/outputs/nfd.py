@@ -3,7 +3,9 @@
 NFD's local source reads `name=value` lines from files in its `features.d` folder and
 turns them into node labels, so a pod can ask for a node with a given device model
 through nodeAffinity. The file is replaced atomically on every change of a device list
-and removed on shutdown, so a node that stops serving stops advertising.
+and removed on shutdown, so a node that stops serving stops advertising. Its first line,
+a comment (NFD skips `#` lines), marks it as devplug's: a file at the path without it is
+another's, never replaced or removed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING
 from devplug.framework.device import Device
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import physical_id
-from devplug.outputs.files import remove_quietly, write_atomic
+from devplug.outputs.files import NotOurs, OwnedFile
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("devplug.outputs.nfd")
 
 DEFAULT_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/devplug"
+HEADER = "# devplug: node labels of the resources it serves; removed when it stops\n"
 MAX_LABEL_VALUE = 63
 _VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
@@ -94,8 +97,11 @@ class FeatureFile:
 
     def __init__(self, path: Path | str = DEFAULT_FEATURE_FILE) -> None:
         self.path = Path(path)
+        self.file = OwnedFile(self.path, lambda data: data.startswith(HEADER.encode()))
 
     async def run(self, daemon: Daemon) -> None:
+        from devplug.framework.daemon import ServiceFailed
+
         refused: set[str] = set()
 
         def update(plugins: Sequence[Plugin]) -> None:
@@ -107,16 +113,19 @@ class FeatureFile:
                         log.warning("label left out of the node features: %s", problem)
                     continue
                 lines.append(f"{name}={value}\n")
-            text = "".join(lines)
+            text = HEADER + "".join(lines)
             # A file that cannot be written is logged, not fatal: the devices are still
-            # served, and the next change tries again.
+            # served, and the next change tries again. Another's file there stops the
+            # daemon: it is never replaced.
             try:
-                if write_atomic(self.path, text):
+                if self.file.write(text):
                     log.info("node features written to %s", self.path)
+            except NotOurs as e:
+                raise ServiceFailed(f"node features: {e}; name another --feature-file") from None
             except OSError as e:
                 log.warning("cannot write node features to %s: %s", self.path, e)
 
         try:
             await follow(daemon, update)
         finally:
-            remove_quietly(self.path)
+            self.file.remove()

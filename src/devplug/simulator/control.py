@@ -10,6 +10,7 @@ Each request is one line `{"op": NAME, ...arguments}`; each answer one line,
 | pods      |                                             | list of PodSummary         |
 | node      |                                             | NodeStatus                 |
 | wait      | resource, count (optional), timeout         | ResourceStatus             |
+| wait_driver | driver (a DRA driver's name), timeout     | its registrations          |
 | restart   | wait_for (list of resources), timeout       | {resource: registrations}  |
 | metrics   |                                             | Prometheus text            |
 
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from devplug.framework.unixserver import SocketIdentity, clear_stale_socket, socket_identity
 from devplug.simulator.pods import ManifestError
 from devplug.simulator.results import NodeStatus, PodResult, PodSummary, ResourceStatus
 
@@ -64,13 +66,14 @@ class ControlServer:
         self.path = path
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
+        self._identity: SocketIdentity | None = None
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        clear_stale_socket(self.path)  # never a file, a link or a socket someone serves
         self._server = await asyncio.start_unix_server(self._serve, self.path, limit=LINE_LIMIT)
         self.path.chmod(0o600)
+        self._identity = socket_identity(self.path)
 
     async def stop(self) -> None:
         server, self._server = self._server, None
@@ -81,8 +84,10 @@ class ControlServer:
             task.cancel()
         await asyncio.gather(*self._clients, return_exceptions=True)
         await server.wait_closed()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        if self._identity is not None and socket_identity(self.path) == self._identity:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()  # ours still: not one another process made since
+        self._identity = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -142,6 +147,11 @@ class ControlServer:
             return await kubelet.wait_for_resource(
                 resource, count=int(count) if count is not None else None, timeout=timeout
             )
+        if op == "wait_driver":
+            driver = request.get("driver")
+            if not isinstance(driver, str):
+                raise ControlError('wait_driver needs a "driver"')
+            return await kubelet.wait_for_registration(driver, timeout=timeout)
         if op == "restart":
             wait_for = [str(r) for r in request.get("wait_for") or []]
             before = {r: kubelet.registrations(r) for r in wait_for}
@@ -169,6 +179,7 @@ class ControlClient:
             sock.settimeout(timeout)
             sock.connect(str(self.path))
             sock.sendall(payload)
+            log.debug("asked %s: %s; waiting up to %g s for the answer", self.path, op, timeout)
             chunks: list[bytes] = []
             while not chunks or not chunks[-1].endswith(b"\n"):
                 chunk = sock.recv(1 << 16)
@@ -204,6 +215,10 @@ class ControlClient:
         return msgspec.convert(
             self.call("wait", resource=resource, count=count, timeout=timeout), ResourceStatus
         )
+
+    def wait_driver(self, driver: str, timeout: float = 10.0) -> int:
+        """Wait until the DRA driver `driver` has registered; its registrations."""
+        return int(self.call("wait_driver", driver=driver, timeout=timeout))
 
     def restart(self, wait_for: list[str] | None = None, timeout: float = 10.0) -> dict[str, int]:
         return msgspec.convert(

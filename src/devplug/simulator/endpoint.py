@@ -43,6 +43,11 @@ def go_rpc_error(error: grpc.aio.AioRpcError) -> str:
     return f"rpc error: code = {go_code_name(error.code())} desc = {error.details() or ''}"
 
 
+# Why a ListAndWatch stream ended when the plugin ended it itself (status OK): a plugin
+# stopping, not a fault.
+CLOSED_BY_PLUGIN = "stream closed by the plugin"
+
+
 class EndpointError(Exception):
     """A call to the plugin failed; the text is the kubelet's wording of the failure."""
 
@@ -136,7 +141,7 @@ class Endpoint:
             return go_rpc_error(error)
         finally:
             self._stream = None
-        return "stream closed by the plugin"
+        return CLOSED_BY_PLUGIN
 
     def _check(self) -> pb_grpc.DevicePluginAsyncStub:
         if self._stub is None or self.stop_time is not None:

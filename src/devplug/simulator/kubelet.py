@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+import os
+import socket
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -32,7 +35,6 @@ import msgspec
 
 from devplug.api.constants import (
     CHECKPOINT_FILE,
-    DEVICE_PLUGIN_PATH,
     ENDPOINT_GRACE_PERIOD_S,
     KUBELET_SOCKET,
     REGISTER_DIAL_TIMEOUT_S,
@@ -40,7 +42,8 @@ from devplug.api.constants import (
 from devplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.unixserver import UnixServer
+from devplug.framework.unixserver import SocketPathTaken, UnixServer, socket_holder
+from devplug.outputs.files import keep_aside
 from devplug.simulator import topology
 from devplug.simulator.endpoint import EndpointError
 from devplug.simulator.events import (
@@ -115,16 +118,18 @@ class Kubelet:
     """A kubelet's device manager, topology manager, PodResources API and pod admission,
     driven by plugins on real sockets and by pod manifests.
 
-    `state_dir` defaults to the parent of `plugin_dir` (/var/lib/kubelet for the real
-    paths). `numa_nodes` is the node's NUMA node count (or their IDs); by default the
-    nodes the devices report. `grace_period` is how long a resource whose plugin went
-    away stays (unhealthy); `dial_timeout` how long Register waits to reach the plugin.
+    `plugin_dir` has no default: the simulator never takes the real kubelet's folder
+    unasked, and refuses to start where a kubelet (or another simulator) answers.
+    `state_dir` defaults to the parent of `plugin_dir`. `numa_nodes` is the node's NUMA
+    node count (or their IDs); by default the nodes the devices report. `grace_period`
+    is how long a resource whose plugin went away stays (unhealthy); `dial_timeout` how
+    long Register waits to reach the plugin.
     `control_socket=False` serves no control socket.
     """
 
     def __init__(
         self,
-        plugin_dir: Path | str = DEVICE_PLUGIN_PATH,
+        plugin_dir: Path | str,
         state_dir: Path | str | None = None,
         *,
         topology_policy: str = topology.POLICY_NONE,
@@ -183,6 +188,8 @@ class Kubelet:
         self._registrations: collections.Counter[str] = collections.Counter()
         self._alloc_durations: dict[str, Histogram] = {}
         self._register_locks: dict[str, asyncio.Lock] = {}
+        # The plugin sockets that registered with this simulator: what a restart removes.
+        self._plugin_sockets: set[Path] = set()
         self._admit_lock = asyncio.Lock()
         self._log = EventLog()
         self._registration_server: UnixServer | None = None
@@ -213,6 +220,7 @@ class Kubelet:
         serve Registration, PodResources (and the control socket)."""
         if self._running:
             return
+        self._refuse_beside_a_kubelet()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._load_pods()
         await self._start_node()
@@ -244,13 +252,24 @@ class Kubelet:
         await self._stop_node()
         log.info("kubelet simulator stopped")
 
-    async def restart(self) -> None:
+    async def restart(
+        self, kill: bool = False, between: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         """What a kubelet restart does to plugins: every socket in the plugin folder is
         removed and kubelet.sock is served anew; allocations come back from the
-        checkpoint, and plugins must register again."""
+        checkpoint, and plugins must register again.
+
+        `kill`: as after a SIGKILL, the old kubelet.sock stays behind, refusing
+        connections, until the next kubelet's start-up wipe removes it with the
+        plugins' sockets (a stopped kubelet removes it itself). `between` runs once the
+        old kubelet has gone and before the new one starts."""
         self._require_running()
         async with self._admit_lock:
             await self._stop_node()
+            if kill:
+                leave_dead_socket(self.registration_socket)
+            if between is not None:
+                await between()
             await self._start_node()
         self._emit(RESTARTED)
 
@@ -266,6 +285,8 @@ class Kubelet:
             alloc_durations=self._alloc_durations,
         )
         self.checkpoint_problem = manager.restore(p.spec.uid for p in self._pods.values())
+        if self.checkpoint_problem and self.checkpoint_path.is_file():
+            self.checkpoint_problem += f"; kept as {self._keep_aside(self.checkpoint_path)}"
         self._manager = manager
         for entry in self._pods.values():
             if entry.result.admitted and not entry.result.containers:
@@ -313,21 +334,38 @@ class Kubelet:
             await self._pod_resources_server.stop(grace=0.5)
             self._pod_resources_server = None
 
+    def _refuse_beside_a_kubelet(self) -> None:
+        """Raise SocketPathTaken, naming the socket and its process, when a kubelet or
+        another simulator answers on one of the sockets this one would serve: starting
+        would take them over (and its plugins' sockets with them)."""
+        for path in (self.registration_socket, self.pod_resources_socket, self.control_socket):
+            if path is not None and (holder := socket_holder(path)) is not None:
+                raise SocketPathTaken(
+                    f"{path} is served by {holder}: a kubelet (or another simulator) runs "
+                    "on this folder; the simulator does not start beside it"
+                )
+
     def _cleanup_plugin_dir(self) -> None:
-        """Remove the sockets in the plugin folder (not the checkpoint, not folders)."""
+        """Remove what a starting kubelet removes from the plugin folder, short of
+        harming anyone: sockets nobody answers on, and the sockets of the plugins that
+        registered with this simulator (a restart). A socket of another live process,
+        files, links and folders stay."""
         keep = {self.checkpoint_path, self.pod_resources_socket}
         if self.control_socket is not None:
             keep.add(self.control_socket)
-        removed = []
+        removed, left = [], []
         for path in sorted(self.plugin_dir.iterdir()):
             if path in keep:
                 continue
             try:
-                mode = path.stat().st_mode
+                mode = path.lstat().st_mode
             except OSError as error:
                 log.error("failed to stat %s: %s", path, error)
                 continue
-            if stat.S_ISDIR(mode) or not stat.S_ISSOCK(mode):
+            if not stat.S_ISSOCK(mode):
+                continue
+            if path not in self._plugin_sockets and socket_holder(path) is not None:
+                left.append(path.name)
                 continue
             try:
                 path.unlink()
@@ -335,8 +373,24 @@ class Kubelet:
                 log.error("failed to remove %s: %s", path, error)
                 continue
             removed.append(path.name)
+        self._plugin_sockets.clear()
         if removed:
-            log.info("removed stale sockets from %s: %s", self.plugin_dir, ", ".join(removed))
+            log.info("removed plugin sockets from %s: %s", self.plugin_dir, ", ".join(removed))
+        if left:
+            log.info(
+                "left the sockets of live processes in %s: %s (they register when they see "
+                "kubelet.sock)",
+                self.plugin_dir,
+                ", ".join(left),
+            )
+
+    @staticmethod
+    def _keep_aside(path: Path) -> Path | str:
+        """An unusable state file renamed aside (never overwritten): where it went."""
+        try:
+            return keep_aside(path)
+        except OSError as error:
+            return f"where it was ({error.strerror or error})"
 
     def _require_running(self) -> DeviceManager:
         if not self._running or self._manager is None:
@@ -460,6 +514,7 @@ class Kubelet:
             except EndpointError as error:
                 raise self._refuse(resource, str(error)) from None
         self._registrations[resource] += 1
+        self._plugin_sockets.add(self.plugin_dir / request.endpoint)
         log.info("%s: registered, endpoint %s", resource, request.endpoint)
         self._emit(REGISTERED, resource=resource, detail=request.endpoint)
 
@@ -487,13 +542,17 @@ class Kubelet:
         manager = self._require_running()
         if isinstance(item, InvalidPod):
             return self._rejected(item.name, item.namespace, "", REASON_INVALID, item.message)
-        if item.key in self._pods or item.uid in self._uids:
+        existing = self._pods.get(item.key)
+        if existing is not None and _same_pod(existing.spec, item):
+            return msgspec.structs.replace(existing.result, unchanged=True)
+        if existing is not None or item.uid in self._uids:
             return self._rejected(
                 item.name,
                 item.namespace,
                 item.uid,
                 REASON_ALREADY_EXISTS,
-                f'pods "{item.name}" already exists',
+                f'pods "{item.name}" already exists with another spec (or uid); delete it '
+                "to apply this one",
             )
         rejection = await manager.admit(item)
         if rejection is not None:
@@ -739,3 +798,27 @@ def _with_cdi(options: RuntimeOptions, cdi: Sequence[str]) -> RuntimeOptions:
         return options
     merged = list(dict.fromkeys([*options.cdi_devices, *cdi]))
     return msgspec.structs.replace(options, cdi_devices=merged)
+
+
+def _same_pod(running: PodSpec, applied: PodSpec) -> bool:
+    """Whether `applied` is the pod that runs again: the same containers and requests,
+    and the same uid when the manifest gives one (without one, a uid is made up)."""
+    meta = applied.manifest.get("metadata") if isinstance(applied.manifest, Mapping) else None
+    uid_given = isinstance(meta, Mapping) and bool(meta.get("uid"))
+    return (
+        running.init_containers == applied.init_containers
+        and running.containers == applied.containers
+        and (not uid_given or running.uid == applied.uid)
+    )
+
+
+def leave_dead_socket(path: Path) -> None:
+    """A socket file at `path` that nobody listens on, as a killed process leaves its
+    listening socket: connecting to it is refused."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        dead.bind(os.fspath(path))
+    finally:
+        dead.close()

@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 from devplug.api.constants import HEALTHY
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.simulator import checkpoint, topology
-from devplug.simulator.endpoint import Endpoint, EndpointError
+from devplug.simulator.endpoint import CLOSED_BY_PLUGIN, Endpoint, EndpointError
 from devplug.simulator.events import ENDPOINT_STOPPED, RESOURCE_REMOVED
 from devplug.simulator.pods import ContainerSpec, PodSpec
 from devplug.simulator.results import (
@@ -254,7 +254,10 @@ class DeviceManager:
         state = self.resources.get(resource)
         if state is None or state.endpoint is not endpoint or self._closed:
             return  # replaced or shutting down: nothing to mark
-        log.warning("%s: ListAndWatch ended unexpectedly for device plugin: %s", resource, why)
+        if why == CLOSED_BY_PLUGIN:  # the plugin stopping: what it meant to do
+            log.info("%s: the device plugin closed its ListAndWatch stream", resource)
+        else:
+            log.warning("%s: ListAndWatch ended unexpectedly for device plugin: %s", resource, why)
         await endpoint.close()
         state.mark_unhealthy()
         self._devices_changed()

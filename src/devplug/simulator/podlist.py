@@ -5,7 +5,8 @@ admitted, `{"deleted": uid}` for a pod deleted. Admitting or deleting a pod appe
 line, so its cost does not grow with the pods the node holds; the file is rewritten
 with the running pods only when the deleted ones make up most of it, and at start.
 A line cut short by a crash is skipped. A file of the earlier layout, one document
-`{"pods": [...]}`, is read as well.
+`{"pods": [...]}`, is read as well. A file with lines that cannot be read is renamed
+aside before it is rewritten (`simulator_pods.json.unusable-1`): nothing is lost.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from devplug.outputs.files import write_atomic
+from devplug.outputs.files import keep_aside, write_atomic
 
 log = logging.getLogger("devplug.simulator.kubelet")
 
@@ -44,14 +45,21 @@ class PodList:
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as error:
-            log.error("cannot read the pod list %s: %s; starting without pods", self.path, error)
+            log.error(
+                "cannot read the pod list %s: %s; starting without pods%s",
+                self.path,
+                error,
+                self._kept_aside(),
+            )
             return []
         pods: dict[str, dict[str, Any]] = {}
+        skipped = False
         for number, line in enumerate(text.splitlines(), 1):
             try:
                 record = json.loads(line)
             except ValueError:
                 log.error("the pod list %s: line %d is not JSON; skipped", self.path, number)
+                skipped = True
                 continue
             if not isinstance(record, dict):
                 continue
@@ -63,7 +71,17 @@ class PodList:
                 if isinstance(item, dict):
                     pods.pop(str(item.get("uid")), None)  # admitted again: now last
                     pods[str(item.get("uid"))] = item
+        if skipped and (where := self._kept_aside()):
+            log.error("the pod list %s: its lines are kept%s", self.path, where)
         return list(pods.values())
+
+    def _kept_aside(self) -> str:
+        """Rename the file aside before it is rewritten: ', the file kept as X'."""
+        try:
+            return f", the file kept as {keep_aside(self.path)}"
+        except OSError as error:
+            log.error("cannot keep the pod list %s aside: %s", self.path, error)
+            return ""
 
     def reset(self, pods: Iterable[tuple[str, Mapping[str, Any]]]) -> None:
         """Start over with these pods (UID, item), rewriting the file with them only."""

@@ -54,7 +54,8 @@ def pod_records(results: Sequence[PodResult]) -> list[dict[str, Any]]:
             records.append(record)
             continue
         for container in pod.containers:
-            records.append(_pod_container_record(pod.name, pod.namespace, pod.uid, container))
+            record = _pod_container_record(pod.name, pod.namespace, pod.uid, container)
+            records.append(record | {"unchanged": pod.unchanged})
     return records
 
 
@@ -97,7 +98,9 @@ def results_text(results: Sequence[PodResult]) -> str:
     rejection with the kubelet's reason and message."""
     lines: list[str] = []
     for pod in results:
-        if pod.admitted:
+        if pod.unchanged:
+            lines.append(f"pod {pod.namespace}/{pod.name} ({pod.uid}): unchanged")
+        elif pod.admitted:
             lines.append(f"pod {pod.namespace}/{pod.name} ({pod.uid}): admitted")
             for container in pod.containers:
                 lines += _container_lines(container)

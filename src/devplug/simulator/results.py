@@ -80,6 +80,8 @@ class PodResult(msgspec.Struct, frozen=True):
     reason: str = ""
     message: str = ""
     containers: list[ContainerResult] = msgspec.field(default_factory=list)
+    # the same pod applied again: nothing done, as kubectl's "unchanged"
+    unchanged: bool = False
 
 
 class DeviceStatus(msgspec.Struct, frozen=True):

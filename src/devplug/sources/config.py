@@ -13,7 +13,7 @@ import os
 import posixpath
 import re
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import msgspec
 import yaml
@@ -38,6 +38,7 @@ from devplug.sources.nvidia.config import NvidiaSpec, check_nvidia
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
 DEFAULT_CONFIG = "default.yaml"
+_T = TypeVar("_T")
 
 
 class ConfigError(Exception):
@@ -142,12 +143,18 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         raise ConfigError(yaml_problem(e, source)) from None
     if data is None:
         raise ConfigError(f"{source}: the config is empty: expected a mapping with 'resources'")
-    try:
-        config = msgspec.convert(data, Config)
-    except msgspec.ValidationError as e:
-        raise ConfigError(_shape_message(source, str(e))) from None
+    config = convert(data, Config, source)
     _check(config, source)
     return config
+
+
+def convert(data: object, schema: type[_T], source: str) -> _T:
+    """`data` (parsed YAML) as a `schema` struct, or a ConfigError naming the file,
+    the field and the problem: the shape check of every devplug file."""
+    try:
+        return msgspec.convert(data, schema)
+    except msgspec.ValidationError as e:
+        raise ConfigError(_shape_message(source, str(e))) from None
 
 
 def yaml_problem(error: yaml.YAMLError, source: str) -> str:

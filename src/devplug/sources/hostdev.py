@@ -41,7 +41,7 @@ from devplug.sources.config import (
     replica_ids,
 )
 from devplug.sources.health import run_checks, verdicts
-from devplug.sources.sysfs.select import Pool, selected_devices, vfio_env
+from devplug.sources.sysfs.select import Pool, Selected, selected_devices, vfio_env
 from devplug.sources.sysfs.tree import Sysfs
 
 log = logging.getLogger("devplug.sources.hostdev")
@@ -71,6 +71,19 @@ class _Base:
     def selected(self) -> bool:
         """Picked by a sysfs selector (it may leave sysfs), rather than named by a path."""
         return self.order[1] == _SELECTED
+
+
+def no_node_warning(resource: str, g: int, device_id: str, selected: Selected) -> str:
+    """A selected device whose node is not under it in sysfs (virtio-rng's /dev/hwrng,
+    a network card) reaches containers with its env and mounts only: say so, and how
+    to give it one."""
+    a = selected.attributes
+    what = ":".join(str(a[k]).removeprefix("0x") for k in ("vendorID", "productID") if k in a)
+    return (
+        f"{resource}: device {device_id}{f' ({what})' if what else ''} has no device node "
+        f"under it in sysfs: containers get none from it; to give them one, name it by "
+        f"path in groups[{g}].paths"
+    )
 
 
 class HostDevicePlugin(Plugin):
@@ -172,6 +185,8 @@ class HostDevicePlugin(Plugin):
             self._present.add(base.id)
             if warning := self._add(base, replace=True):
                 warnings.append(warning)
+            if not base.nodes:
+                warnings.append(no_node_warning(self.resource_name, g, device_id, selected))
 
     def _discover_paths(self, g: int, group: GroupSpec, warnings: list[str]) -> None:
         """The devices of a group of paths: one for the static paths, one per glob match."""

@@ -130,9 +130,11 @@ def watch_until(
     `ResourceV1Api(api).list_resource_slice`) that `predicate` accepts, as its JSON
     form; TimeoutError after `timeout` seconds. Blocking: run it in a thread from a loop.
 
-    The watch starts from resource version "0" (the apiserver's watch cache as it is,
-    current objects first), and starts again when the cache answers that it is
-    behind, which an etcd without progress notifications makes it say.
+    A list first (the objects there now), then a watch from the list's resource
+    version, as an informer does; both again when the apiserver's watch cache answers
+    that it is behind the list (etcd 3.5.1 sends no progress notifications, so the
+    cache of a kind that has not changed lately lags etcd and answers 504 "Too large
+    resource version"; a watch from version "0" then sends nothing at all).
     """
     import time
 
@@ -141,10 +143,18 @@ def watch_until(
 
     deadline = time.monotonic() + timeout
     while (left := int(deadline - time.monotonic())) > 0:
+        listed = list_call(**kwargs)
+        for item in listed.items:
+            found: dict[str, Any] = api.sanitize_for_serialization(item)
+            if predicate(found):
+                return found
         watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
         try:
             for event in watcher.stream(
-                list_call, timeout_seconds=left, resource_version="0", **kwargs
+                list_call,
+                timeout_seconds=left,
+                resource_version=listed.metadata.resource_version,
+                **kwargs,
             ):
                 obj: dict[str, Any] = api.sanitize_for_serialization(event["object"])
                 if event["type"] != "DELETED" and predicate(obj):

@@ -641,12 +641,18 @@ class KubeletHarness:
     # -- restarts ---------------------------------------------------------------------------------
 
     def restart(
-        self, *, wait_for: Sequence[str] | None = None, timeout: float | None = None
+        self,
+        *,
+        wait_for: Sequence[str] | None = None,
+        timeout: float | None = None,
+        kill: bool = False,
     ) -> dict[str, int]:
         """Restart the kubelet as a kubelet restarts (plugin sockets removed, kubelet.sock
         served anew, allocations restored from the checkpoint), then wait until the
         resources of `wait_for` (default: those of the running plugin processes) have
-        registered again and listed their devices. Returns their registration counts."""
+        registered again and listed their devices. Returns their registration counts.
+        `kill`: as after SIGKILL, the old kubelet.sock is left behind until the new
+        kubelet's start-up wipe."""
         if wait_for is None:
             wait_for = [r for p in self.processes if p.running for r in p.resources]
         resources = list(dict.fromkeys(wait_for))
@@ -655,7 +661,7 @@ class KubeletHarness:
 
         async def restart() -> dict[str, int]:
             before = {r: kubelet.registrations(r) for r in resources}
-            await kubelet.restart()
+            await kubelet.restart(kill=kill)
             for r in resources:
                 await self._guarded(
                     kubelet.wait_for_registration(r, after=before[r], timeout=t),

@@ -22,9 +22,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
+import json
 import os
 import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -61,8 +64,13 @@ LOCK_TIMEOUT_S = 1800.0  # two full test runs of another checkout
 LOCK_POLL_S = 0.5  # a released flock sends no event: the waiter asks again
 MARKER = ".devplug-node"  # in a cluster folder this module made (and may clean up)
 UP_TIMEOUT_S = 240.0
+ROLLOUT_S = 120.0
 BUSYBOX = "docker.io/local/busybox:k8s"
+# The kubelet's lines (v1.36, --v=2) for a registration request and for its end: the
+# plugin dialled back, or not (`failed to dial device plugin: context deadline exceeded`).
 REGISTRATION = "Got registration request from device plugin with resource"
+CONNECTED = "Connected to new client"
+DIAL_FAILED = "Failed to connect to new client"
 _KLOG = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{6})\s+(\d+) ")
 
 
@@ -297,12 +305,64 @@ def unschedulable(pod: dict[str, Any]) -> str | None:
     return None
 
 
-def allocatable(node: dict[str, Any], resource: str) -> int:
+def allocatable(node: Mapping[str, Any], resource: str) -> int:
     return int(((node.get("status") or {}).get("allocatable") or {}).get(resource, 0))
 
 
-def capacity(node: dict[str, Any], resource: str) -> int:
+def capacity(node: Mapping[str, Any], resource: str) -> int:
     return int(((node.get("status") or {}).get("capacity") or {}).get(resource, 0))
+
+
+def whole(node: Mapping[str, Any], resources: Mapping[str, int]) -> bool:
+    """Whether the node's allocatable is `resources`' counts, for each one named."""
+    return all(allocatable(node, r) == n for r, n in resources.items())
+
+
+class NodeHistory:
+    """The node's updates as the API sent them: (arrival time, node JSON)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.updates: list[tuple[float, dict[str, Any]]] = []
+        self._changed = threading.Condition()
+
+    def add(self, node: dict[str, Any]) -> None:
+        with self._changed:
+            self.updates.append((time.time(), node))
+            self._changed.notify_all()
+
+    def wait_for(
+        self,
+        predicate: Callable[[list[tuple[float, dict[str, Any]]]], bool],
+        timeout: float = 60.0,
+    ) -> list[tuple[float, dict[str, Any]]]:
+        """The updates so far once `predicate` holds for them; TimeoutError after
+        `timeout` seconds."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: predicate(self.updates), timeout):
+                raise TimeoutError(f"the node's updates did not show it within {timeout:g} s")
+            return list(self.updates)
+
+    def allocatable_back(
+        self, resources: Mapping[str, int], after: float, registered: float
+    ) -> tuple[float, bool]:
+        """When the API showed the node's allocatable whole again after `after` (a
+        kubelet start, a plugin pod deleted): waits for the node's first update past
+        `after`; if it, or a later one, showed less, the whole one that follows the last
+        drop is the answer. With no drop the API never showed less, and the plugin's
+        registration (`registered`) is when it was whole again. Returns the time and
+        whether a drop was seen."""
+
+        def settled(updates: list[tuple[float, dict[str, Any]]]) -> bool:
+            later = [n for t, n in updates if t >= after]
+            return bool(later) and whole(later[-1], resources)
+
+        updates = [(t, n) for t, n in self.wait_for(settled) if t >= after]
+        drops = [i for i, (_, n) in enumerate(updates) if not whole(n, resources)]
+        if not drops:
+            return registered, False
+        return next(t for t, n in updates[drops[-1] + 1 :] if whole(n, resources)), True
 
 
 class RealNode:
@@ -340,9 +400,15 @@ class RealNode:
             timeout=UP_TIMEOUT_S,
             env={"K8S_BIN": str(self.bin_dir), "PYTHON": sys.executable, "KUBECTL": kubectl},
         )
-        self.env = dict(
-            line.split("=", 1) for line in (self.folder / "env").read_text().splitlines() if line
-        )
+        self.attach()
+
+    def attach(self) -> None:
+        """Use the cluster already running in `folder` (started by `up` elsewhere, or
+        `node.sh up FOLDER`): for iterating on tests without a start per run."""
+        env = self.folder / "env"
+        if not (self.folder / "kubelet.pid").is_file() or not env.is_file():
+            raise RuntimeError(f"no running node.sh cluster in {self.folder}")
+        self.env = dict(line.split("=", 1) for line in env.read_text().splitlines() if line)
 
     def down(self) -> None:
         """Stop everything `up` started; the logs stay in `folder`/logs."""
@@ -401,6 +467,12 @@ class RealNode:
         return self.folder / "logs" / "kubelet.log"
 
     @property
+    def plugin_dir(self) -> Path:
+        """The node's /var/lib/kubelet/device-plugins, as the host sees it (the node's
+        /var/lib/kubelet is a bind mount of a folder in `folder`)."""
+        return self.folder / "kubelet-root" / "device-plugins"
+
+    @property
     def kubelet_pid(self) -> int:
         return int((self.folder / "kubelet.pid").read_text())
 
@@ -455,11 +527,29 @@ class RealNode:
         """Load an OCI or docker archive into the node's containerd (`node.sh import`)."""
         self._node_sh("import", str(archive), timeout=300)
 
-    def restart_kubelet(self, kill: bool = False) -> KubeletStart:
+    def restart_kubelet(
+        self, kill: bool = False, between: Callable[[], None] | None = None
+    ) -> KubeletStart:
         """Stop the kubelet (SIGTERM, or SIGKILL with `kill`) and start it again, as a
-        node restart does; returns once the new process runs."""
+        node restart does; returns once the new process runs. `between` runs once the
+        old kubelet has exited and before the new one starts (what a node sees in that
+        gap); without it, `node.sh restart-kubelet` does both steps."""
         offset = self.kubelet_log.stat().st_size
-        self._node_sh("restart-kubelet", *(["--kill"] if kill else []), timeout=60)
+        if between is None:
+            self._node_sh("restart-kubelet", *(["--kill"] if kill else []), timeout=60)
+        else:
+            pid = self.kubelet_pid
+            fd = os.pidfd_open(pid)
+            try:
+                os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+                # The pidfd turns readable when the process has exited.
+                if not select.select([fd], [], [], 30)[0]:
+                    raise TimeoutError(f"the kubelet (pid {pid}) did not exit within 30 s")
+            finally:
+                os.close(fd)
+            between()
+            # node.sh's own step of restart-kubelet: the same command line, in the node.
+            self.exec("bash", str(self.script), "_start-kubelet", str(self.folder))
         pid = self.kubelet_pid
         return KubeletStart(pid, process_start(pid), offset)
 
@@ -476,17 +566,70 @@ class RealNode:
             lines = [line for line in lines if klog_pid(line) == since.pid]
         return lines
 
-    def registrations(self, since: KubeletStart | int = 0) -> dict[str, list[float]]:
-        """Resource name -> the times the kubelet logged a device-plugin registration
-        request for it (wall clock), from `since`."""
+    def logged(
+        self, message: str, key: str, since: KubeletStart | int = 0
+    ) -> dict[str, list[float]]:
+        """Value of `key` -> the times (wall clock) of the kubelet's lines with
+        `message`, from `since`: e.g. `logged(REGISTRATION, "resourceName")`."""
+        pattern = re.compile(rf'\b{re.escape(key)}="([^"]+)"')
         found: dict[str, list[float]] = defaultdict(list)
         for line in self.kubelet_lines(since):
-            if REGISTRATION in line:
-                name = re.search(r'resourceName="([^"]+)"', line)
+            if message in line:
+                value = pattern.search(line)
                 stamp = klog_time(line)
-                if name and stamp is not None:
-                    found[name.group(1)].append(stamp)
+                if value and stamp is not None:
+                    found[value.group(1)].append(stamp)
         return dict(found)
+
+    def registrations(self, since: KubeletStart | int = 0) -> dict[str, list[float]]:
+        """Resource name -> the times the kubelet got a device-plugin registration
+        request for it, from `since` (each request counts, refused or not)."""
+        return self.logged(REGISTRATION, "resourceName", since)
+
+    def connected(self, since: KubeletStart | int = 0) -> dict[str, list[float]]:
+        """Resource name -> the times the kubelet dialled the plugin back and connected
+        (the registration went through)."""
+        return self.logged(CONNECTED, "resource", since)
+
+    def all_connected(self, resources: list[str], since: KubeletStart | int) -> float | None:
+        """When the kubelet had dialled back every one of `resources` since `since`
+        (the last of them; wall clock), or None while one is missing."""
+        connected = self.connected(since)
+        if not all(connected.get(r) for r in resources):
+            return None
+        return max(min(connected[r]) for r in resources)
+
+    def wait_connected(
+        self, resources: list[str], since: KubeletStart | int, timeout: float = 30.0
+    ) -> float:
+        """Wait until the kubelet has dialled back every one of `resources` since
+        `since`; when it did the last of them (wall clock, from its log)."""
+        self.wait_kubelet_log(
+            lambda _: self.all_connected(resources, since) is not None, since, timeout
+        )
+        done = self.all_connected(resources, since)
+        assert done is not None
+        return done
+
+    def wait_kubelet_log(
+        self,
+        predicate: Callable[[list[str]], bool],
+        since: KubeletStart | int = 0,
+        timeout: float = 30.0,
+    ) -> list[str]:
+        """The kubelet's lines from `since` once `predicate` holds for them; woken by
+        inotify on the log file, never polling. TimeoutError after `timeout` s."""
+        from asyncinotify import Inotify, Mask
+
+        deadline = time.monotonic() + timeout
+        with Inotify() as inotify:
+            inotify.add_watch(self.kubelet_log, Mask.MODIFY)
+            while not predicate(lines := self.kubelet_lines(since)):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([inotify.fd], [], [], left)[0]:
+                    raise TimeoutError(f"the kubelet's log did not show it within {timeout:g} s")
+                os.read(inotify.fd, 65536)  # drain; the lines are read again from the file
+        return lines
 
     def log_offset(self) -> int:
         """Where the kubelet's log ends now: `kubelet_lines(offset)` reads what follows."""
@@ -534,6 +677,38 @@ class RealNode:
             lambda n: all(allocatable(n, r) == c for r, c in wanted.items()), timeout
         )
 
+    @contextlib.contextmanager
+    def node_history(self) -> Iterator[NodeHistory]:
+        """Every update of the node from now on, recorded by a watch in a thread while
+        the block runs: how the API saw a restart."""
+        import threading
+
+        from kubernetes import client, watch
+
+        history = NodeHistory()
+        core = client.CoreV1Api(self.api)
+        version = self.node()["metadata"]["resourceVersion"]
+        done = threading.Event()
+
+        def follow() -> None:
+            watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(Exception):
+                for event in watcher.stream(
+                    core.list_node,
+                    field_selector=f"metadata.name={self.node_name}",
+                    resource_version=version,
+                    timeout_seconds=600,
+                ):
+                    history.add(self.api.sanitize_for_serialization(event["object"]))
+                    if done.is_set():
+                        return
+
+        threading.Thread(target=follow, name="node history", daemon=True).start()
+        try:
+            yield history
+        finally:
+            done.set()  # the thread ends at its next event; nobody waits for it
+
     def node(self) -> dict[str, Any]:
         from kubernetes import client
 
@@ -541,6 +716,45 @@ class RealNode:
             client.CoreV1Api(self.api).read_node(self.node_name)
         )
         return obj
+
+    # -- DaemonSets -------------------------------------------------------------
+
+    def daemon_pods(self, namespace: str, daemonset: str) -> list[dict[str, Any]]:
+        """The DaemonSet's pods that are not being deleted."""
+        listed = self.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout
+        return [
+            pod
+            for pod in json.loads(listed)["items"]
+            if not pod["metadata"].get("deletionTimestamp")
+            and any(o["name"] == daemonset for o in pod["metadata"].get("ownerReferences") or [])
+        ]
+
+    def rolled_out(self, namespace: str, daemonset: str, timeout: float = ROLLOUT_S) -> str:
+        """Wait until the DaemonSet's pod here is updated and Ready (`kubectl rollout
+        status` watches it); its name."""
+        self.kubectl(
+            *("-n", namespace, "rollout", "status", f"ds/{daemonset}"),
+            f"--timeout={timeout:.0f}s",
+            timeout=timeout + 30,
+        )
+        [pod] = self.daemon_pods(namespace, daemonset)
+        return str(pod["metadata"]["name"])
+
+    @contextlib.contextmanager
+    def deployed(
+        self, kustomization: Path, namespace: str, daemonset: str, timeout: float = ROLLOUT_S
+    ) -> Iterator[str]:
+        """`kubectl apply -k`, until its DaemonSet's pod is Ready (its name is
+        yielded); everything it made is deleted afterwards, waited for."""
+        self.kubectl("apply", "-k", str(kustomization))
+        try:
+            yield self.rolled_out(namespace, daemonset, timeout)
+        finally:
+            self.kubectl(
+                *("delete", "-k", str(kustomization), "--wait=true", "--ignore-not-found"),
+                f"--timeout={timeout:.0f}s",
+                timeout=timeout + 30,
+            )
 
     # -- pods -------------------------------------------------------------------
 
@@ -581,6 +795,4 @@ class RealNode:
 
     def create(self, manifest: Mapping[str, Any]) -> None:
         """Create one object from its manifest (`kubectl create -f -`)."""
-        import json
-
         self.kubectl("create", "-f", "-", input=json.dumps(manifest))

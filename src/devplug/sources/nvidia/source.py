@@ -95,6 +95,13 @@ class GpuSource:
         else:
             self._set_view(view)
 
+    def release(self) -> None:
+        """Stop the NVML that `read_now` started, when no `run` will take it over (a
+        one-shot read: the devices of a simulated fleet's pool)."""
+        nvml, self._started = self._started, None
+        if nvml is not None:
+            nvml.stop()
+
     def healthy(self, unit: Unit) -> bool:
         return self._health.get(unit.uuid, True)
 

@@ -19,6 +19,15 @@ from typing import Any
 
 log = logging.getLogger("devplug.sources.sysfs.udev")
 
+_said: set[str] = set()  # each reason hot-plug falls back to /dev, said once per process
+
+
+def _fall_back(reason: str) -> None:
+    if reason not in _said:
+        _said.add(reason)
+        log.warning("%s: USB/PCI hot-plug is seen through /dev only", reason)
+
+
 SUBSYSTEMS = ("usb", "pci", "tty", "video4linux", "hidraw", "sound", "drm", "vfio")
 
 
@@ -33,10 +42,12 @@ class UdevEvents:
     def start(cls, callback: Callable[[], None]) -> UdevEvents | None:
         """Listen on the event loop; None (with a warning) where netlink is refused,
         leaving the inotify watch of /dev."""
+        from devplug.extras import MissingExtra, require
+
         try:
-            import pyudev
-        except ImportError:
-            log.warning("pyudev is not installed: USB/PCI hot-plug is seen through /dev only")
+            pyudev = require("pyudev", "udev", "udev hot-plug events")
+        except MissingExtra as e:
+            _fall_back(str(e))
             return None
         try:
             monitor = pyudev.Monitor.from_netlink(pyudev.Context(), source="kernel")
@@ -44,7 +55,7 @@ class UdevEvents:
                 monitor.filter_by(subsystem)
             monitor.start()
         except (OSError, pyudev.DeviceNotFoundError, ImportError) as e:
-            log.warning("udev events unavailable (%s): hot-plug is seen through /dev only", e)
+            _fall_back(f"udev events unavailable ({e})")
             return None
         loop = asyncio.get_running_loop()
 

@@ -1,0 +1,414 @@
+"""`devplug fleet` against the real kube-apiserver, etcd and kube-scheduler: nodes
+registered, pods scheduled by the real scheduler and admitted by the fleet's kubelet
+stand-ins end to end, the CPU each process spent on it, the fleet's memory per node,
+and the lean API client beside the official asyncio client on the same calls.
+
+`make bench` runs it at 100 nodes (`bench_fleet(root)`); `make fleet-bench` at 1,000
+nodes and 10,000 pods (`python bench/fleet.py --nodes 1000 --pods 10000`). Skipped,
+with the reason, where the control-plane binaries are absent.
+
+The pods go to a kube-scheduler of the benchmark's own (the same binary, its own
+scheduler name) so that its metrics endpoint can be read; the control plane's own
+scheduler ignores them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from common import cpu_seconds, rss_mib
+
+from devplug.testing.controlplane import ControlPlane, how_to_provide
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEDULER = "devplug-bench"
+RESOURCE = "bench.devplug.io/gpu"
+DEVICES_PER_NODE = 8
+SHARES = 2  # each device served twice: 10,000 pods fit on 1,000 nodes
+CLIENT_CALLS = 300
+NAMESPACE = "default"
+
+
+def bench_fleet(
+    root: Path, nodes: int = 100, pods: int = 800, qps: int | None = None
+) -> dict[str, Any]:
+    plane = ControlPlane.find(ROOT)
+    if plane is None:
+        return {"skipped": how_to_provide(ROOT)}
+    kubeconfig = plane.start()
+    try:
+        return _bench(root / "fleet", kubeconfig, plane.bin_dir, nodes, pods, qps)
+    finally:
+        plane.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _pids(pattern: str) -> list[int]:
+    """Processes whose command line contains `pattern`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if pattern in line:
+            found.append(int(entry.name))
+    return found
+
+
+def _cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            continue
+    return total
+
+
+def _scheduler_metrics(port: int) -> dict[str, float]:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context) as r:
+        text = r.read().decode()
+    wanted = {
+        "scheduled": r'scheduler_schedule_attempts_total\{profile="%s",result="scheduled"\} (\S+)',
+        "unschedulable": r'scheduler_schedule_attempts_total\{profile="%s",result="unschedulable"\} (\S+)',  # noqa: E501
+        "attempt_seconds_sum": r'scheduler_scheduling_attempt_duration_seconds_sum\{profile="%s",result="scheduled"\} (\S+)',  # noqa: E501
+        "attempt_seconds_count": r'scheduler_scheduling_attempt_duration_seconds_count\{profile="%s",result="scheduled"\} (\S+)',  # noqa: E501
+    }
+    found: dict[str, float] = {}
+    for key, pattern in wanted.items():
+        match = re.search(pattern % SCHEDULER, text)
+        if match:
+            found[key] = float(match.group(1))
+    return found
+
+
+def _start_scheduler(
+    folder: Path, kubeconfig: str, bin_dir: Path, qps: int | None
+) -> tuple[Any, int]:
+    port = _free_port()
+    config = folder / "scheduler.yaml"
+    limits = f"\n  qps: {qps}\n  burst: {qps * 2}" if qps else ""
+    config.write_text(
+        f"""apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: {kubeconfig}{limits}
+leaderElection:
+  leaderElect: false
+profiles:
+  - schedulerName: {SCHEDULER}
+"""
+    )
+    log = (folder / "scheduler.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            str(bin_dir / "kube-scheduler"),
+            f"--config={config}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return proc, port
+
+
+def _wait_ready(port: int, proc: Any, timeout: float = 60) -> None:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("the benchmark's kube-scheduler exited")
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=context):
+                return
+        except OSError:
+            time.sleep(0.2)  # polling a process's readiness endpoint: nothing to wait on
+    raise RuntimeError("the benchmark's kube-scheduler did not get ready")
+
+
+def _fleet_file(folder: Path, nodes: int) -> Path:
+    path = folder / "fleet.yaml"
+    path.write_text(
+        f"""name: bench
+pools:
+  - name: gpu
+    count: {nodes}
+    namePrefix: bench-gpu-
+    cpu: 64
+    memory: 512Gi
+    config:
+      resources:
+        - name: {RESOURCE}
+          virtual: {DEVICES_PER_NODE}
+          count: {SHARES}
+"""
+    )
+    return path
+
+
+def _pod(index: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"bench-{index}", "namespace": NAMESPACE},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/bench:1",
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "128Mi"},
+                        "limits": {RESOURCE: "1"},
+                    },
+                }
+            ],
+        },
+    }
+
+
+async def _compare_clients(kubeconfig: str) -> dict[str, Any]:
+    """The same node status patches through the official asyncio client and the fleet's
+    lean path: CPU per call in this process, and the ratio."""
+    from kubernetes.aio import client, config
+
+    from devplug.fleet.kube import MERGE_PATCH, KubeApi
+
+    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench-client-node"}}
+    patch = {"metadata": {"labels": {"bench": "x"}}}
+    result: dict[str, Any] = {"calls": CLIENT_CALLS}
+    async with KubeApi.from_kubeconfig(kubeconfig) as api:
+        await api.call("POST", "/api/v1/nodes", body)
+        started = _own_cpu()
+        for i in range(CLIENT_CALLS):
+            patch["metadata"]["labels"]["bench"] = f"lean-{i}"
+            await api.call(
+                "PATCH", "/api/v1/nodes/bench-client-node", patch, content_type=MERGE_PATCH
+            )
+        result["lean_cpu_ms_per_call"] = round((_own_cpu() - started) / CLIENT_CALLS * 1000, 3)
+        settings = client.Configuration()
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=settings)
+        async with client.ApiClient(settings) as official:
+            core = client.CoreV1Api(official)
+            await core.read_node("bench-client-node")  # warm-up: the first call loads models
+            started = _own_cpu()
+            for i in range(CLIENT_CALLS):
+                patch["metadata"]["labels"]["bench"] = f"official-{i}"
+                await core.patch_node("bench-client-node", patch)
+            result["official_aio_cpu_ms_per_call"] = round(
+                (_own_cpu() - started) / CLIENT_CALLS * 1000, 3
+            )
+        await api.call("DELETE", "/api/v1/nodes/bench-client-node")
+    result["official_over_lean"] = round(
+        result["official_aio_cpu_ms_per_call"] / max(result["lean_cpu_ms_per_call"], 1e-3), 2
+    )
+    return result
+
+
+def _own_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def _bench(
+    folder: Path, kubeconfig: str, bin_dir: Path, nodes: int, pods: int, qps: int | None
+) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    plane_dir = str(Path(kubeconfig).parent)
+    apiserver = _pids(f"--cert-dir={plane_dir}/certs")
+    etcd = _pids(f"--data-dir={plane_dir}/etcd")
+    report: dict[str, Any] = {
+        "nodes": nodes,
+        "devices_per_node": DEVICES_PER_NODE,
+        "shares_per_device": SHARES,
+        "pods": pods,
+    }
+    report["scheduler_client_qps"] = qps or "default"
+    scheduler, port = _start_scheduler(folder, kubeconfig, bin_dir, qps)
+    fleet_file = _fleet_file(folder, nodes)
+    command = [sys.executable, "-m", "devplug.cli.main", "--log-level", "warning", "fleet", "up"]
+    command += ["-f", str(fleet_file), "--kubeconfig", kubeconfig, "-o", "json"]
+    started = time.monotonic()
+    fleet = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(port, scheduler)
+        assert fleet.stdout is not None
+        ready = json.loads(fleet.stdout.readline())
+        report["registered_s"] = round(time.monotonic() - started, 2)
+        report["fleet_register_s"] = ready["register_s"]
+        report["rss_mib"] = ready["rss_mib"]
+        report["rss_per_node_kib"] = round(
+            (ready["rss_mib"] - ready["rss_before_nodes_mib"]) * 1024 / nodes, 1
+        )
+        report["end_to_end"] = asyncio.run(
+            _pods_end_to_end(kubeconfig, pods, fleet.pid, scheduler.pid, apiserver, etcd)
+        )
+        report["end_to_end"]["scheduler_metrics"] = _scheduler_metrics(port)
+        report["rss_after_pods_mib"] = rss_mib(fleet.pid)
+        report["client"] = asyncio.run(_compare_clients(kubeconfig))
+    finally:
+        fleet.send_signal(signal.SIGTERM)
+        out, _ = fleet.communicate(timeout=60)
+        scheduler.terminate()
+        scheduler.wait(timeout=30)
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    stopped = next((line for line in lines if line.get("event") == "stopped"), {})
+    report["fleet_counters"] = {
+        k: stopped.get(k)
+        for k in (
+            "admitted",
+            "rejected",
+            "status_writes",
+            "lease_renewals",
+            "lease_failures",
+            "lease_late",
+        )
+    }
+    started = time.monotonic()
+    down = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devplug.cli.main",
+            "fleet",
+            "down",
+            "-f",
+            str(fleet_file),
+            "--kubeconfig",
+            kubeconfig,
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report["down_s"] = round(time.monotonic() - started, 2)
+    report["down"] = json.loads(down.stdout)
+    return report
+
+
+async def _pods_end_to_end(
+    kubeconfig: str,
+    count: int,
+    fleet_pid: int,
+    scheduler_pid: int,
+    apiserver: list[int],
+    etcd: list[int],
+) -> dict[str, Any]:
+    from devplug.fleet.kube import KubeApi
+
+    async with KubeApi.from_kubeconfig(kubeconfig, concurrency=16) as api:
+        return await _pods_through(api, count, fleet_pid, scheduler_pid, apiserver, etcd)
+
+
+async def _pods_through(
+    api: Any, count: int, fleet_pid: int, scheduler_pid: int, apiserver: list[int], etcd: list[int]
+) -> dict[str, Any]:
+    """Create `count` pods and wait until every one is Running (watched)."""
+    import msgspec
+
+    running: set[str] = set()
+    done = asyncio.Event()
+    listed = await api.call("GET", f"/api/v1/namespaces/{NAMESPACE}/pods", params={"limit": "1"})
+    version = listed["metadata"]["resourceVersion"]
+
+    async def watch() -> None:
+        nonlocal version
+        while not done.is_set():
+            params = {"resourceVersion": version, "allowWatchBookmarks": "true"}
+            async for line in api.watch(f"/api/v1/namespaces/{NAMESPACE}/pods", params, 300):
+                event = msgspec.json.decode(line)
+                obj = event.get("object") or {}
+                version = obj.get("metadata", {}).get("resourceVersion", version)
+                if (obj.get("status") or {}).get("phase") == "Running":
+                    running.add(obj["metadata"]["name"])
+                    if len(running) >= count:
+                        done.set()
+                        return
+
+    cpu_before = {
+        "fleet": cpu_seconds(fleet_pid),
+        "scheduler": cpu_seconds(scheduler_pid),
+        "apiserver": _cpu(apiserver),
+        "etcd": _cpu(etcd),
+        "bench_client": _own_cpu(),
+    }
+    watcher = asyncio.create_task(watch())
+    gate = asyncio.Semaphore(16)
+    started = time.monotonic()
+
+    async def create(index: int) -> None:
+        async with gate:
+            await api.call("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", _pod(index))
+
+    await asyncio.gather(*(create(i) for i in range(count)))
+    created = time.monotonic() - started
+    await asyncio.wait_for(done.wait(), timeout=max(120.0, count / 10))
+    elapsed = time.monotonic() - started
+    watcher.cancel()
+    cpu = {
+        "fleet": cpu_seconds(fleet_pid) - cpu_before["fleet"],
+        "scheduler": cpu_seconds(scheduler_pid) - cpu_before["scheduler"],
+        "apiserver": _cpu(apiserver) - cpu_before["apiserver"],
+        "etcd": _cpu(etcd) - cpu_before["etcd"],
+        "bench_client": _own_cpu() - cpu_before["bench_client"],
+    }
+    result = {
+        "pods_running": len(running),
+        "created_s": round(created, 2),
+        "all_running_s": round(elapsed, 2),
+        "pods_per_s": round(count / elapsed, 1),
+        "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+        "cpu_share_of_wall": {k: round(v / elapsed, 3) for k, v in cpu.items()},
+    }
+    return result
+
+
+def main() -> int:
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=10_000)
+    parser.add_argument(
+        "--scheduler-qps", type=int, help="the scheduler's client QPS (default: its own)"
+    )
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="devplug-fleet-bench-") as tmp:
+        report = bench_fleet(Path(tmp), args.nodes, args.pods, args.scheduler_qps)
+    print(json.dumps({"fleet": report}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

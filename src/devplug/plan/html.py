@@ -1,0 +1,102 @@
+"""The capacity report as one self-contained HTML page with plots drawn by plotly (the
+`report` extra, imported only here): device utilisation per pool over the run, stranded
+devices per pool and run, and why pods are pending or failed. The page carries
+plotly.js inline, so it opens without a network."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping
+from typing import Any
+
+from devplug.plan.report import report_text, scheduler_reasons
+
+
+def _utilisation(document: Mapping[str, Any]) -> Any:
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    for summary in document["runs"]:
+        for pool, counts in summary["pools"].items():
+            capacity = sum(d["capacity"] for d in counts["devices"].values())
+            if not capacity:
+                continue
+            used = [100 * point.get(pool, 0) / capacity for point in summary["timeline"]]
+            figure.add_trace(
+                go.Scatter(
+                    x=list(range(1, len(used) + 1)),
+                    y=used,
+                    mode="lines",
+                    name=f"{pool} ({summary['variant']})",
+                )
+            )
+    figure.update_layout(
+        title="Devices in use per pool over the run",
+        xaxis_title="pods placed, in workload order",
+        yaxis_title="% of the pool's devices",
+        yaxis_range=[0, 100],
+    )
+    return figure
+
+
+def _stranded(document: Mapping[str, Any]) -> Any:
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    for summary in document["runs"]:
+        pools = list(summary["pools"])
+        figure.add_trace(
+            go.Bar(
+                x=pools,
+                y=[
+                    sum(d["stranded"] for d in summary["pools"][p]["devices"].values())
+                    for p in pools
+                ],
+                name=summary["variant"],
+            )
+        )
+    figure.update_layout(
+        title="Stranded devices (free where no pending pod fits)",
+        barmode="group",
+        yaxis_title="devices",
+    )
+    return figure
+
+
+def _reasons(document: Mapping[str, Any]) -> Any:
+    import plotly.graph_objects as go
+
+    per_reason: dict[str, dict[str, int]] = {}
+    variants = [s["variant"] for s in document["runs"]]
+    for summary in document["runs"]:
+        for message, pods in summary["scheduler_reasons"].items():
+            # The scheduler's main reason per pod: the one most nodes gave.
+            found = scheduler_reasons(message)
+            reason = f"scheduler: {found.most_common(1)[0][0]}" if found else "scheduler: pending"
+            per_reason.setdefault(reason, {})
+            per_reason[reason][summary["variant"]] = per_reason[reason].get(summary["variant"], 0)
+            per_reason[reason][summary["variant"]] += pods
+        for reason, info in summary["kubelet_reasons"].items():
+            per_reason.setdefault(f"kubelet: {reason}", {})[summary["variant"]] = info["pods"]
+    figure = go.Figure()
+    for reason, counts in sorted(per_reason.items()):
+        figure.add_trace(go.Bar(x=variants, y=[counts.get(v, 0) for v in variants], name=reason))
+    figure.update_layout(title="Pods not running, by reason", barmode="stack", yaxis_title="pods")
+    return figure
+
+
+def report_html(document: Mapping[str, Any]) -> str:
+    figures = [_utilisation(document), _stranded(document), _reasons(document)]
+    parts = [
+        figure.to_html(full_html=False, include_plotlyjs=index == 0, div_id=f"plot-{index}")
+        for index, figure in enumerate(figures)
+    ]
+    title = f"Capacity of {document['fleet']} for {document['workload']}"
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title></head><body>"
+        f"<h1>{html.escape(title)}</h1>"
+        f"<p>Placement: {html.escape(document['engine'])}.</p>"
+        + "".join(parts)
+        + f"<pre>{html.escape(report_text(document))}</pre></body></html>\n"
+    )

@@ -1,0 +1,190 @@
+"""The capacity report: per pool and overall, devices used, free and stranded, pods
+running, failed and pending with the scheduler's and the kubelet's reasons, per run,
+and how the runs compare. JSON and a terminal table; `devplug.plan.html` draws it.
+
+Stranded devices are free devices on nodes where none of the pending pods fits (the fit
+step's filter against what the node has left); with no pod pending nothing is stranded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from devplug.cluster.scheduler import effective_requests
+from devplug.fleet.requests import native_requests
+from devplug.plan.engine import NodeState, Run
+from devplug.plan.fit import NodeView, reasons
+from devplug.simulator.pods import PodSpec, parse_pod
+from devplug.tables import table
+
+PHASES = ("Running", "Failed", "Pending")
+
+
+def _pending_needs(run: Run) -> list[tuple[Mapping[str, Any], dict[str, int], dict[str, int]]]:
+    pending = {p.name for p in run.pods if p.phase == "Pending"}
+    needs = []
+    for planned in run.planned:
+        if planned.name not in pending:
+            continue
+        manifest = planned.manifest
+        requests = native_requests(manifest["spec"])
+        parsed = parse_pod(manifest)
+        if isinstance(parsed, PodSpec):
+            requests |= effective_requests(parsed)
+        needs.append((manifest["spec"], requests, planned.claims))
+    return needs
+
+
+def _stranded(node: NodeState, needs: Sequence[Any]) -> bool:
+    if not needs:
+        return False
+    view = NodeView(
+        node.name,
+        node.pool,
+        node.labels,
+        node.taints,
+        node.allocatable,
+        node.used,
+        node.free_devices,
+    )
+    return not any(not reasons(spec, requests, claims, view) for spec, requests, claims in needs)
+
+
+def scheduler_reasons(message: str) -> Counter[str]:
+    """'0/3 nodes are available: 1 Insufficient cpu, 2 Too many pods.' -> counts per
+    reason (nodes), as the scheduler's FitError message lists them."""
+    _, _, rest = message.partition(": ")
+    rest = rest.split(" preemption:")[0].strip()
+    found: Counter[str] = Counter()
+    for part in rest.rstrip(".").split(", "):
+        count, _, reason = part.partition(" ")
+        if count.isdigit() and reason:
+            found[reason] += int(count)
+    return found
+
+
+def summarize(run: Run) -> dict[str, Any]:
+    needs = _pending_needs(run)
+    pools: dict[str, dict[str, Any]] = {}
+    for node in run.nodes:
+        pool = pools.setdefault(
+            node.pool,
+            {"nodes": 0, "devices": {}, "pods": dict.fromkeys(PHASES, 0)},
+        )
+        pool["nodes"] += 1
+        stranded = _stranded(node, needs)
+        for resource in run.devices.get(node.pool, []):
+            capacity = node.allocatable.get(resource, 0)
+            used = node.used.get(resource, 0)
+            counts = pool["devices"].setdefault(
+                resource, {"capacity": 0, "used": 0, "free": 0, "stranded": 0}
+            )
+            counts["capacity"] += capacity
+            counts["used"] += used
+            counts["free"] += capacity - used
+            counts["stranded"] += capacity - used if stranded else 0
+    pending_reasons: Counter[str] = Counter()
+    failed_reasons: Counter[str] = Counter()
+    examples: dict[str, str] = {}
+    for pod in run.pods:
+        if pod.pool is not None and pod.phase != "Pending":
+            pools[pod.pool]["pods"][pod.phase] += 1
+        elif pod.pool is not None:
+            pools[pod.pool]["pods"]["Pending"] += 1
+        if pod.phase == "Failed" or (pod.phase == "Pending" and pod.node is not None):
+            failed_reasons[pod.reason] += 1
+            examples.setdefault(pod.reason, pod.message)
+        elif pod.phase == "Pending":
+            pending_reasons[pod.message] += 1
+    overall_devices: dict[str, dict[str, int]] = {}
+    for pool in pools.values():
+        for resource, counts in pool["devices"].items():
+            total = overall_devices.setdefault(resource, dict.fromkeys(counts, 0))
+            for key, value in counts.items():
+                total[key] += value
+    pods = Counter(p.phase for p in run.pods)
+    return {
+        "variant": run.variant.name,
+        "engine": run.engine,
+        "pools": pools,
+        "overall": {
+            "nodes": len(run.nodes),
+            "devices": overall_devices,
+            "pods": {phase: pods.get(phase, 0) for phase in PHASES},
+        },
+        "scheduler_reasons": dict(pending_reasons.most_common()),
+        "kubelet_reasons": {
+            reason: {"pods": count, "message": examples[reason]}
+            for reason, count in failed_reasons.most_common()
+        },
+        "timeline": run.timeline,
+        "pods": [
+            {
+                "pod": p.name,
+                "phase": p.phase,
+                "node": p.node,
+                "pool": p.pool,
+                "reason": p.reason,
+                "message": p.message,
+            }
+            for p in run.pods
+        ],
+    }
+
+
+def report_document(
+    fleet: str, workload: str, engine: str, summaries: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "fleet": fleet,
+        "workload": workload,
+        "engine": engine,
+        "runs": list(summaries),
+        "comparison": [_comparison(s) for s in summaries],
+    }
+
+
+def _totals(summary: Mapping[str, Any]) -> dict[str, int]:
+    devices = summary["overall"]["devices"].values()
+    return {key: sum(d[key] for d in devices) for key in ("capacity", "used", "free", "stranded")}
+
+
+def _comparison(summary: Mapping[str, Any]) -> dict[str, Any]:
+    return {"variant": summary["variant"], **summary["overall"]["pods"], **_totals(summary)}
+
+
+def report_text(document: Mapping[str, Any]) -> str:
+    lines = [
+        f"capacity of {document['fleet']} for {document['workload']} "
+        f"(placement: {document['engine']})"
+    ]
+    for summary in document["runs"]:
+        lines += ["", f"run {summary['variant']}:"]
+        rows = []
+        for name, pool in [*summary["pools"].items(), ("(all)", summary["overall"])]:
+            pods = pool["pods"]
+            for resource, c in pool["devices"].items() or [("-", {})]:
+                rows.append(
+                    [
+                        name,
+                        str(pool["nodes"]),
+                        resource,
+                        *(str(c.get(k, "-")) for k in ("capacity", "used", "free", "stranded")),
+                        *(str(pods[phase]) for phase in PHASES),
+                    ]
+                )
+        header = ["POOL", "NODES", "DEVICES", "CAPACITY", "USED", "FREE", "STRANDED"]
+        lines += table([*header, "RUNNING", "FAILED", "PENDING"], rows, indent="  ")
+        for message, count in summary["scheduler_reasons"].items():
+            lines.append(f"  pending {count}: {message}")
+        for reason, info in summary["kubelet_reasons"].items():
+            lines.append(f"  failed {info['pods']}: {reason}: {info['message']}")
+    if len(document["runs"]) > 1:
+        lines += ["", "compared:"]
+        keys = ("Running", "Failed", "Pending", "used", "free", "stranded")
+        rows = [[c["variant"], *(str(c[k]) for k in keys)] for c in document["comparison"]]
+        header = ["RUN", "RUNNING", "FAILED", "PENDING", "DEVICES USED", "FREE", "STRANDED"]
+        lines += table(header, rows, indent="  ")
+    return "\n".join(lines)

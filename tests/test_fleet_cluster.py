@@ -1,0 +1,461 @@
+"""`devplug fleet` against a real control plane (etcd, kube-apiserver, kube-scheduler):
+nodes registered with what their plugins serve, kept fresh, pods bound by the real
+scheduler admitted or failed with the kubelet's reasons, devices freed on deletion, DRA
+claims prepared, an API server outage survived, and `down` removing exactly what `up`
+made. Skipped, saying how to provide them, where the control-plane binaries are absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import yaml
+
+from devplug.fleet.kube import KubeApi
+from devplug.fleet.runner import FleetError, FleetRunner, Options, remove_fleet
+from devplug.fleet.spec import parse_fleet
+
+WAIT_S = 30.0
+FAST = Options(renew_s=0.3, status_report_s=0.5)
+ACC = "example.com/acc"
+
+
+def fleet_of(name: str, *pools: dict[str, Any]) -> Any:
+    return parse_fleet(yaml.safe_dump({"name": name, "pools": list(pools)}), f"{name}.yaml")
+
+
+def acc_pool(name: str, count: int = 1, devices: int = 4, **more: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "count": count,
+        "cpu": "4",
+        "memory": "8Gi",
+        "labels": {"example.com/tier": "test"},
+        "taints": [{"key": "example.com/dedicated", "value": name, "effect": "NoSchedule"}],
+        "config": {"resources": [{"name": ACC, "virtual": devices}]},
+        **more,
+    }
+
+
+def pod(name: str, pool: str, limits: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"devplug.io/fleet-pool": pool},
+            "tolerations": [{"key": "example.com/dedicated", "operator": "Exists"}],
+            "containers": [
+                {"name": "main", "image": "registry.example/app:1", "resources": {"limits": limits}}
+            ],
+            **spec,
+        },
+    }
+
+
+@contextlib.asynccontextmanager
+async def running(
+    api: KubeApi, fleet: Any, folder: Path, options: Options = FAST
+) -> AsyncIterator[FleetRunner]:
+    runner = FleetRunner(fleet, api, folder, options)
+    stop = asyncio.Event()
+    try:
+        await runner.start()
+        task = asyncio.create_task(runner.serve(stop))
+        try:
+            yield runner
+        finally:
+            stop.set()
+            await task
+    finally:
+        await remove_fleet(api, fleet.name)
+
+
+async def until(
+    api: KubeApi,
+    path: str,
+    predicate: Callable[[dict[str, dict[str, Any]]], bool],
+    timeout: float = WAIT_S,
+) -> dict[str, dict[str, Any]]:
+    """List, then watch `path` until `predicate(objects by name)` holds."""
+
+    async def follow() -> dict[str, dict[str, Any]]:
+        listed = await api.call("GET", path)
+        objects = {o["metadata"]["name"]: o for o in listed["items"]}
+        version = listed["metadata"]["resourceVersion"]
+        while not predicate(objects):
+            async for line in api.watch(path, {"resourceVersion": version}, 60):
+                event = msgspec.json.decode(line)
+                obj = event["object"]
+                version = obj["metadata"]["resourceVersion"]
+                if event["type"] == "DELETED":
+                    objects.pop(obj["metadata"]["name"], None)
+                else:
+                    objects[obj["metadata"]["name"]] = obj
+                if predicate(objects):
+                    break
+        return objects
+
+    return await asyncio.wait_for(follow(), timeout)
+
+
+async def namespace(api: KubeApi) -> str:
+    name = f"fleet-{uuid.uuid4().hex[:8]}"
+    await api.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    return name
+
+
+def phase(pod: dict[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase", ""))
+
+
+def run(kubeconfig: str, scenario: Callable[[KubeApi], Any]) -> Any:
+    async def main() -> Any:
+        async with KubeApi.from_kubeconfig(kubeconfig) as api:
+            return await scenario(api)
+
+    return asyncio.run(main())
+
+
+# -- registration ---------------------------------------------------------------------------
+
+
+def test_up_registers_nodes_with_their_devices_and_keeps_them_fresh(
+    kubeconfig: str, tmp_path: Path
+) -> None:
+    dra = {"name": "example.com/dracc", "mode": "dra", "virtual": 2}
+    pool = acc_pool("reg", count=2)
+    pool["config"]["resources"].append(dra)
+    fleet = fleet_of("reg", pool)
+
+    async def scenario(api: KubeApi) -> Any:
+        async with running(api, fleet, tmp_path) as runner:
+            nodes = await api.call(
+                "GET", "/api/v1/nodes", params={"labelSelector": "devplug.io/fleet=reg"}
+            )
+            lease = await api.call(
+                "GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/reg-0"
+            )
+            first = lease["spec"]["renewTime"]
+            renewed = await until(
+                api,
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                lambda leases: "reg-0" in leases and leases["reg-0"]["spec"]["renewTime"] != first,
+            )
+            slices = await api.call(
+                "GET",
+                "/apis/resource.k8s.io/v1/resourceslices",
+                params={"labelSelector": "devplug.io/fleet=reg"},
+            )
+            return runner, nodes["items"], renewed["reg-0"], slices["items"]
+
+    runner, nodes, lease, slices = run(kubeconfig, scenario)
+    assert sorted(n["metadata"]["name"] for n in nodes) == ["reg-0", "reg-1"]
+    node = next(n for n in nodes if n["metadata"]["name"] == "reg-0")
+    assert node["status"]["capacity"] == {"cpu": "4", "memory": "8Gi", "pods": "110", ACC: "4"}
+    assert node["status"]["allocatable"] == node["status"]["capacity"]
+    assert node["spec"]["taints"] == [
+        {"key": "example.com/dedicated", "value": "reg", "effect": "NoSchedule"}
+    ]  # the not-ready taint of admission is gone
+    ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "KubeletReady")
+    assert node["metadata"]["labels"]["example.com/tier"] == "test"
+    assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "reg-0"
+    assert lease["spec"]["holderIdentity"] == "reg-0"
+    assert lease["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
+    assert sorted((s["spec"]["nodeName"], len(s["spec"]["devices"])) for s in slices) == [
+        ("reg-0", 2),
+        ("reg-1", 2),
+    ]
+    assert {s["spec"]["driver"] for s in slices} == {"dracc.example.com"}
+    assert runner.counters.lease_renewals >= 1
+
+
+# -- pods ---------------------------------------------------------------------------------
+
+
+def test_pods_the_scheduler_binds_run_fail_with_the_kubelets_reason_and_free_devices(
+    kubeconfig: str, tmp_path: Path
+) -> None:
+    gpus = {
+        "name": "gpu",
+        "count": 1,
+        "gpus": {"count": 1},
+        "config": {"resources": [{"nvidia": {"replicas": 2, "failRequestsGreaterThanOne": True}}]},
+    }
+    fleet = fleet_of("pods", gpus)
+    gpu = "nvidia.com/gpu"
+
+    async def scenario(api: KubeApi) -> Any:
+        async with running(api, fleet, tmp_path) as runner:
+            ns = await namespace(api)
+            pods = f"/api/v1/namespaces/{ns}/pods"
+            no_taint: dict[str, Any] = {"tolerations": []}
+            await api.call("POST", pods, pod("greedy", "gpu", {gpu: 2}, **no_taint))
+            failed = await until(api, pods, lambda p: phase(p.get("greedy", {})) == "Failed")
+            for name in ("a", "b", "c"):
+                await api.call("POST", pods, pod(name, "gpu", {gpu: 1}, **no_taint))
+            seen = await until(
+                api,
+                pods,
+                lambda p: (
+                    sum(phase(p.get(n, {})) == "Running" for n in "abc") == 2
+                    and any(
+                        c.get("reason") == "Unschedulable"
+                        for n in "abc"
+                        for c in (p.get(n, {}).get("status") or {}).get("conditions") or []
+                    )
+                ),
+            )
+            waiting = next(n for n in "abc" if phase(seen[n]) != "Running")
+            first = next(n for n in "abc" if n != waiting)
+            node = runner.nodes["gpu-0"]
+            held_before = node.devices_in_use(gpu)
+            await api.call("DELETE", f"{pods}/{first}")
+            after = await until(
+                api,
+                pods,
+                lambda p: first not in p and phase(p.get(waiting, {})) == "Running",
+            )
+            events = await api.call("GET", f"/api/v1/namespaces/{ns}/events")
+            return failed["greedy"], after, held_before, node.devices_in_use(gpu), events
+
+    greedy, after, before, now, events = run(kubeconfig, scenario)
+    assert greedy["status"]["reason"] == "UnexpectedAdmissionError"
+    assert greedy["status"]["message"].startswith(
+        "Pod was rejected: Allocate failed due to rpc error: code = InvalidArgument desc = "
+        "2 replicas of nvidia.com/gpu requested by one container"
+    )
+    assert sorted(n for n, p in after.items() if phase(p) == "Running") == sorted(
+        set("abc") - {next(n for n in "abc" if n not in after)}
+    )
+    running_pod = next(p for p in after.values() if phase(p) == "Running")
+    statuses = running_pod["status"]["containerStatuses"]
+    assert [(s["name"], s["ready"], "running" in s["state"]) for s in statuses] == [
+        ("main", True, True)
+    ]
+    assert (before, now) == (2, 2)
+    [event] = [
+        e
+        for e in events["items"]
+        if e["involvedObject"]["name"] == "greedy" and e["source"].get("component") == "kubelet"
+    ]
+    assert (event["reason"], event["type"], event["source"]["host"]) == (
+        "UnexpectedAdmissionError",
+        "Warning",
+        "gpu-0",
+    )
+
+
+def test_a_dra_claim_the_scheduler_allocates_is_prepared_on_the_node(
+    kubeconfig: str, tmp_path: Path
+) -> None:
+    driver = f"acc-{uuid.uuid4().hex[:6]}.example.com"
+    resource = {"name": "example.com/acc", "mode": "dra", "virtual": 2, "dra": {"driver": driver}}
+    pool = acc_pool("dra", config={"resources": [resource]})
+    fleet = fleet_of("dra", pool)
+
+    async def scenario(api: KubeApi) -> Any:
+        classes = "/apis/resource.k8s.io/v1/deviceclasses"
+        selector = {"cel": {"expression": f'device.driver == "{driver}"'}}
+        await api.call(
+            "POST", classes, {"metadata": {"name": driver}, "spec": {"selectors": [selector]}}
+        )
+        try:
+            async with running(api, fleet, tmp_path) as runner:
+                ns = await namespace(api)
+                claim = {
+                    "metadata": {"name": "one"},
+                    "spec": {
+                        "devices": {
+                            "requests": [{"name": "acc", "exactly": {"deviceClassName": driver}}]
+                        }
+                    },
+                }
+                claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+                made = await api.call("POST", claims, claim)
+                body = pod("user", "dra", {})
+                body["spec"]["resourceClaims"] = [{"name": "acc", "resourceClaimName": "one"}]
+                body["spec"]["containers"][0]["resources"] = {"claims": [{"name": "acc"}]}
+                pods = f"/api/v1/namespaces/{ns}/pods"
+                await api.call("POST", pods, body)
+                seen = await until(api, pods, lambda p: phase(p.get("user", {})) == "Running")
+                preparer = runner.nodes["dra-0"]._preparers[driver]
+                prepared = dict(preparer.prepared)
+                await api.call("DELETE", f"{pods}/user")
+                await until(api, pods, lambda p: "user" not in p)
+                await runner.wait_for(lambda: not preparer.prepared)
+                return made, seen["user"], prepared
+        finally:
+            await api.call("DELETE", f"{classes}/{driver}")
+
+    claim, user, prepared = run(kubeconfig, scenario)
+    assert user["spec"]["nodeName"] == "dra-0"
+    assert list(prepared) == [claim["metadata"]["uid"]]
+    [device] = prepared[claim["metadata"]["uid"]].devices
+    assert (device.pool, device.device_id) in {("dra-0", "acc-0"), ("dra-0", "acc-1")}
+
+
+# -- bad days --------------------------------------------------------------------------------
+
+
+class Proxy:
+    """A TCP relay to the API server that a test can cut and restore, as a network
+    partition between the fleet and its API server."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._open):
+            writer.transport.abort()
+        self._open.clear()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.close()
+            return
+        self._open |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError, ConnectionError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._open -= {writer, up_writer}
+
+
+def test_an_api_server_outage_loses_no_allocation(kubeconfig: str, tmp_path: Path) -> None:
+    """The fleet's connection is cut while pods are deleted and bound behind its back;
+    once it is back, the pods it held keep their devices, the deleted one's are free,
+    and the new pod gets one nobody holds."""
+    fleet = fleet_of("outage", acc_pool("out", devices=3))
+    settings = yaml.safe_load(Path(kubeconfig).read_text())
+    server = settings["clusters"][0]["cluster"]["server"]
+    target = int(server.rsplit(":", 1)[1])
+
+    async def scenario(api: KubeApi) -> Any:
+        proxy = Proxy(target)
+        await proxy.start()
+        settings["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+        relayed = tmp_path / "relayed.kubeconfig"
+        relayed.write_text(yaml.safe_dump(settings))
+        async with (
+            KubeApi.from_kubeconfig(str(relayed)) as fleet_api,
+            running(fleet_api, fleet, tmp_path) as runner,
+        ):
+            node = runner.nodes["out-0"]
+            ns = await namespace(api)
+            pods = f"/api/v1/namespaces/{ns}/pods"
+            for name in ("keep", "gone"):
+                await api.call("POST", pods, pod(name, "out", {ACC: 1}))
+            await until(
+                api, pods, lambda p: all(phase(p.get(n, {})) == "Running" for n in ("keep", "gone"))
+            )
+
+            def holders() -> dict[str, list[str]]:
+                names = {uid: held.name for uid, held in node.held.items()}
+                return {
+                    names[uid]: containers["main"][ACC].ids()
+                    for uid, containers in node.manager.pod_devices.items()
+                }
+
+            before = holders()
+            failures = runner.counters.lease_failures
+            await proxy.cut()
+            await runner.wait_for(lambda: runner.counters.lease_failures > failures)
+            await api.call(
+                "DELETE", f"{pods}/gone", {"gracePeriodSeconds": 0, "kind": "DeleteOptions"}
+            )
+            await api.call("POST", pods, pod("new", "out", {ACC: 1}))
+            await until(api, pods, lambda p: p.get("new", {}).get("spec", {}).get("nodeName"))
+            held_while_away = holders()
+            await proxy.start()  # the same port again
+            await until(api, pods, lambda p: phase(p.get("new", {})) == "Running")
+            await runner.wait_for(lambda: set(holders()) == {"keep", "new"})
+            return before, held_while_away, holders()
+
+    before, away, after = run(kubeconfig, scenario)
+    assert set(before) == {"keep", "gone"}
+    assert away == before  # nothing is lost, nor invented, while the server is away
+    assert after["keep"] == before["keep"]
+    assert after["new"] != before["keep"]
+
+
+def test_down_removes_what_up_made_and_up_refuses_a_node_it_does_not_own(
+    kubeconfig: str, tmp_path: Path
+) -> None:
+    fleet = fleet_of("tidy", acc_pool("tidy", count=2))
+    bystander = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "tidy-bystander"}}
+    # A node of a fleet node's name that someone else made: `up` must not take it over.
+    squatter = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "tidy-1"}}
+
+    async def scenario(api: KubeApi) -> Any:
+        await api.call("POST", "/api/v1/nodes", bystander)
+        try:
+            runner = FleetRunner(fleet, api, tmp_path, FAST)
+            await runner.start()
+            listed = await api.call(
+                "GET", "/api/v1/nodes", params={"labelSelector": "devplug.io/fleet=tidy"}
+            )
+            removed = await remove_fleet(api, "tidy")
+            for node in runner.nodes.values():
+                await node.stop()
+            left = await api.call("GET", "/api/v1/nodes")
+            leases = await api.call(
+                "GET",
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                params={"labelSelector": "devplug.io/fleet=tidy"},
+            )
+            await api.call("POST", "/api/v1/nodes", squatter)
+            try:
+                refused = FleetRunner(fleet, api, tmp_path / "again", FAST)
+                try:
+                    await refused.start()
+                except FleetError as error:
+                    problem = str(error)
+                else:
+                    problem = ""
+                after_refusal = await api.call("GET", "/api/v1/nodes")
+            finally:
+                await api.call("DELETE", "/api/v1/nodes/tidy-1")
+            return (
+                listed["items"],
+                removed,
+                left["items"],
+                leases["items"],
+                problem,
+                after_refusal["items"],
+            )
+        finally:
+            await api.call("DELETE", "/api/v1/nodes/tidy-bystander")
+
+    listed, removed, left, leases, problem, after = run(kubeconfig, scenario)
+    assert len(listed) == 2
+    assert removed == {"nodes": 2, "leases": 2, "resourceslices": 0, "events": 0}
+    names = {n["metadata"]["name"] for n in left}
+    assert "tidy-bystander" in names
+    assert not {"tidy-0", "tidy-1"} & names
+    assert leases == []
+    assert problem == ("node 'tidy-1' exists and is not part of fleet 'tidy': nothing was changed")
+    assert "tidy-0" not in {n["metadata"]["name"] for n in after}

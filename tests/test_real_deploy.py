@@ -1,0 +1,396 @@
+"""The shipped image and manifests on a real node (real kubelet v1.36.2, containerd 2.3
+with CDI, runc): `kubectl apply -k` of deploy/, deploy/dra/ and deploy/overlays/gpu/,
+pods that get devices, kubelet restarts, the plugin pod replaced, and real host devices
+reaching containers. What is asserted is what a user would check, from inside the
+container where it matters.
+
+Skipped, saying what to provide, where the node cannot run (see tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from node_helpers import (
+    DEFAULT_RESOURCES,
+    DEPLOY,
+    NAMESPACE,
+    daemon_pods,
+    deployed,
+    overlay,
+)
+
+from devplug.api.v1beta1 import api_pb2 as pb
+from devplug.framework.unixserver import SocketIdentity, socket_identity
+from devplug.simulator import checkpoint
+from devplug.testing.controlplane import watch_until
+from devplug.testing.realnode import (
+    DIAL_FAILED,
+    RealNode,
+    capacity,
+    unschedulable,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+METRICS_PORT = 9477  # the DaemonSet's --metrics-port, on the host's network
+NULL = "devplug.io/null"
+DEFAULTS = list(DEFAULT_RESOURCES)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def in_pod(node: RealNode, ns: str, pod: str, script: str) -> subprocess.CompletedProcess[str]:
+    return node.kubectl("exec", "-n", ns, pod, "--", "sh", "-c", script, check=False)
+
+
+def env_of(node: RealNode, ns: str, pod: str) -> dict[str, str]:
+    out = node.kubectl("exec", "-n", ns, pod, "--", "env").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def http_get(path: str) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}{path}", timeout=10) as reply:
+        return reply.status, reply.read().decode()
+
+
+def run_pod(
+    node: RealNode, ns: str, name: str, resources: dict[str, int], ready: bool = True
+) -> dict[str, Any]:
+    node.create(node.busybox_pod(name, resources, namespace=ns))
+    return node.wait_pod(ns, name) if ready else {}
+
+
+def kubelet_started_and_registered(
+    node: RealNode, kill: bool, resources: list[str], between: Any = None
+) -> tuple[Any, dict[str, Any]]:
+    """Restart the kubelet and wait until it has dialled back every resource; the
+    start, and the times measured (registered, allocatable back, both after start)."""
+    with node.node_history() as history:
+        start = node.restart_kubelet(kill=kill, between=between)
+        registered = node.wait_connected(resources, start)
+        back, dropped = history.allocatable_back(DEFAULT_RESOURCES, start.started, registered)
+    return start, {
+        "registered_s": round(registered - start.started, 3),
+        "allocatable_back_s": round(back - start.started, 3),
+        "dropped": dropped,
+    }
+
+
+def once_each(node: RealNode, start: Any, resources: list[str]) -> None:
+    """Each resource asked to register exactly once by this kubelet start, and the
+    kubelet dialled each back (none left dialling a missing socket)."""
+    requests = {r: len(t) for r, t in node.registrations(start).items() if r in resources}
+    assert requests == dict.fromkeys(resources, 1)
+    assert {r: len(t) for r, t in node.connected(start).items() if r in resources} == requests
+    assert not [line for line in node.kubelet_lines(start) if DIAL_FAILED in line]
+
+
+@pytest.fixture(scope="class")
+def daemon(real_node: RealNode, real_node_image: str) -> Iterator[str]:
+    """`kubectl apply -k deploy/` as shipped: nothing in it needs changing here."""
+    with deployed(real_node, DEPLOY) as pod:
+        yield pod
+
+
+class TestDeploy:
+    """deploy/ on the node, for the tests of this class."""
+
+    def test_serves_the_default_resources_to_a_pod(self, real_node: RealNode, daemon: str) -> None:
+        real_node.wait_node(
+            lambda n: all(capacity(n, r) == c for r, c in DEFAULT_RESOURCES.items())
+        )
+        with real_node.namespace("use") as ns:
+            run_pod(real_node, ns, "user", {NULL: 1, "devplug.io/zero": 1})
+            env = env_of(real_node, ns, "user")
+            assert re.fullmatch(r"null::[0-3]", env["DEVPLUG_DEVPLUG_IO_NULL"])
+            assert env["DEVPLUG_DEVPLUG_IO_ZERO"] == "zero"
+            assert env["DEVPLUG_ZERO_NOTE"] == "zero and full as one device"
+            # /dev/full came read-only (permissions: r): any container may write the
+            # runtime's default /dev/full, this one may not.
+            write = in_pod(real_node, ns, "user", "echo x > /dev/full")
+            assert write.returncode != 0
+            assert "Operation not permitted" in write.stderr
+            assert in_pod(real_node, ns, "user", "head -c 4 /dev/zero | wc -c").stdout == "4\n"
+            os_release = in_pod(real_node, ns, "user", "cat /run/devplug/host-os-release")
+            assert os_release.stdout == Path("/etc/os-release").read_text()
+            # devplug.io/zero's CDI name resolved: containerd refuses a name without a spec.
+            assert Path("/var/run/cdi/devplug-devplug.io_zero.json").is_file()
+
+            status = real_node.kubectl(
+                "exec", "-n", NAMESPACE, "ds/devplug", "--", "devplug", "status"
+            ).stdout
+            held = [line.split() for line in status.splitlines() if f"{ns}/user/main" in line]
+            assert sorted(row[0] for row in held) == sorted(
+                [env["DEVPLUG_DEVPLUG_IO_NULL"], "zero"]
+            )
+            code, metrics = http_get("/metrics")
+            assert code == 200
+            assert f'devplug_allocations_total{{resource="{NULL}"}} 1.0' in metrics
+            assert http_get("/readyz") == (200, "ok\n")
+
+    @pytest.mark.parametrize("kill", [False, True], ids=["SIGTERM", "SIGKILL"])
+    def test_kubelet_restarts_keep_held_devices_and_register_once(
+        self, real_node: RealNode, daemon: str, kill: bool
+    ) -> None:
+        with real_node.namespace("restart") as ns:
+            run_pod(real_node, ns, "held", {NULL: 1})
+            held = env_of(real_node, ns, "held")["DEVPLUG_DEVPLUG_IO_NULL"]
+            start, times = kubelet_started_and_registered(real_node, kill, DEFAULTS)
+            once_each(real_node, start, DEFAULTS)
+            print(f"kubelet {'SIGKILL' if kill else 'SIGTERM'}: {times}")
+            # The held pod keeps its container and its device.
+            pod = real_node.wait_pod(ns, "held")
+            assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+            # A new pod gets a free device, not the held one.
+            run_pod(real_node, ns, "fresh", {NULL: 1})
+            fresh = env_of(real_node, ns, "fresh")["DEVPLUG_DEVPLUG_IO_NULL"]
+            assert fresh != held
+            # Two of four are held: three more stay Pending, by the scheduler's count.
+            run_pod(real_node, ns, "over", {NULL: 3}, ready=False)
+            pending = real_node.wait_pod(ns, "over", lambda p: unschedulable(p) is not None)
+            assert f"Insufficient {NULL}" in str(unschedulable(pending))
+
+    def test_the_start_up_wipe_right_after_a_re_serve_costs_nothing(
+        self, real_node: RealNode, daemon: str
+    ) -> None:
+        """The race of a real restart, forced: the old kubelet is killed (its
+        kubelet.sock stays), devplug's sockets are removed and served again, and only
+        then does the new kubelet start and wipe them. devplug must neither register
+        through the dead kubelet.sock into the new one, nor register before its socket
+        is back: exactly one registration per resource, each dialled back at once."""
+        folder = real_node.plugin_dir
+        ours = sorted(p.name for p in folder.glob("devplug-*.sock"))
+        assert len(ours) == len(DEFAULTS)
+        re_served: dict[str, SocketIdentity | None] = {}
+
+        def remove_and_wait_for_the_re_serve() -> None:
+            with _created_watch(folder) as wait:
+                for name in ours:
+                    (folder / name).unlink()
+                wait(lambda: all((folder / n).exists() for n in ours))
+            re_served.update({n: socket_identity(folder / n) for n in ours})
+
+        start, times = kubelet_started_and_registered(
+            real_node, True, DEFAULTS, between=remove_and_wait_for_the_re_serve
+        )
+        once_each(real_node, start, DEFAULTS)
+        # The wipe did land after the re-serve: each re-served socket was replaced.
+        assert all(socket_identity(folder / n) != re_served[n] for n in ours)
+        print(f"wipe after re-serve: {times}")
+
+    def test_a_deleted_plugin_pod_is_replaced_and_registers(
+        self, real_node: RealNode, daemon: str
+    ) -> None:
+        [old] = daemon_pods(real_node)
+        offset = real_node.log_offset()
+        with real_node.node_history() as history:
+            deleted = time.time()
+            real_node.kubectl("delete", "pod", "-n", NAMESPACE, old["metadata"]["name"])
+            new = _new_daemon_pod(real_node, old["metadata"]["name"])
+            registered = real_node.wait_connected(DEFAULTS, offset)
+            back, dropped = history.allocatable_back(DEFAULT_RESOURCES, deleted, registered)
+        assert new["status"]["phase"] == "Running"
+        print(
+            f"plugin pod deleted: registered {registered - deleted:.2f} s, allocatable back "
+            f"{back - deleted:.2f} s (dropped in the API: {dropped})"
+        )
+
+
+class _created_watch:
+    """inotify on `folder` for new entries; `wait(condition)` blocks until it holds."""
+
+    def __init__(self, folder: Path) -> None:
+        from asyncinotify import Inotify, Mask
+
+        self._inotify = Inotify()
+        self._inotify.add_watch(folder, Mask.CREATE | Mask.MOVED_TO)
+
+    def __enter__(self) -> Any:
+        def wait(condition: Any, timeout: float = 30.0) -> None:
+            deadline = time.monotonic() + timeout
+            while not condition():
+                left = deadline - time.monotonic()
+                assert left > 0, "devplug did not serve its sockets again"
+                if select.select([self._inotify.fd], [], [], left)[0]:
+                    os.read(self._inotify.fd, 65536)
+
+        return wait
+
+    def __exit__(self, *_: object) -> None:
+        self._inotify.close()
+
+
+def _new_daemon_pod(node: RealNode, old: str) -> dict[str, Any]:
+    from kubernetes import client
+
+    from devplug.testing.realnode import pod_ready
+
+    return watch_until(
+        node.api,
+        client.CoreV1Api(node.api).list_namespaced_pod,
+        lambda p: p["metadata"]["name"] != old and pod_ready(p),
+        60,
+        namespace=NAMESPACE,
+        label_selector="app.kubernetes.io/name=devplug",
+    )
+
+
+def test_deploy_dra_starts_and_publishes_through_the_api(
+    real_node: RealNode, real_node_image: str, tmp_path: Path
+) -> None:
+    """deploy/dra: the image has the Kubernetes client, the pod reaches the API server
+    (the overlay's address), and serves both ways."""
+    from kubernetes import client
+
+    with deployed(real_node, overlay(tmp_path / "dra", "dra", real_node)) as pod:
+        real_node.wait_node(
+            # deploy/dra's config: /dev/null once, eight fake devices, both ways.
+            lambda n: capacity(n, NULL) == 1 and capacity(n, "devplug.io/fake") == 8
+        )
+        found = watch_until(
+            real_node.api,
+            client.ResourceV1Api(real_node.api).list_resource_slice,
+            lambda s: (
+                s["spec"]["driver"] == "fake.devplug.io"
+                and len(s["spec"].get("devices") or []) == 8
+            ),
+            60,
+            field_selector=f"spec.nodeName={real_node.node_name}",
+        )
+        assert found["spec"]["pool"]["name"] == real_node.node_name
+        log = real_node.kubectl("logs", "-n", NAMESPACE, pod).stdout
+        assert "No module named" not in log
+    # The kubelet removes a gone driver's slices only after a grace period: leave the
+    # node as it was for the next test.
+    real_node.kubectl(
+        *("delete", "resourceslices", "-l", "app.kubernetes.io/managed-by=devplug"),
+        f"--field-selector=spec.nodeName={real_node.node_name}",
+    )
+
+
+def test_the_gpu_overlay_on_a_node_without_gpus_serves_none(
+    real_node: RealNode, real_node_image: str
+) -> None:
+    """deploy/overlays/gpu as shipped, on a node labelled as node-feature-discovery
+    labels GPU nodes: Ready, nvidia.com/gpu registered with no device."""
+    label = "feature.node.kubernetes.io/pci-10de.present"
+    real_node.kubectl("label", "node", real_node.node_name, f"{label}=true", "--overwrite")
+    try:
+        with deployed(real_node, DEPLOY / "overlays" / "gpu", "devplug-gpu") as pod:
+            real_node.wait_node(lambda n: "nvidia.com/gpu" in (n["status"].get("capacity") or {}))
+            assert capacity(real_node.node(), "nvidia.com/gpu") == 0
+            assert "NVML is not usable" in real_node.kubectl("logs", "-n", NAMESPACE, pod).stdout
+    finally:
+        real_node.kubectl("label", "node", real_node.node_name, f"{label}-")
+
+
+HARDWARE = """\
+resources:
+  # Through CDI alone: Allocate names the CDI device, the runtime makes the node.
+  - name: example.com/fuse
+    cdi: {mode: cdi}
+    groups: [{paths: [{path: /dev/fuse}]}]
+  - name: example.com/tun
+    cdi: {mode: both}
+    groups: [{paths: [{path: /dev/net/tun}]}]
+  # This machine's virtio-blk disk, by PCI ID: its node (vda) is found in sysfs.
+  - name: example.com/disk
+    groups: [{pci: {vendor: "1af4", device: "1042"}}]
+  # virtio-rng: its /dev/hwrng is not below it in sysfs, so it comes without a node...
+  - name: example.com/rng
+    groups: [{pci: {vendor: "1af4", device: "1044"}}]
+  # ...unless the group names it.
+  - name: example.com/rng-node
+    groups: [{pci: {vendor: "1af4", device: "1044"}, paths: [{path: /dev/hwrng}]}]
+"""
+HARDWARE_RESOURCES = re.findall(r"name: (\S+)", HARDWARE)
+
+
+def test_real_host_devices_reach_containers_through_the_runtime(
+    real_node: RealNode, tmp_path: Path
+) -> None:
+    if not Path("/sys/bus/pci/devices/0000:00:02.0/virtio1/block/vda").exists():
+        pytest.skip("this test names the virtio-blk disk and virtio-rng of these machines")
+    config = tmp_path / "hardware.yaml"
+    config.write_text(HARDWARE)
+    check = real_node.exec(
+        sys.executable, "-m", "devplug.cli.main", "check", "--config", str(config)
+    )
+    rng_warning = "example.com/rng: device 0000:00:05.0 (1af4:1044) has no device node"
+    assert f"warning: {rng_warning}" in check.stdout
+
+    log = tmp_path / "serve.log"
+    offset = real_node.log_offset()
+    with log.open("w") as out:
+        daemon = real_node.popen(
+            *(sys.executable, "-m", "devplug.cli.main", "serve", "--config", str(config)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        real_node.wait_connected(HARDWARE_RESOURCES, offset)
+        real_node.wait_node(lambda n: all(capacity(n, r) == 1 for r in HARDWARE_RESOURCES))
+        with real_node.namespace("hw") as ns:
+            run_pod(real_node, ns, "hw", {r: 1 for r in HARDWARE_RESOURCES[:4]})
+            script = (
+                "stat -c '%n %F %t:%T' /dev/fuse /dev/net/tun /dev/vda; "
+                "exec 3<>/dev/fuse && echo fuse opened; exec 4<>/dev/net/tun && echo tun opened; "
+                "test -e /dev/hwrng || echo no hwrng"
+            )
+            seen = in_pod(real_node, ns, "hw", script)
+            # The host's own nodes (this machine's root disk is not readable even by the
+            # host's root: its presence and numbers are what is checked there).
+            assert seen.stdout.splitlines() == [
+                f"/dev/fuse character special file {_numbers('/dev/fuse')}",
+                f"/dev/net/tun character special file {_numbers('/dev/net/tun')}",
+                f"/dev/vda block special file {_numbers('/dev/vda')}",
+                "fuse opened",
+                "tun opened",
+                "no hwrng",
+            ], seen.stderr
+            assert env_of(real_node, ns, "hw")["DEVPLUG_EXAMPLE_COM_RNG"] == "0000:00:05.0"
+            run_pod(real_node, ns, "rng", {"example.com/rng-node": 1})
+            assert in_pod(real_node, ns, "rng", "test -c /dev/hwrng && echo hwrng").stdout == (
+                "hwrng\n"
+            )
+            # What the kubelet got from Allocate, in its own checkpoint: fuse by CDI name
+            # alone, tun by name and node.
+            answers = _allocate_answers(real_node)
+            assert list(answers["example.com/fuse"].devices) == []
+            assert [d.name for d in answers["example.com/fuse"].cdi_devices] == [
+                "example.com/fuse=fuse"
+            ]
+            assert [d.host_path for d in answers["example.com/tun"].devices] == ["/dev/net/tun"]
+            assert [d.name for d in answers["example.com/tun"].cdi_devices] == [
+                "example.com/tun=net-tun"
+            ]
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        assert daemon.wait(timeout=30) == 0
+    assert rng_warning in log.read_text()
+
+
+def _numbers(path: str) -> str:
+    """`stat -c %t:%T` of a host device node: major and minor in hex."""
+    rdev = os.stat(path).st_rdev
+    return f"{os.major(rdev):x}:{os.minor(rdev):x}"
+
+
+def _allocate_answers(node: RealNode) -> dict[str, pb.ContainerAllocateResponse]:
+    data = checkpoint.read(node.plugin_dir / "kubelet_internal_checkpoint")
+    assert data is not None
+    return {
+        e.resource: pb.ContainerAllocateResponse.FromString(e.alloc_resp or b"")
+        for e in data.entries or []
+    }
