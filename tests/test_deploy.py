@@ -117,10 +117,12 @@ def test_the_daemonset_runs_devplug_as_the_node_expects(variant: str) -> None:
     # The kernel's uevents (USB/PCI hot-plug) reach the host's network namespace only.
     assert pod["hostNetwork"] is True
     assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-    # Only what is needed: no privilege, no capability.
+    # Only what is needed: no privilege, no capability (on GPU nodes CAP_SYS_ADMIN, for
+    # the MIG monitor capability the NVIDIA container toolkit grants only with it).
     security = container["securityContext"]
     assert security["privileged"] is False
-    assert security["capabilities"] == {"drop": ["ALL"]}
+    added = ["SYS_ADMIN"] if variant == "overlays/gpu" else []
+    assert security["capabilities"] == {"drop": ["ALL"], **({"add": added} if added else {})}
     assert security["allowPrivilegeEscalation"] is False
     assert security["readOnlyRootFilesystem"] is True
     resources = container["resources"]
@@ -142,6 +144,7 @@ def test_the_gpu_overlay_selects_gpu_nodes_and_asks_for_nvml() -> None:
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
+    assert env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"  # else NVML: NoPermission for MIG
     assert daemonset["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "gpu"
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from devplug.sources.nvidia.config import NvidiaSpec
+from devplug.sources.nvidia.discovery import resource_names
 from devplug.sources.nvidia.mig import (
     MigGeometry,
     Placement,
@@ -18,7 +20,7 @@ from devplug.sources.nvidia.mig import (
     profile_name,
     resource_suffix,
 )
-from devplug.sources.nvidia.nvml import Nvml
+from devplug.sources.nvidia.nvml import Nvml, NvmlView
 from devplug.testing import fakenvml as nv
 from devplug.testing.fakegpus import FakeGpuHost, fake_host, gpu, mig_uuid
 from devplug.testing.gpumodels import MODELS
@@ -118,6 +120,16 @@ def test_mig_devices_are_named_by_nvidias_rule(
         lib.stop()
     assert sorted(m.profile for m in g.migs) == ["1c.3g.71gb", "1g.18gb", "1g.18gb+me", "2g.35gb"]
     assert {m.profile: m.multiprocessors for m in g.migs}["1c.3g.71gb"] == 20
+    # Mixed: each under its exact profile, the part of a GPU instance included.
+    view = NvmlView("550.54.15", "12.4", (g,))
+    spec = NvidiaSpec(mig_strategy="mixed")
+    assert resource_names(view, "nvidia.com/gpu", spec) == [
+        "nvidia.com/gpu",
+        "nvidia.com/mig-1c.3g.71gb",
+        "nvidia.com/mig-1g.18gb",
+        "nvidia.com/mig-1g.18gb.me",
+        "nvidia.com/mig-2g.35gb",
+    ]
 
 
 def test_instances_as_the_driver_makes_them(nvml: tuple[Nvml, FakeGpuHost]) -> None:
@@ -246,7 +258,7 @@ def test_host_descriptions_from_yaml() -> None:
 
 
 def test_geometry_is_plain_values() -> None:
-    geometry = MigGeometry(0, "GPU-x", True, (), ())
+    geometry = MigGeometry(0, "GPU-x", (), ())
     assert geometry.memory_slices == 0
     with pytest.raises(KeyError):
         geometry.profile("1g.10gb")

@@ -94,7 +94,7 @@ def _source_report(primary: NvidiaPlugin, plugins: list[NvidiaPlugin]) -> dict[s
     resources = []
     for plugin in mine:
         devices = plugin.discover()
-        labels |= node_labels(source, plugin.resource_name, plugin.primary, devices)
+        labels |= node_labels(source, plugin.resource, plugin.primary, devices)
         resources.append(
             {
                 "name": plugin.resource_name,

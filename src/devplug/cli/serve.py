@@ -28,6 +28,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the kubelet's device-plugins folder, where kubelet.sock is",
     )
+    parser.add_argument(
+        "--nvidia-config",
+        metavar="PATH",
+        help="serve the GPUs with NVIDIA device plugin's config file, or a folder of named "
+        "ones chosen by the node label nvidia.com/device-plugin.config (instead of --config)",
+    )
     add_root_options(parser)
     parser.add_argument(
         "--feature-file",
@@ -130,19 +136,50 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from devplug.framework.daemon import serve
-    from devplug.sources import ConfigError, build_plugins, load_config, load_default_config
+    from devplug.sources import (
+        ConfigError,
+        build_plugins,
+        load_config,
+        load_default_config,
+        parse_config,
+        start_problems,
+    )
     from devplug.sources.services import build_services
 
     def build(config: Config) -> list[SourcePlugin]:
         return build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
 
+    text = None
+    if args.nvidia_config:
+        if args.config:
+            return style.fail(
+                args,
+                "--nvidia-config replaces --config: set nvidia.nvidiaConfig in a config "
+                "file to use both",
+                style.EXIT_USAGE,
+            )
+        text = nvidia_config_text(args.nvidia_config)
     try:
-        config = load_config(args.config) if args.config else load_default_config()
+        if text is not None:
+            config = parse_config(text, "--nvidia-config")
+        else:
+            config = load_config(args.config) if args.config else load_default_config()
+        if keys := label_keys(config):  # NVIDIA configs chosen by a node label: read it
+            from devplug.sources.nvidia import nvidiafile
+            from devplug.sources.nvidia.nodelabel import read_labels
+
+            try:
+                nvidiafile.node_labels = read_labels(node_name(args), args.kubeconfig)
+            except ValueError as error:
+                return style.fail(args, f"{', '.join(keys)}: {error}")
+            config = parse_config(text, "--nvidia-config") if text else load_config(args.config)
         plugins = build(config)
         services = build_services(config, feature_file=args.feature_file)
     except ConfigError as e:
         print(e, file=sys.stderr)
         return style.EXIT_USAGE
+    if problems := start_problems(plugins):
+        return style.fail(args, "; ".join(problems))
     from devplug.sources.draconfig import serves_device_plugin, serves_dra
 
     device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
@@ -168,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         # A reload swaps device plugins only; DRA drivers take changes at a restart.
         return [p for p in build(config) if serves_device_plugin(p.spec.mode)]
 
-    services += reload_and_metrics(args, config, build_device_plugins)
+    services += reload_and_metrics(args, config, build_device_plugins, text)
     from devplug.extras import MissingExtra
     from devplug.framework.daemon import ServiceFailed
 
@@ -183,16 +220,45 @@ def run(args: argparse.Namespace) -> int:
     return style.EXIT_OK
 
 
+def label_keys(config: Config) -> list[str]:
+    """The node labels choosing NVIDIA configs of the config (their module loaded only
+    when an `nvidia:` entry names one)."""
+    if not any(r.nvidia is not None and r.nvidia.nvidia_config for r in config.resources):
+        return []
+    from devplug.sources.nvidia.nodelabel import label_keys as keys
+
+    return keys(config)
+
+
+def nvidia_config_text(path: str) -> str:
+    """The config `--nvidia-config PATH` serves: one `nvidia:` entry reading that file
+    (or choosing from that folder by the node label)."""
+    import json
+    import os
+
+    key = "folder" if os.path.isdir(path) else "file"
+    ref = {key: os.path.abspath(path)}
+    return json.dumps({"resources": [{"nvidia": {"nvidiaConfig": ref}}]})
+
+
 def reload_and_metrics(
-    args: argparse.Namespace, config: Config, build: BuildPlugins
+    args: argparse.Namespace, config: Config, build: BuildPlugins, text: str | None = None
 ) -> list[Service]:
-    """The config reloader (with --config; `build` as at start-up) and the metrics server
-    (with --metrics-port), each imported only when used."""
+    """The config reloader (with --config or --nvidia-config, whose `text` it is; `build`
+    as at start-up), the node label watch (when a node label chooses an NVIDIA config)
+    and the metrics server (with --metrics-port), each imported only when used."""
     services: list[Service] = []
-    if args.config:
+    if args.config or text is not None:
         from devplug.sources.reload import ConfigReloader
 
-        services.append(ConfigReloader(args.config, config, build))
+        reloader = ConfigReloader(args.config, config, build, text)
+        services.append(reloader)
+        if keys := label_keys(config):
+            from devplug.sources.nvidia.nodelabel import NodeLabelWatch
+
+            services.append(
+                NodeLabelWatch(node_name(args), args.kubeconfig, keys, reloader.request)
+            )
     if args.metrics_port is not None:
         from devplug.framework.metrics import MetricsServer
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from devplug.framework.device import ContainerEdits, Device, merge_edits
 from devplug.framework.plugin import Plugin
@@ -150,6 +150,16 @@ def apply_mode(
 SpecPlace = Callable[[Plugin], "tuple[str, Path] | None"]
 
 
+@runtime_checkable
+class WritesCdiSpec(Protocol):
+    """A plugin whose spec is not made of its own devices' edits (one spec for several
+    resources, edits from elsewhere): it says where the spec goes and what it holds."""
+
+    def cdi_spec_place(self) -> tuple[str, Path] | None: ...
+
+    def cdi_spec_document(self) -> dict[str, Any]: ...
+
+
 class CdiSpecs:
     """A daemon service writing one CDI spec per resource, kept in step with each
     plugin's device list and with the served plugins (a spec whose plugin is no longer
@@ -187,7 +197,10 @@ class CdiSpecs:
             for path in self.written.keys() - wanted.keys():
                 self.written.pop(path).remove()
             for path, (plugin, kind) in wanted.items():
-                document = spec_document(kind, plugin.devices.values())
+                if isinstance(plugin, WritesCdiSpec):
+                    document = plugin.cdi_spec_document()
+                else:
+                    document = spec_document(kind, plugin.devices.values())
                 spec = self.written.get(path) or OwnedFile(path, _spec_of(kind))
                 try:  # logged, not fatal: the next change tries again
                     if spec.write(_spec_text(document)):

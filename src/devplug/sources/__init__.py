@@ -8,6 +8,7 @@ await devplug.framework.daemon.serve(plugins, plugin_dir)
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -52,6 +53,7 @@ __all__ = [
     "load_default_config",
     "parse_config",
     "resource_names",
+    "start_problems",
 ]
 
 
@@ -66,6 +68,12 @@ def resource_names(config: Config) -> list[str]:
         else:
             names += [pool_name(spec.name, pool.model) for pool in pools(spec, sysfs)]
     return names
+
+
+def start_problems(plugins: Iterable[object]) -> list[str]:
+    """Why these plugins must not be served (one line each; none: fine), e.g. NVML
+    failing for an `nvidia:` entry with failOnInitError."""
+    return [p for p in (getattr(plugin, "start_problem", "") for plugin in plugins) if p]
 
 
 def build_plugin(spec: ResourceSpec, sysfs: Sysfs | None = None) -> SourcePlugin:

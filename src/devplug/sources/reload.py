@@ -25,7 +25,7 @@ from asyncinotify import Mask
 from devplug.framework import observe
 from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
 from devplug.framework.unixserver import socket_path_problem
-from devplug.sources import Config, ConfigError, build_plugins, parse_config
+from devplug.sources import Config, ConfigError, build_plugins, parse_config, start_problems
 
 if TYPE_CHECKING:
     from devplug.framework.daemon import Daemon
@@ -44,45 +44,88 @@ def read_text(path: Path) -> str | None:
         return None  # parse_config via load would say why; the next event tries again
 
 
+def config_inputs(config: Config) -> tuple[list[Path], set[Path]]:
+    """The other files a config reads (NVIDIA config files of `nvidia.nvidiaConfig`) and
+    the folders to watch for them (a ConfigMap's folder for its keys)."""
+    files: list[Path] = []
+    folders: set[Path] = set()
+    for resource in config.resources:
+        ref = resource.nvidia.nvidia_config if resource.nvidia is not None else None
+        if ref is None:
+            continue
+        from devplug.sources.nvidia.nvidiafile import inputs
+
+        files += inputs(ref)
+        folders.add(Path(ref.folder) if ref.folder else Path(ref.file or "/").parent)
+    return files, folders
+
+
 class ConfigReloader:
-    """A daemon service that keeps the served resources in step with a config file."""
+    """A daemon service that keeps the served resources in step with a config file (and
+    the NVIDIA config files it names); `request()` asks for a reload as SIGHUP does (the
+    node label choosing an NVIDIA config changed). Without `path`, the config is `text`
+    (`devplug serve --nvidia-config`) and only the files it names are watched."""
 
     def __init__(
-        self, path: Path | str, config: Config, build: BuildPlugins = build_plugins
+        self,
+        path: Path | str | None,
+        config: Config,
+        build: BuildPlugins = build_plugins,
+        text: str | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.path = Path(path) if path is not None else None
         self.config = config
         self.build = build  # the same as at start-up, so a reload serves what a start would
-        self._text = read_text(self.path)
+        self._fixed = text
+        self._text = self._read()
+        self._inputs = self._read_inputs(config)
+        self._wake = asyncio.Event()
+        self._asked = False
+
+    def _read(self) -> str | None:
+        return read_text(self.path) if self.path is not None else self._fixed
+
+    @staticmethod
+    def _read_inputs(config: Config) -> list[tuple[Path, str | None]]:
+        return [(p, read_text(p)) for p in config_inputs(config)[0]]
+
+    def request(self) -> None:
+        """Reload now, even if no file changed."""
+        self._asked = True
+        self._wake.set()
 
     async def run(self, daemon: Daemon) -> None:
-        wake = asyncio.Event()
-        asked = False
-
-        def on_hup() -> None:
-            nonlocal asked
-            asked = True
-            wake.set()
-
-        folder = self.path.parent
+        wake = self._wake
         watcher = DirWatcher(lambda _folder, _name: wake.set(), ENTRY_EVENTS | Mask.CLOSE_WRITE)
-        watcher.watch(folder)
+
+        def watch() -> None:
+            folders = config_inputs(self.config)[1]
+            if self.path is not None:
+                folders.add(self.path.parent)
+            for folder in folders - set(watcher.folders):
+                with contextlib.suppress(OSError):  # a folder made later is not seen
+                    watcher.watch(folder)  # (again, when it was replaced)
+
+        watch()
         events = asyncio.create_task(watcher.run(), name="watch config")
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, on_hup)
+        loop.add_signal_handler(signal.SIGHUP, self.request)
         try:
             while True:
                 await wake.wait()
                 wake.clear()
-                if folder not in watcher.folders:
-                    watcher.watch(folder)  # the folder was replaced
-                text = read_text(self.path)
-                forced, asked = asked, False
+                watch()
+                text = self._read()
+                forced, self._asked = self._asked, False
                 if text is None and not forced:
                     continue
-                if text == self._text and not forced:
+                inputs = self._read_inputs(self.config)
+                if text == self._text and inputs == self._inputs and not forced:
                     continue
+                self._inputs = inputs
                 await self.reload(daemon, text)
+                self._inputs = self._read_inputs(self.config)
+                watch()
         finally:
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signal.SIGHUP)
@@ -95,8 +138,10 @@ class ConfigReloader:
         try:
             if text is None:
                 raise ConfigError(f"{self.path}: cannot read the config")
-            config = parse_config(text, str(self.path))
+            config = parse_config(text, str(self.path or "--nvidia-config"))
             plugins = {p.resource_name: p for p in self.build(config)}
+            if problems := start_problems(list(plugins.values())):
+                raise ValueError("; ".join(problems))
             for plugin in plugins.values():  # what Daemon.add would refuse, before any change
                 if problem := socket_path_problem(daemon.plugin_dir / plugin.socket_name):
                     raise ValueError(f"{plugin.resource_name}: {problem}")

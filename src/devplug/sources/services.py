@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from devplug.framework.daemon import Service
-from devplug.outputs.cdi import CdiSpecs
+from devplug.outputs.cdi import CdiSpecs, WritesCdiSpec
 from devplug.sources.config import Config
 from devplug.sources.hostdev import HostDevicePlugin
 
@@ -31,7 +31,10 @@ def build_services(config: Config, *, feature_file: str | None = None) -> list[S
 
 
 def cdi_place(plugin: Plugin) -> tuple[str, Path] | None:
-    """The CDI kind and folder of a resource whose `cdi` writes a spec, else None."""
+    """The CDI kind and folder of a resource whose `cdi` writes a spec (or of a plugin
+    that places its spec itself), else None."""
+    if isinstance(plugin, WritesCdiSpec):
+        return plugin.cdi_spec_place()
     if not isinstance(plugin, HostDevicePlugin):
         return None
     cdi = plugin.spec.cdi

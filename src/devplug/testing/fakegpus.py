@@ -13,8 +13,9 @@ A description is JSON: {"driver": {"loaded", "library", "version", "cuda", "hang
 "profile", "start", "size", "uuid"}]}], "migAccess", "migConfig", "lost", "error",
 "events", "recoveryAction", "nvlinks": [remote bus IDs, one per link]}], "topology":
 N x N common-ancestor levels, "events": [{"gpu", "type" (xid, dbe, sbe), "xid", "gi",
-"ci"}]}. MIG instances follow the model's profile table (`devplug.testing.gpumodels`)
-with NVML's rules: placements, instance limits and overlaps, errors included.
+"ci"}], "machine": DMI product name}. MIG instances follow the model's profile table
+(`devplug.testing.gpumodels`) with NVML's rules: placements, instance limits and
+overlaps, errors included.
 """
 
 from __future__ import annotations
@@ -494,6 +495,11 @@ class FakeGpuHost:
             folder.mkdir(parents=True, exist_ok=True)
             numa = entry.get("numa")
             (folder / "numa_node").write_text(f"{-1 if numa is None else numa}\n")
+            (folder / "class").write_text(f"{entry.get('pciClass', '0x030200')}\n")
+        if machine := self.description.get("machine"):  # DMI, as GFD reads it
+            dmi = root / "sys/class/dmi/id"
+            dmi.mkdir(parents=True, exist_ok=True)
+            (dmi / "product_name").write_text(f"{machine}\n")
         proc = root / "proc/driver/nvidia-caps"
         proc.mkdir(parents=True, exist_ok=True)
         (proc / "mig-minors").write_text("".join(line + "\n" for line in lines))

@@ -70,6 +70,8 @@ NVML_DEVICE_MIG_ENABLE = _real.NVML_DEVICE_MIG_ENABLE
 NVML_DEVICE_MIG_DISABLE = _real.NVML_DEVICE_MIG_DISABLE
 NVML_NVLINK_MAX_LINKS = _real.NVML_NVLINK_MAX_LINKS
 NVML_FEATURE_ENABLED = _real.NVML_FEATURE_ENABLED
+NVML_COMPUTEMODE_DEFAULT = _real.NVML_COMPUTEMODE_DEFAULT
+NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = _real.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
 NVML_GPU_INSTANCE_PROFILE_COUNT = _real.NVML_GPU_INSTANCE_PROFILE_COUNT
 NVML_COMPUTE_INSTANCE_PROFILE_COUNT = _real.NVML_COMPUTE_INSTANCE_PROFILE_COUNT
 NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = _real.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
@@ -375,6 +377,30 @@ def nvmlDeviceGetPciInfo(handle: Any) -> Any:
 def nvmlDeviceGetMinorNumber(handle: Any) -> int:
     _, entry, _ = _target(handle)
     return int(entry["minor"])
+
+
+def nvmlDeviceGetPersistenceMode(handle: Any) -> int:
+    """NVML_FEATURE_ENABLED unless the GPU says 'persistence': false."""
+    _, entry, _ = _target(handle)
+    return int(bool(entry.get("persistence", True)))
+
+
+def nvmlDeviceGetComputeMode(handle: Any) -> int:
+    _, entry, _ = _target(handle)
+    return int(entry.get("computeMode", NVML_COMPUTEMODE_DEFAULT))
+
+
+def nvmlDeviceSetComputeMode(handle: Any, mode: int) -> None:
+    """InvalidArgument for a mode NVML does not have; NoPermission where the GPU says
+    so ('computeModeLocked': not root); written back, as the driver keeps it."""
+    _, entry, mig = _target(handle)
+    if mig is not None or not 0 <= int(mode) < _real.NVML_COMPUTEMODE_COUNT:
+        raise NVMLError_InvalidArgument()
+    if entry.get("computeModeLocked"):
+        raise NVMLError_NoPermission()
+    with _lock:
+        entry["computeMode"] = int(mode)
+        _save()
 
 
 def nvmlDeviceGetFieldValues(handle: Any, fieldIds: Any) -> Any:

@@ -49,7 +49,8 @@ class MigRow:
 
     @property
     def memory_mb(self) -> int:
-        return round(self.memory_gib * 1024)
+        """MiB: -lgip prints a multiple of 1/8 GiB to two decimals (19.62 is 19.625)."""
+        return round(self.memory_gib * 8) * 128
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,10 @@ async def call(fn: Callable[[], T], timeout: float, what: str) -> T:
 
     threading.Thread(target=work, name=f"nvml {what}", daemon=True).start()
     try:
-        return await asyncio.wait_for(asyncio.shield(future), timeout)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+        # cancellation that comes as the call returns, and a stop would then hang.
+        async with asyncio.timeout(timeout):
+            return await asyncio.shield(future)
     except TimeoutError:
         raise Hung(f"{what} did not return within {timeout:g} s") from None
 

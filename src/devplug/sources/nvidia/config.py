@@ -20,23 +20,89 @@ DEFAULT_RESOURCE = "nvidia.com/gpu"
 MAX_REPLICAS = 256
 
 MigStrategy = Literal["none", "single", "mixed"]
-ListStrategy = Literal["envvar", "volume-mounts", "cdi"]
+Sharing = Literal["timeSlicing", "mps"]
+
+
+class MpsSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    """MPS sharing: one control daemon per shared GPU, its folders under `root`."""
+
+    # <root>/<resource>/<GPU UUID>/{pipe,log} and <root>/shm, the same path on the host
+    # and in the daemon's container (the client containers get them mounted).
+    root: str = "/run/nvidia/mps"
+    # The control daemon's program: a name looked up on PATH, or a path.
+    control: str = "nvidia-cuda-mps-control"
+    # Seconds between checks that each daemon still answers its control interface.
+    check_seconds: float = 5.0
+
+
+ListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
+CDI_STRATEGIES = ("cdi-annotations", "cdi-cri")
+FALLBACKS = ("named", "single", "empty")
+NODE_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+
+
+class NvidiaConfigRef(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    """NVIDIA's device plugin config file (`file`), or a folder of named ones (a
+    ConfigMap's keys, `folder`) of which the node label `nodeLabel` picks one, as
+    NVIDIA's config manager does: `default` when the label is unset, else the
+    `fallbackStrategies` in order (`named`: the one named 'default', `single`: the only
+    one, `empty`: none, NVIDIA's defaults)."""
+
+    file: str | None = None
+    folder: str | None = None
+    default: str = ""
+    fallback_strategies: list[Literal["named", "single", "empty"]] = msgspec.field(
+        default_factory=lambda: ["named", "single"]
+    )
+    node_label: str = NODE_CONFIG_LABEL
 
 
 class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     # MIG: `none` serves whole GPUs, `single` serves every MIG device under the
     # resource's name, `mixed` serves each profile as '<domain>/mig-<profile>'.
     mig_strategy: MigStrategy = "none"
-    # Time-slicing: each GPU (or MIG device) is advertised `replicas` times.
+    # Sharing: each GPU (or MIG device) is advertised `replicas` times, time-sliced or
+    # through MPS (a memory and compute limit per replica).
     replicas: int = 1
+    # Per resource of the entry (as NVIDIA's sharing lists them): replicas of its GPUs or
+    # MIG devices, instead of `replicas`.
+    resource_replicas: dict[str, int] = {}
+    # Shared resources served as '<name>.shared' (NVIDIA's renameByDefault).
+    rename_shared: bool = False
+    sharing: Sharing = "timeSlicing"
+    mps: MpsSpec = msgspec.field(default_factory=MpsSpec)
     replica_policy: Literal["spread", "pack"] = "spread"
-    fail_requests_greater_than_one: bool = False
-    # How the container learns its GPUs: NVIDIA_VISIBLE_DEVICES with UUIDs (`envvar`),
-    # the same as mounts under /var/run/nvidia-container-devices (`volume-mounts`),
-    # and/or CDI names 'nvidia.com/gpu=<UUID>' (`cdi`).
+    # Refuse a container asking for more than one replica (unset: only with MPS).
+    fail_requests_greater_than_one: bool | None = None
+    # How the container learns its GPUs: NVIDIA_VISIBLE_DEVICES with their IDs
+    # (`envvar`), the same as mounts under /var/run/nvidia-container-devices
+    # (`volume-mounts`), CDI names 'k8s.device-plugin.nvidia.com/gpu=<ID>' in an
+    # annotation (`cdi-annotations`) or in the CDI devices field (`cdi-cri`).
     device_list_strategy: list[ListStrategy] = msgspec.field(default_factory=lambda: ["envvar"])
+    # The IDs given to the container: UUIDs, or indexes ('0', '0:1' for a MIG device).
+    device_id_strategy: Literal["uuid", "index"] = msgspec.field(
+        default="uuid", name="deviceIDStrategy"
+    )
     # Device specs for /dev/nvidiaN and the driver's shared nodes.
     pass_device_specs: bool = True
+    # The host folder the driver's /dev is under ('/run/nvidia/driver' with NVIDIA's
+    # driver container): the host side of the device specs.
+    driver_root: str = "/"
+    # NVIDIA_GDS / NVIDIA_MOFED / NVIDIA_GDRCOPY=enabled for the container toolkit.
+    gds_enabled: bool = False
+    mofed_enabled: bool = False
+    gdrcopy_enabled: bool = False
+    # CDI: the annotation key prefix, where devplug's spec goes, and where the host's
+    # NVIDIA spec (`nvidia-ctk cdi generate`) is looked for.
+    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    cdi_dir: str = "/var/run/cdi"
+    cdi_spec_dirs: list[str] = msgspec.field(default_factory=lambda: ["/etc/cdi", "/var/run/cdi"])
+    # Exit when NVML cannot start (NVIDIA's failOnInitError), instead of retrying.
+    fail_on_init_error: bool = False
+    # The machine type of the gpu.machine label.
+    machine_type_file: str = "/sys/class/dmi/id/product_name"
+    # NVIDIA's own config file (or per-node ones): its settings replace these.
+    nvidia_config: NvidiaConfigRef | None = None
     # Per-model names: 'nvidia.com/gpu-<model>' for every model, and/or an explicit
     # model -> resource name map (the map wins).
     per_model_names: bool = False
@@ -66,11 +132,66 @@ class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
 _Fail = Callable[[str, str], NoReturn]
 
 
+def replicas_of(spec: NvidiaSpec, resource: str) -> int:
+    """How many times each GPU (or MIG device) of `resource` is advertised."""
+    return spec.resource_replicas.get(resource, spec.replicas)
+
+
+def served_name(spec: NvidiaSpec, resource: str) -> str:
+    """The name `resource` registers under: '<name>.shared' when shared and
+    `renameShared` (NVIDIA's renameByDefault)."""
+    if spec.rename_shared and replicas_of(spec, resource) > 1:
+        return resource + ".shared"
+    return resource
+
+
+def fails_requests_greater_than_one(spec: NvidiaSpec) -> bool:
+    """Unset, only MPS refuses a container more than one replica (as NVIDIA's plugin)."""
+    if spec.fail_requests_greater_than_one is None:
+        return spec.sharing == "mps"
+    return spec.fail_requests_greater_than_one
+
+
+def cdi_only(spec: NvidiaSpec) -> bool:
+    """Only CDI strategies: no env and no device specs are sent, as NVIDIA's plugin."""
+    return all(s in CDI_STRATEGIES for s in spec.device_list_strategy)
+
+
 def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
     """Meaning checks of an `nvidia:` block; `fail(field, problem)` raises."""
     at = f"{at}.nvidia"
     if not 1 <= spec.replicas <= MAX_REPLICAS:
         fail(f"{at}.replicas", f"expected an integer from 1 to {MAX_REPLICAS}, got {spec.replicas}")
+    if spec.nvidia_config is not None:
+        from devplug.sources.nvidia.nvidiafile import apply_ref
+
+        apply_ref(spec, spec.nvidia_config, f"{at}.nvidiaConfig", fail)
+    for resource, count in spec.resource_replicas.items():
+        key = f"{at}.resourceReplicas[{resource!r}]"
+        if problem := resource_name_problem(resource):
+            fail(key, problem)
+        if not 1 <= count <= MAX_REPLICAS:
+            fail(key, f"expected an integer from 1 to {MAX_REPLICAS}, got {count}")
+    if spec.sharing == "mps":
+        if spec.fail_requests_greater_than_one is False:
+            fail(
+                f"{at}.failRequestsGreaterThanOne",
+                "must stay true with MPS: each GPU has its own MPS daemon and a container "
+                "gets one replica",
+            )
+        if spec.resource_replicas:
+            if min(spec.resource_replicas.values()) < 2:
+                fail(f"{at}.resourceReplicas", "MPS sharing needs at least 2 replicas per GPU")
+        elif spec.replicas < 2:
+            fail(f"{at}.replicas", "MPS sharing needs at least 2 replicas per GPU")
+        if spec.mig_strategy != "none":
+            fail(f"{at}.sharing", "MPS sharing is not supported with MIG (migStrategy none only)")
+        if not spec.mps.root.startswith("/"):
+            fail(f"{at}.mps.root", f"expected an absolute path, got {spec.mps.root!r}")
+        if not spec.mps.control:
+            fail(f"{at}.mps.control", "expected a program name or path")
+        if not spec.mps.check_seconds > 0:
+            fail(f"{at}.mps.checkSeconds", f"expected a number > 0, got {spec.mps.check_seconds}")
     strategies = spec.device_list_strategy
     if not strategies:
         fail(f"{at}.deviceListStrategy", "expected at least one of envvar, volume-mounts, cdi")
@@ -81,6 +202,31 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
             f"{at}.deviceListStrategy",
             "envvar and volume-mounts both set NVIDIA_VISIBLE_DEVICES: choose one",
         )
+    if cdi_only(spec):
+        for key, on in (
+            ("gdsEnabled", spec.gds_enabled),
+            ("mofedEnabled", spec.mofed_enabled),
+            ("gdrcopyEnabled", spec.gdrcopy_enabled),
+        ):
+            if on:
+                fail(
+                    f"{at}.{key}",
+                    "not available with CDI strategies only: devplug does not write the "
+                    "CDI spec of that driver component; add envvar to deviceListStrategy",
+                )
+    if not spec.cdi_annotation_prefix.endswith("/"):
+        fail(
+            f"{at}.cdiAnnotationPrefix",
+            f"expected a prefix ending in '/', got {spec.cdi_annotation_prefix!r}",
+        )
+    for key, path in (
+        ("driverRoot", spec.driver_root),
+        ("cdiDir", spec.cdi_dir),
+        ("machineTypeFile", spec.machine_type_file),
+        *(("cdiSpecDirs", d) for d in spec.cdi_spec_dirs),
+    ):
+        if not path.startswith("/"):
+            fail(f"{at}.{key}", f"expected an absolute path, got {path!r}")
     for key in ("recovery_seconds", "probe_seconds", "nvml_timeout_seconds", "retry_max_seconds"):
         value = getattr(spec, key)
         if not value > 0:
@@ -104,3 +250,4 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
     if not spec.host_root.startswith("/"):
         fail(f"{at}.hostRoot", f"expected an absolute path, got {spec.host_root!r}")
     spec.host_root = posixpath.normpath(spec.host_root)
+    spec.driver_root = posixpath.normpath(spec.driver_root)

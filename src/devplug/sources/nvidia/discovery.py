@@ -1,10 +1,11 @@
 """From what NVML sees to what is served: units (GPUs or MIG devices), their resource
 names, host files (NUMA node, MIG capability nodes) and the Devices with their edits.
 
-Two roots: `hostRoot` is where the daemon reads the host's /dev, /proc and /sys (a
-container mounts them elsewhere); the config's `devRoot` is where the runtime finds the
-driver's nodes on the host, the host path of each node (`<devRoot>/nvidia0`), as it is
-for sysfs devices. The container path stays `/dev/...`."""
+The roots: `hostRoot` is where the daemon reads the host's /dev, /proc and /sys (a
+container mounts them elsewhere); the driver's nodes are on the host under `driverRoot`
+(looked for under `hostRoot`), unless the config's top-level `devRoot` says where the
+runtime finds them (`<devRoot>/nvidia0`), as it does for sysfs devices. The container
+path stays `/dev/...`."""
 
 from __future__ import annotations
 
@@ -16,8 +17,14 @@ from pathlib import PurePosixPath
 from devplug.framework.device import Attribute, Device, DeviceNode, Mount
 from devplug.sources.config import replica_ids
 from devplug.sources.hardware import DEFAULT_DEV_ROOT
-from devplug.sources.nvidia.config import NvidiaSpec
+from devplug.sources.nvidia.config import (
+    CDI_STRATEGIES,
+    NvidiaSpec,
+    cdi_only,
+    replicas_of,
+)
 from devplug.sources.nvidia.mig import resource_suffix
+from devplug.sources.nvidia.mps import client_edits, mps_gpu
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo, NvmlView
 
 VENDOR_ID = "0x10de"
@@ -25,7 +32,7 @@ SHARED_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/
 MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_DIR = "/var/run/nvidia-container-devices"
-CDI_KIND = "nvidia.com/gpu"
+CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"  # the kind NVIDIA's plugin names in Allocate
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,18 +46,29 @@ class Unit:
     numa: int | None
     nodes: tuple[DeviceNode, ...]
     attributes: dict[str, Attribute] = field(default_factory=dict)
+    pci_class: str = ""  # '0x030200' (3D controller), from sysfs
 
 
 def host_path(root: str, path: str) -> str:
     return path if root == "/" else root + path
 
 
-def dev_node(dev_root: str, path: str) -> DeviceNode:
-    """The node `path` (`/dev/...`) at its place under `dev_root` on the host, at `path`
-    in the container."""
-    if dev_root == DEFAULT_DEV_ROOT:
-        return DeviceNode(path)
-    return DeviceNode(str(PurePosixPath(dev_root, path.removeprefix("/dev/"))), path)
+def driver_node(spec: NvidiaSpec, path: str, dev_root: str = DEFAULT_DEV_ROOT) -> DeviceNode:
+    """A driver device node, at `path` (`/dev/...`) in the container; on the host in the
+    config's `devRoot` where one is set, else under `driverRoot`."""
+    if dev_root != DEFAULT_DEV_ROOT:
+        return DeviceNode(str(PurePosixPath(dev_root, path.removeprefix("/dev/"))), path)
+    return DeviceNode(host_path(spec.driver_root, path), path)
+
+
+def container_id(unit: Unit, spec: NvidiaSpec) -> str:
+    """The ID the container is given: the UUID, or the index ('0', '0:1' for the MIG
+    device in slot 1 of GPU 0) with `deviceIDStrategy: index`, as NVIDIA's plugin."""
+    if spec.device_id_strategy == "uuid":
+        return unit.uuid
+    if unit.mig is None:
+        return str(unit.gpu.index)
+    return f"{unit.gpu.index}:{unit.mig.slot}"
 
 
 def numa_node(root: str, bus: str) -> int | None:
@@ -61,6 +79,15 @@ def numa_node(root: str, bus: str) -> int | None:
     except (OSError, ValueError):
         return None
     return value if value >= 0 else None
+
+
+def pci_class(root: str, bus: str) -> str:
+    """The PCI class sysfs gives the device ('0x030200'), '' when unknown."""
+    try:
+        with open(host_path(root, f"/sys/bus/pci/devices/{bus}/class")) as f:
+            return f.read().strip().lower()
+    except OSError:
+        return ""
 
 
 def mig_minors(root: str) -> dict[str, int]:
@@ -107,15 +134,17 @@ def units(
     """The units to serve, in GPU order, and one-line warnings about the layout; their
     nodes' host paths under `dev_root`."""
     root = spec.host_root
+    on_host = host_path(root, spec.driver_root.rstrip("/"))
     shared = tuple(
-        dev_node(dev_root, p) for p in SHARED_NODES if os.path.exists(host_path(root, p))
+        driver_node(spec, p, dev_root) for p in SHARED_NODES if os.path.exists(on_host + p)
     )
     minors = mig_minors(root) if any(g.mig_enabled for g in view.gpus) else {}
     found: list[Unit] = []
     warnings: list[str] = []
     for gpu in view.gpus:
         numa = numa_node(root, gpu.bus_id)
-        gpu_node = dev_node(dev_root, f"/dev/nvidia{gpu.minor}")
+        kind = pci_class(root, gpu.bus_id)
+        gpu_node = driver_node(spec, f"/dev/nvidia{gpu.minor}", dev_root)
         attributes: dict[str, Attribute] = {
             "vendor": "NVIDIA",
             "vendorID": VENDOR_ID,
@@ -138,7 +167,8 @@ def units(
                     "served whole"
                 )
             resource = gpu_resource(gpu, name, spec)
-            found.append(Unit(gpu.uuid, gpu, None, resource, numa, (gpu_node, *shared), attributes))
+            nodes = (gpu_node, *shared)
+            found.append(Unit(gpu.uuid, gpu, None, resource, numa, nodes, attributes, kind))
             continue
         if gpu.mig_problem:
             warnings.append(f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled: {gpu.mig_problem}")
@@ -151,23 +181,36 @@ def units(
                 f"gpu{gpu.minor}/gi{mig.gpu_instance}/ci{mig.compute_instance}/access",
             ):
                 if key in minors:
-                    caps.append(dev_node(dev_root, f"/dev/nvidia-caps/nvidia-cap{minors[key]}"))
+                    cap = f"/dev/nvidia-caps/nvidia-cap{minors[key]}"
+                    caps.append(driver_node(spec, cap, dev_root))
                 else:
                     warnings.append(f"MIG device {mig.uuid}: no {key} in {MIG_MINORS}")
             mig_attributes = dict(attributes, uuid=mig.uuid, memory=mig.memory)
             mig_attributes["migProfile"] = mig.profile
             resource = mig_resource(mig, name, spec)
             nodes = (gpu_node, *caps, *shared)
-            found.append(Unit(mig.uuid, gpu, mig, resource, numa, nodes, mig_attributes))
-    if spec.mig_strategy == "single":
-        profiles = {u.mig.profile for u in found if u.mig is not None}
-        whole = [u.gpu.index for u in found if u.mig is None]
-        if len(profiles) > 1 or (profiles and whole):
-            warnings.append(
-                "migStrategy single expects every GPU in MIG mode with one profile; found "
-                f"profiles {sorted(profiles)} and {len(whole)} GPU(s) without MIG"
-            )
+            found.append(Unit(mig.uuid, gpu, mig, resource, numa, nodes, mig_attributes, kind))
+    if spec.mig_strategy == "single" and (problem := single_problem(view)):
+        warnings.append(
+            f"migStrategy single expects every GPU in MIG mode with one profile: {problem}"
+        )
     return found, warnings
+
+
+def single_problem(view: NvmlView) -> str:
+    """Why `migStrategy: single` cannot serve this layout ('' when it can), as GPU feature
+    discovery says it: an empty MIG-enabled GPU, GPUs with and without MIG, or more than
+    one profile."""
+    enabled = [g for g in view.gpus if g.mig_enabled]
+    if not enabled:
+        return ""
+    if any(not g.migs for g in enabled):
+        return "at least one MIG device is enabled but empty"
+    if len(enabled) != len(view.gpus):
+        return "devices with MIG enabled and disabled detected"
+    if len({m.profile for g in enabled for m in g.migs}) > 1:
+        return "more than one MIG device type present on node"
+    return ""
 
 
 def resource_names(view: NvmlView | None, name: str, spec: NvidiaSpec) -> list[str]:
@@ -179,27 +222,44 @@ def resource_names(view: NvmlView | None, name: str, spec: NvidiaSpec) -> list[s
 
 
 def devices(unit: Unit, spec: NvidiaSpec, healthy: bool) -> list[Device]:
-    """The unit's Devices: one per replica, each with the container edits it needs."""
+    """The unit's Devices: one per replica, each with the container edits it needs.
+    With CDI strategies only, the container gets CDI names and no env or device
+    specs, as from NVIDIA's plugin (MPS's folders still)."""
     env: dict[str, str] = {}
     mounts: tuple[Mount, ...] = ()
     cdi: tuple[str, ...] = ()
+    ident = container_id(unit, spec)
+    only_cdi = cdi_only(spec)
     if "envvar" in spec.device_list_strategy:
-        env[VISIBLE_DEVICES] = unit.uuid
+        env[VISIBLE_DEVICES] = ident
     if "volume-mounts" in spec.device_list_strategy:
         env[VISIBLE_DEVICES] = VOLUME_MOUNTS_DIR
-        mounts = (Mount("/dev/null", f"{VOLUME_MOUNTS_DIR}/{unit.uuid}"),)
-    if "cdi" in spec.device_list_strategy:
-        cdi = (f"{CDI_KIND}={unit.uuid}",)
+        mounts = (Mount("/dev/null", f"{VOLUME_MOUNTS_DIR}/{ident}"),)
+    if not only_cdi:
+        for name, on in (
+            ("NVIDIA_GDS", spec.gds_enabled),
+            ("NVIDIA_MOFED", spec.mofed_enabled),
+            ("NVIDIA_GDRCOPY", spec.gdrcopy_enabled),
+        ):
+            if on:
+                env[name] = "enabled"
+    if any(s in CDI_STRATEGIES for s in spec.device_list_strategy):
+        cdi = (f"{CDI_KIND}={ident}",)
+    if spec.sharing == "mps":
+        gpu = mps_gpu(spec, unit.resource, unit.uuid, unit.gpu.index, unit.gpu.memory)
+        mps_env, mps_mounts = client_edits(gpu, spec)
+        env |= mps_env
+        mounts += mps_mounts
     return [
         Device(
             device_id,
             healthy,
             numa_nodes=() if unit.numa is None else (unit.numa,),
-            nodes=unit.nodes if spec.pass_device_specs else (),
+            nodes=unit.nodes if spec.pass_device_specs and not only_cdi else (),
             mounts=mounts,
             env=env,
             cdi_devices=cdi,
             attributes=unit.attributes,
         )
-        for device_id in replica_ids(unit.uuid, spec.replicas)
+        for device_id in replica_ids(unit.uuid, replicas_of(spec, unit.resource))
     ]

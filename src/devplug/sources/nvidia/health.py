@@ -71,7 +71,9 @@ class HealthThread:
         self.report = report
         self._stop = threading.Event()
         self._lost: list[int] = []
-        self._rewatching = False
+        self._blind = False  # a wait failed; no wait on a new event set succeeded yet
+        self._unwatched: tuple[int, ...] = ()
+        self._skipped: tuple[int, ...] = ()  # lost GPUs the event set was made without
         self._thread = threading.Thread(target=self._run, name="nvml health", daemon=True)
 
     def start(self) -> None:
@@ -92,8 +94,9 @@ class HealthThread:
                 now = time.monotonic()
                 if now >= next_probe:
                     self._probe_all()
-                    if self._rewatching:
-                        self._watch_again()
+                    back = set(self._skipped) - set(self._lost)
+                    if (self._blind and self.events is None) or back:
+                        self._watch_again()  # again, or with the GPUs that came back
                     next_probe = time.monotonic() + self.probe_seconds
                     continue
                 wait_ms = max(1, min(WAIT_SLICE_MS, int((next_probe - now) * 1000)))
@@ -106,6 +109,9 @@ class HealthThread:
                     self._rewatch(f"{type(error).__name__}: {error}")
                     next_probe = time.monotonic() + self.probe_seconds
                     continue
+                if self._blind:  # the new event set works
+                    self._blind = False
+                    self.report(Rewatched(self._unwatched))
                 if event is not None:
                     self.report(event)
         finally:
@@ -113,27 +119,29 @@ class HealthThread:
                 self.nvml.free(self.events)
 
     def _rewatch(self, error: str) -> None:
-        """After a failed wait: say so, find the GPUs that still answer, watch those."""
+        """After a failed wait: say so (once while blind), find the GPUs that still
+        answer, watch those on a new event set."""
         log.debug("NVML event wait failed: %s", error)
-        self.report(WaitFailed(error))
+        if not self._blind:
+            self.report(WaitFailed(error))
+        self._blind = True
         self.nvml.free(self.events)
         self.events = None
-        self._rewatching = True
         self._probe_all()
         self._watch_again()
 
     def _watch_again(self) -> None:
         """A new event set for the GPUs that answered the last probe round (tried again
-        after each round until it works)."""
+        after each round until it can be made)."""
         try:
             events, unwatched = self.nvml.watch_events(skip=self._lost)
         except self.nvml.Error as error:
             log.debug("NVML events cannot be watched again: %s", error)
             return
-        if events is None:
-            return
-        self.events, self._rewatching = events, False
-        self.report(Rewatched(tuple(sorted(set(unwatched) | set(self._lost)))))
+        if self.events is not None:
+            self.nvml.free(self.events)
+        self.events, self._skipped = events, tuple(self._lost)
+        self._unwatched = tuple(sorted(set(unwatched) | set(self._lost)))
 
     def _probe_all(self) -> None:
         lost = []

@@ -1,7 +1,10 @@
-"""Node labels of the GPUs (node-feature-discovery feature file), named as NVIDIA's GPU
-feature discovery names them, so selectors written for it keep working: a time-sliced
-resource's product ends in '-SHARED' as there, so that a pod needing a GPU of its own
-can keep off nodes whose GPUs are shared."""
+"""Node labels of the GPUs (node-feature-discovery feature file), named and computed as
+NVIDIA's GPU feature discovery does (k8s-device-plugin's internal/lm), so selectors
+written for it keep working: product, count, memory, replicas and sharing strategy per
+resource (a shared resource's product ends in '-SHARED'), the architecture family from
+the compute capability, MIG attributes per MIG resource, `-MIG-INVALID` for a layout
+`migStrategy: single` cannot serve, gpu.mode from the PCI class, gpu.machine from DMI,
+mig.capable, mps.capable, and the driver and CUDA versions."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from typing import TYPE_CHECKING
 from devplug.framework.device import Device
 from devplug.framework.preferred import physical_id
 from devplug.outputs.nfd import MAX_LABEL_VALUE, label_value
+from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
+from devplug.sources.nvidia.discovery import Unit, host_path, single_problem
+from devplug.sources.nvidia.nvml import MigInfo
 
 if TYPE_CHECKING:
     from devplug.sources.nvidia.source import GpuSource
@@ -27,25 +33,63 @@ FAMILIES = {
     7: "volta",
     8: "ampere",
     9: "hopper",
+    10: "blackwell",  # Blackwell has two compute capabilities, 10.x and 12.x
+    12: "blackwell",
 }
+# gpu.mode by PCI class: a 3D controller computes, a VGA controller drives displays.
+GPU_MODES = {"0x030200": "compute", "0x030000": "graphics"}
 
 
 def _mib(memory: int) -> str:
     return str(memory // (1024 * 1024))
 
 
-def _product(model: str, shared: bool) -> str:
-    """The product label value; the suffix survives the length limit."""
+def _product(*parts: str, shared: bool = False) -> str:
+    """The product label value ('NVIDIA-H100-80GB-HBM3-MIG-1g.10gb.me'); the '-SHARED'
+    suffix survives the length limit."""
+    value = label_value("-".join(p.replace("+", ".") for p in parts if p))
     if not shared:
-        return label_value(model)
+        return value
     room = MAX_LABEL_VALUE - len(SHARED_SUFFIX)
-    return label_value(model)[:room].rstrip("-_.") + SHARED_SUFFIX
+    return value[:room].rstrip("-_.") + SHARED_SUFFIX
 
 
 def family(major: int, minor: int) -> str:
     if major == 7 and minor >= 5:
         return "turing"  # 7.0 and 7.2 are Volta
+    if major == 8 and minor >= 9:
+        return "ada-lovelace"  # 8.9: L4, L40S, RTX 40
     return FAMILIES.get(major, "undefined")
+
+
+def _mig_labels(resource: str, mig: MigInfo) -> dict[str, str]:
+    """The MIG device attributes GFD labels a MIG resource with."""
+    values = {
+        "memory": mig.memory // (1024 * 1024),
+        "multiprocessors": mig.multiprocessors,
+        "slices.gi": mig.gpu_slices,
+        "slices.ci": mig.compute_slices,
+        "engines.copy": mig.copy_engines,
+        "engines.decoder": mig.decoders,
+        "engines.encoder": mig.encoders,
+        "engines.jpeg": mig.jpegs,
+        "engines.ofa": mig.ofas,
+    }
+    return {f"{resource}.{key}": str(value) for key, value in values.items()}
+
+
+def _resource_labels(resource: str, product: str, count: int, spec: NvidiaSpec) -> dict[str, str]:
+    """Product, count, replicas and sharing strategy, as GFD labels them: a shared
+    resource's product ends in -SHARED unless it is served renamed ('.shared')."""
+    replicas = replicas_of(spec, resource)
+    shared = replicas > 1
+    strategy = "mps" if spec.sharing == "mps" else "time-slicing"
+    return {
+        f"{resource}.product": _product(product, shared=shared and not spec.rename_shared),
+        f"{resource}.count": str(count),
+        f"{resource}.replicas": str(replicas),
+        f"{resource}.sharing-strategy": strategy if shared else "none",
+    }
 
 
 def node_labels(
@@ -55,48 +99,95 @@ def node_labels(
     if view is None:
         return {}
     spec = source.spec
-    shared = spec.replicas > 1
     served = [u for u in source.units if u.resource == resource]
-    labels: dict[str, str] = {}
     if not primary:
-        if served:
-            first = served[0]
-            product, memory = first.gpu.model, first.gpu.memory
-            if first.mig is not None:
-                product, memory = f"{product}-MIG-{first.mig.profile}", first.mig.memory
-            labels[f"{resource}.count"] = str(len(served))
-            labels[f"{resource}.product"] = _product(product, shared)
-            labels[f"{resource}.memory"] = _mib(memory)
-            labels[f"{resource}.replicas"] = str(spec.replicas)
-        return labels
+        return _served_labels(resource, served, spec)
     domain = resource.partition("/")[0]
     gpu = f"{domain}/gpu"
+    labels: dict[str, str] = {}
     if view.gpus:
-        first_gpu = view.gpus[0]
-        product, memory, count = first_gpu.model, first_gpu.memory, len(view.gpus)
-        if spec.mig_strategy == "single" and any(u.mig for u in served):
-            first_mig = next(u.mig for u in served if u.mig)
-            product = f"{product}-MIG-{first_mig.profile}"
-            memory, count = first_mig.memory, len({physical_id(d.id) for d in devices})
-        major, minor = first_gpu.compute_capability
+        first = view.gpus[0]
+        labels |= _resource_labels(gpu, first.model, len(view.gpus), spec)
+        labels[f"{gpu}.memory"] = _mib(first.memory)
+        if spec.mig_strategy == "single" and any(g.mig_enabled for g in view.gpus):
+            if single_problem(view):
+                labels |= {
+                    f"{gpu}.product": _product(first.model, "MIG", "INVALID"),
+                    f"{gpu}.count": "0",
+                    f"{gpu}.replicas": "0",
+                    f"{gpu}.memory": "0",
+                }
+            else:
+                count = len({physical_id(d.id) for d in devices})
+                labels |= _served_labels(gpu, served, spec, count)
+        major, minor = first.compute_capability
         labels |= {
-            f"{gpu}.product": _product(product, shared),
-            f"{gpu}.memory": _mib(memory),
-            f"{gpu}.count": str(count),
             f"{gpu}.compute.major": str(major),
             f"{gpu}.compute.minor": str(minor),
             f"{gpu}.family": family(major, minor),
-            f"{gpu}.replicas": str(spec.replicas),
-            f"{gpu}.sharing-strategy": "time-slicing" if shared else "none",
+            f"{gpu}.mode": _gpu_mode(source.units),
+            f"{gpu}.machine": _machine(spec.host_root, spec.machine_type_file),
         }
     labels[f"{domain}/mig.capable"] = str(any(g.mig_capable for g in view.gpus)).lower()
-    labels[f"{domain}/mig.strategy"] = spec.mig_strategy
-    driver = view.driver_version.split(".")
-    labels[f"{domain}/cuda.driver-version.full"] = label_value(view.driver_version)
-    for key, part in zip(("major", "minor", "revision"), driver, strict=False):
-        labels[f"{domain}/cuda.driver-version.{key}"] = label_value(part)
-    cuda_major, _, cuda_minor = view.cuda_version.partition(".")
-    labels[f"{domain}/cuda.runtime-version.full"] = view.cuda_version
-    labels[f"{domain}/cuda.runtime-version.major"] = cuda_major
-    labels[f"{domain}/cuda.runtime-version.minor"] = cuda_minor
+    if spec.mig_strategy != "none":  # GFD labels a strategy only when there is one
+        labels[f"{domain}/mig.strategy"] = spec.mig_strategy
+    mps = spec.sharing == "mps" and not any(g.mig_enabled for g in view.gpus)
+    labels[f"{domain}/mps.capable"] = str(mps).lower()
+    labels |= _version_labels(domain, view.driver_version, view.cuda_version)
     return labels
+
+
+def _served_labels(
+    resource: str, served: list[Unit], spec: NvidiaSpec, count: int | None = None
+) -> dict[str, str]:
+    """The labels of a MIG-profile or per-model resource (or of the GPUs' resource under
+    `migStrategy: single`), from the first unit it serves."""
+    if not served:
+        return {}
+    first = served[0]
+    number = len(served) if count is None else count
+    if first.mig is None:
+        labels = _resource_labels(resource, first.gpu.model, number, spec)
+        labels[f"{resource}.memory"] = _mib(first.gpu.memory)
+        return labels
+    labels = _resource_labels(resource, f"{first.gpu.model}-MIG-{first.mig.profile}", number, spec)
+    return labels | _mig_labels(resource, first.mig)
+
+
+def _gpu_mode(units: list[Unit]) -> str:
+    """compute or graphics by the first GPU's PCI class (as GFD: the first one decides)."""
+    classes = [u.pci_class for u in units if u.pci_class]
+    return GPU_MODES.get(classes[0], "unknown") if classes else "unknown"
+
+
+def _machine(root: str, path: str) -> str:
+    """The machine type from the machine type file (GFD's default: DMI's product name)."""
+    try:
+        with open(host_path(root, path)) as f:
+            text = f.read().strip()
+    except OSError:
+        return "unknown"
+    return label_value(text.replace(" ", "-")) or "unknown"
+
+
+def _version_labels(domain: str, driver: str, cuda: str) -> dict[str, str]:
+    """The driver and CUDA versions, under GFD's names and its deprecated older ones."""
+    parts = driver.split(".")
+    major, minor = parts[0], parts[1] if len(parts) > 1 else ""
+    revision = parts[2] if len(parts) > 2 else ""
+    cuda_major, _, cuda_minor = cuda.partition(".")
+    values = {
+        "cuda.driver-version.full": driver,
+        "cuda.driver-version.major": major,
+        "cuda.driver-version.minor": minor,
+        "cuda.driver-version.revision": revision,
+        "cuda.runtime-version.full": cuda,
+        "cuda.runtime-version.major": cuda_major,
+        "cuda.runtime-version.minor": cuda_minor,
+        "cuda.driver.major": major,
+        "cuda.driver.minor": minor,
+        "cuda.driver.rev": revision,
+        "cuda.runtime.major": cuda_major,
+        "cuda.runtime.minor": cuda_minor,
+    }
+    return {f"{domain}/{key}": label_value(v) for key, v in values.items() if label_value(v)}

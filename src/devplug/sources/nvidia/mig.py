@@ -149,7 +149,6 @@ class MigGeometry:
 
     index: int
     uuid: str
-    enabled: bool  # MIG mode on now (profiles are listed either way)
     profiles: tuple[GpuInstanceProfile, ...]
     instances: tuple[GpuInstance, ...]
 

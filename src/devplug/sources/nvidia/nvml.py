@@ -40,6 +40,7 @@ class MigInfo:
     uuid: str
     gpu_instance: int
     compute_instance: int
+    slot: int  # its MIG device index on the GPU ('<GPU index>:<slot>' for deviceIDStrategy index)
     # NVIDIA's name: '1g.10gb', '1g.10gb+me', or '1c.2g.20gb' when it takes part of its
     # GPU instance (devplug.sources.nvidia.mig).
     profile: str
@@ -48,6 +49,12 @@ class MigInfo:
     gpu_slices: int = 0
     compute_slices: int = 0
     placement: Placement | None = None  # of its GPU instance (memory slices)
+    # The engines it shares with the other compute instances of its GPU instance.
+    copy_engines: int = 0
+    decoders: int = 0
+    encoders: int = 0
+    jpegs: int = 0
+    ofas: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,12 +226,18 @@ class Nvml:
                     uuid=_text(lib.nvmlDeviceGetUUID(mig)),
                     gpu_instance=gi,
                     compute_instance=int(lib.nvmlDeviceGetComputeInstanceId(mig)),
+                    slot=slot,
                     profile=name,
                     memory=int(attrs.memorySizeMB) * 1024 * 1024,
                     multiprocessors=int(attrs.multiprocessorCount),
                     gpu_slices=g,
                     compute_slices=c,
                     placement=placement,
+                    copy_engines=int(attrs.sharedCopyEngineCount),
+                    decoders=int(attrs.sharedDecoderCount),
+                    encoders=int(attrs.sharedEncoderCount),
+                    jpegs=int(attrs.sharedJpegCount),
+                    ofas=int(attrs.sharedOfaCount),
                 )
             )
         return tuple(migs)
@@ -260,6 +273,8 @@ class Nvml:
         handle = self._handles[index]
         total = int(lib.nvmlDeviceGetMemoryInfo(handle).total)
         current, _pending = lib.nvmlDeviceGetMigMode(handle)
+        if current != lib.NVML_DEVICE_MIG_ENABLE:
+            raise lib.NVMLError_NotSupported()  # what NVML answers for profiles then
         profiles: list[GpuInstanceProfile] = []
         instances: list[GpuInstance] = []
         for enum, info in self._gpu_profiles(handle):
@@ -291,7 +306,6 @@ class Nvml:
         return MigGeometry(
             index=index,
             uuid=_text(lib.nvmlDeviceGetUUID(handle)),
-            enabled=current == lib.NVML_DEVICE_MIG_ENABLE,
             profiles=tuple(profiles),
             instances=tuple(sorted(instances, key=lambda i: i.id)),
         )
@@ -436,6 +450,17 @@ class Nvml:
             except self.Error:
                 continue
         return links, ancestors
+
+    def compute_mode(self, index: int) -> int:
+        """The GPU's NVML_COMPUTEMODE_*."""
+        return int(self.lib.nvmlDeviceGetComputeMode(self._handles[index]))
+
+    def set_compute_mode(self, index: int, mode: int | None) -> None:
+        """Set an NVML_COMPUTEMODE_* (None: EXCLUSIVE_PROCESS, for an MPS daemon);
+        NVML's errors raised (NoPermission without root)."""
+        lib = self.lib
+        wanted = lib.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS if mode is None else mode
+        lib.nvmlDeviceSetComputeMode(self._handles[index], wanted)
 
     # -- health ----------------------------------------------------------------------
 

@@ -7,7 +7,10 @@ GetPreferredAllocation picks the best-connected GPUs, spreading or packing repli
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -16,8 +19,15 @@ from devplug.framework.plugin import AllocationError, Plugin
 from devplug.framework.preferred import prefer_numa_local, spread_replicas
 from devplug.sources.config import ResourceSpec
 from devplug.sources.hardware import DEFAULT_DEV_ROOT
+from devplug.sources.nvidia.cdispec import spec_document
+from devplug.sources.nvidia.config import (
+    CDI_STRATEGIES,
+    fails_requests_greater_than_one,
+    replicas_of,
+    served_name,
+)
+from devplug.sources.nvidia.discovery import CDI_KIND, resource_names
 from devplug.sources.nvidia.discovery import devices as unit_devices
-from devplug.sources.nvidia.discovery import resource_names
 from devplug.sources.nvidia.labels import node_labels
 from devplug.sources.nvidia.source import GpuSource
 from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
@@ -26,16 +36,26 @@ from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
 class NvidiaPlugin(Plugin):
     kind = "nvidia"
 
-    def __init__(self, source: GpuSource, resource_name: str) -> None:
-        super().__init__(resource_name)
+    def __init__(self, source: GpuSource, resource: str) -> None:
+        super().__init__(served_name(source.spec, resource))
         self.source = source
+        self.resource = resource  # the units' resource ('.shared' left out), for labels
+        self.replicas = replicas_of(source.spec, resource)
         # `count` as for other resources: how many times each device is served.
-        self.spec: ResourceSpec = msgspec.structs.replace(
-            source.resource, count=source.spec.replicas
-        )
+        self.spec: ResourceSpec = msgspec.structs.replace(source.resource, count=self.replicas)
         self.nvidia = source.spec
         self.preferred_allocation = self.spec.preferred_allocation
-        self.primary = resource_name == source.name
+        self.primary = resource == source.name
+
+    @property
+    def start_problem(self) -> str:
+        """Why `devplug serve` must not start (NVML failing with failOnInitError)."""
+        if self.primary and self.nvidia.fail_on_init_error and self.source.problem:
+            return (
+                f"{self.resource_name}: NVML is not usable: {self.source.problem} "
+                "(failOnInitError is set: not waiting for it)"
+            )
+        return ""
 
     @property
     def warnings(self) -> list[str]:
@@ -49,7 +69,7 @@ class NvidiaPlugin(Plugin):
         return [
             device
             for unit in self.source.units
-            if unit.resource == self.resource_name
+            if unit.resource == self.resource
             for device in unit_devices(unit, self.nvidia, self.source.healthy(unit))
         ]
 
@@ -64,22 +84,39 @@ class NvidiaPlugin(Plugin):
             await self.source.detach()
 
     async def allocate(self, devices: Sequence[Device]) -> ContainerEdits:
-        shared = self.nvidia.replicas > 1
-        if self.nvidia.fail_requests_greater_than_one and shared and len(devices) > 1:
+        nvidia = self.nvidia
+        if self.replicas > 1 and len(devices) > 1 and fails_requests_greater_than_one(nvidia):
+            if nvidia.sharing == "mps":
+                why = (
+                    "a container gets one MPS replica (one GPU's control daemon, one share "
+                    "of its memory and SMs), as with NVIDIA's plugin"
+                )
+            else:
+                why = (
+                    f"each GPU is time-sliced {self.replicas} ways and "
+                    "failRequestsGreaterThanOne is set, since more replicas do not give a "
+                    "container more GPU time"
+                )
             raise AllocationError(
                 f"{len(devices)} replicas of {self.resource_name} requested by one "
-                f"container: each GPU is time-sliced {self.nvidia.replicas} ways and "
-                "failRequestsGreaterThanOne is set, since more replicas do not give a "
-                "container more GPU time; ask for 1"
+                f"container: {why}; ask for 1"
             )
-        return await super().allocate(devices)
+        edits = await super().allocate(devices)
+        strategies = nvidia.device_list_strategy
+        if edits.cdi_devices and "cdi-annotations" in strategies:
+            # NVIDIA's key: the prefix, the plugin's name and an ID of this answer.
+            key = f"{nvidia.cdi_annotation_prefix}nvidia-device-plugin_{uuid.uuid4()}"
+            edits.annotations[key] = ",".join(edits.cdi_devices)
+        if "cdi-cri" not in strategies:
+            edits.cdi_devices = []
+        return edits
 
     async def preferred(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
     ) -> Sequence[str]:
         if any("migProfile" in d.attributes for d in available):
             return prefer_numa_local(available, must_include, size)
-        if self.nvidia.replicas > 1 and self.nvidia.replica_policy == "pack":
+        if self.replicas > 1 and self.nvidia.replica_policy == "pack":
             return self._pack(available, must_include, size)
         return self._connected(available, must_include, size)
 
@@ -126,8 +163,17 @@ class NvidiaPlugin(Plugin):
         numa = {u.gpu.index: u.numa for u in self.source.units}
         return Links(view.nvlinks, view.ancestors, numa)
 
+    def cdi_spec_place(self) -> tuple[str, Path] | None:
+        """With a CDI strategy, every resource of the entry places one spec (the same)."""
+        if not any(s in CDI_STRATEGIES for s in self.nvidia.device_list_strategy):
+            return None
+        return CDI_KIND, Path(self.nvidia.cdi_dir)
+
+    def cdi_spec_document(self) -> dict[str, Any]:
+        return spec_document(self.source.units, self.nvidia)
+
     def node_labels(self) -> Mapping[str, str]:
-        return node_labels(self.source, self.resource_name, self.primary, self.devices.values())
+        return node_labels(self.source, self.resource, self.primary, self.devices.values())
 
 
 def _index(device: Device) -> int:

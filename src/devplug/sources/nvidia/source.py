@@ -35,6 +35,7 @@ from devplug.sources.nvidia.health import (
     Round,
     WaitFailed,
 )
+from devplug.sources.nvidia.mps import MpsDaemons, mps_gpu
 from devplug.sources.nvidia.nvml import ALL_INSTANCES, RECOVERY_NONE, Nvml, NvmlView, XidEvent
 from devplug.sources.nvidia.xids import ignored_xids, xid_action
 
@@ -68,6 +69,11 @@ class GpuSource:
         self._health: dict[str, bool] = {}
         self._task: asyncio.Task[None] | None = None
         self._users = 0
+        self._nvml: Nvml | None = None  # NVML while it is usable (for MPS compute modes)
+        self.mps: MpsDaemons | None = None
+        self._mps_task: asyncio.Task[None] | None = None
+        if self.spec.sharing == "mps":
+            self.mps = MpsDaemons(self.spec, self._compute_mode, self._recheck)
         self._logged = ""  # the NVML problem last logged (one line per new problem)
         self._logged_view: NvmlView | None = None
         self._started: Nvml | None = None  # started by read_now, taken over by run
@@ -129,9 +135,43 @@ class GpuSource:
     async def detach(self) -> None:
         self._users -= 1
         if self._users == 0 and self._task is not None:
+            await self._stop_mps()  # first: putting the compute modes back needs NVML
             task, self._task = self._task, None
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+    async def _compute_mode(self, index: int, mode: int | None) -> int:
+        """Set GPU `index`'s compute mode (None: EXCLUSIVE_PROCESS); the one it had."""
+        nvml = self._nvml
+        if nvml is None:
+            raise RuntimeError("NVML is not usable")
+
+        def swap() -> int:
+            before = nvml.compute_mode(index)
+            nvml.set_compute_mode(index, mode)
+            return before
+
+        return await blocking.call(swap, self.spec.nvml_timeout_seconds, "nvmlDeviceSetComputeMode")
+
+    async def _follow_mps(self) -> None:
+        """Have a running MPS daemon for each GPU served, before the devices are listed."""
+        if self.mps is None:
+            return
+        await self.mps.update(
+            mps_gpu(self.spec, u.resource, u.uuid, u.gpu.index, u.gpu.memory)
+            for u in self.units
+            if u.mig is None and u.resource == self.name
+        )
+        if self._mps_task is None:
+            self._mps_task = asyncio.create_task(self.mps.supervise(), name=f"mps {self.name}")
+
+    async def _stop_mps(self) -> None:
+        task, self._mps_task = self._mps_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self.mps is not None:
+            await self.mps.stop()
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -181,6 +221,8 @@ class GpuSource:
                 self._log_view(view, unwatched)
             self._lost = {}
             self._blind = ""
+            self._nvml = nvml
+            await self._follow_mps()
             self._recheck()
             self.ready.set()
             try:
@@ -190,9 +232,11 @@ class GpuSource:
                 # Serve the GPUs that answer; look for the others (or any, when NVML
                 # sees none: a driver still coming up) again after a while.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._watch(nvml, events), delay)
+                    async with asyncio.timeout(delay):
+                        await self._watch(nvml, events)
                 delay = min(delay * 2, self.spec.retry_max_seconds)
             finally:
+                self._nvml = None
                 await _quietly(nvml.stop, timeout)
 
     async def _watch(self, nvml: Nvml, events: Any) -> None:
@@ -215,7 +259,10 @@ class GpuSource:
         try:
             while True:
                 try:
-                    report = await asyncio.wait_for(queue.get(), silence)
+                    # Not wait_for: on Python 3.11 it can swallow the cancellation of a
+                    # stop that comes as a report arrives, and the stop would hang.
+                    async with asyncio.timeout(silence):
+                        report = await queue.get()
                 except TimeoutError:
                     if not self._hung:
                         log.warning(
@@ -388,6 +435,7 @@ class GpuSource:
                 and unit.uuid not in self._awaiting_reset
                 and unit.gpu.uuid not in self._awaiting_reset
                 and self._recovery.get(index, RECOVERY_NONE) == RECOVERY_NONE
+                and (self.mps is None or unit.mig is not None or self.mps.healthy(unit.uuid))
             )
             health[unit.uuid] = healthy
             before = self._health.get(unit.uuid)

@@ -1,0 +1,356 @@
+"""NVIDIA's device plugin config file (`version: v1`) as an `nvidia:` block's settings.
+
+The file is read as NVIDIA's plugin reads it (api/config/v1 of NVIDIA/k8s-device-plugin):
+its defaults where a key is left out (passDeviceSpecs false, failOnInitError true,
+deviceListStrategy envvar, deviceIDStrategy uuid), a `deviceListStrategy` string or
+list, resource names without a domain taken as `nvidia.com/<name>`, replicas of at
+least 2, `rename` and `devices` of a shared resource, and the `resources` section,
+ignored with the warnings NVIDIA's plugin logs, and MPS refusing a container more than
+one replica. Unlike NVIDIA's plugin, an unknown key is an error (one line naming the
+file and the key), not silently dropped. A folder of such files (a ConfigMap's keys) is
+chosen from by the node label as NVIDIA's config manager does (`choose`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import msgspec
+
+from devplug.framework.names import resource_name_problem
+
+if TYPE_CHECKING:
+    from devplug.sources.nvidia.config import NvidiaConfigRef, NvidiaSpec
+
+log = logging.getLogger("devplug.sources.nvidia")
+
+VERSION = "v1"
+DOMAIN = "nvidia.com"
+MAX_NAME = 63  # NVIDIA's MaxResourceNameLength
+NAMED_FALLBACK = "default"  # the config the `named` fallback looks for
+
+_Fail = Callable[[str, str], NoReturn]
+
+
+class PluginFlags(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    pass_device_specs: bool | None = None
+    device_list_strategy: str | list[str] | None = None
+    device_id_strategy: str | None = msgspec.field(default=None, name="deviceIDStrategy")
+    cdi_annotation_prefix: str | None = None
+    nvidia_ctk_path: str | None = msgspec.field(default=None, name="nvidiaCTKPath")
+    container_driver_root: str | None = None
+    kubelet_socket: str | None = None
+    cdi_feature_flags: str | list[str] | None = None
+
+
+class GfdFlags(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    oneshot: bool | None = None
+    no_timestamp: bool | None = None
+    sleep_interval: str | int | None = None
+    output_file: str | None = None
+    machine_type_file: str | None = None
+
+
+class Flags(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    mig_strategy: str | None = None
+    fail_on_init_error: bool | None = None
+    mps_root: str | None = None
+    nvidia_driver_root: str | None = None
+    nvidia_dev_root: str | None = None
+    gdrcopy_enabled: bool | None = None
+    gds_enabled: bool | None = None
+    mofed_enabled: bool | None = None
+    use_node_feature_api: bool | None = msgspec.field(default=None, name="useNodeFeatureAPI")
+    device_discovery_strategy: str | None = None
+    plugin: PluginFlags | None = None
+    gfd: GfdFlags | None = None
+
+
+class Replicated(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    name: str
+    replicas: int
+    rename: str | None = None
+    devices: str | int | list[str | int] | None = None
+
+
+class Shared(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    resources: list[Replicated]
+    rename_by_default: bool = False
+    fail_requests_greater_than_one: bool | None = None
+
+
+class Sharing(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    time_slicing: Shared | None = None
+    mps: Shared | None = None
+
+
+class Resources(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    gpus: list[dict[str, Any]] | None = None
+    mig: list[dict[str, Any]] | None = None
+
+
+class Imex(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    channel_ids: list[int] | None = msgspec.field(default=None, name="channelIDs")
+    required: bool | None = None
+
+
+class NvidiaFile(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    version: str = VERSION
+    flags: Flags = msgspec.field(default_factory=Flags)
+    resources: Resources | None = None
+    sharing: Sharing | None = None
+    imex: Imex | None = None
+
+
+def parse(text: str, source: str) -> NvidiaFile:
+    """Check NVIDIA config text (YAML or JSON); ConfigError with one line naming
+    `source` and the key when it is not a config NVIDIA's plugin would start with."""
+    import yaml
+
+    from devplug.sources.config import ConfigError, _shape_message, yaml_problem
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(yaml_problem(e, source)) from None
+    if data is None:  # an empty file (NVIDIA's "empty" config, /dev/null): the defaults
+        data = {}
+    try:
+        config = msgspec.convert(data, NvidiaFile)
+    except msgspec.ValidationError as e:
+        raise ConfigError(_shape_message(source, str(e))) from None
+
+    def fail(field: str, problem: str) -> NoReturn:
+        raise ConfigError(f"{source}: {field}: {problem}")
+
+    _check(config, fail)
+    return config
+
+
+def _check(config: NvidiaFile, fail: _Fail) -> None:
+    if config.version not in ("", VERSION):
+        fail("version", f"unknown version {config.version!r}: expected {VERSION}")
+    flags = config.flags
+    if flags.mig_strategy not in (None, "none", "single", "mixed"):
+        fail("flags.migStrategy", f"expected none, single or mixed, got {flags.mig_strategy!r}")
+    plugin = flags.plugin or PluginFlags()
+    for strategy in strategies(plugin):
+        if strategy not in ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri"):
+            fail(
+                "flags.plugin.deviceListStrategy",
+                f"invalid strategy {strategy!r}: expected envvar, volume-mounts, "
+                "cdi-annotations or cdi-cri",
+            )
+    if plugin.device_id_strategy not in (None, "uuid", "index"):
+        fail(
+            "flags.plugin.deviceIDStrategy",
+            f"expected uuid or index, got {plugin.device_id_strategy!r}",
+        )
+    if flags.device_discovery_strategy not in (None, "auto", "nvml"):
+        fail(
+            "flags.deviceDiscoveryStrategy",
+            f"{flags.device_discovery_strategy!r} is not served here: devplug finds GPUs "
+            "through NVML (auto or nvml)",
+        )
+    sharing = config.sharing or Sharing()
+    for key, shared in (("timeSlicing", sharing.time_slicing), ("mps", sharing.mps)):
+        if shared is None:
+            continue
+        if not shared.resources:
+            fail(f"sharing.{key}.resources", "no resources specified")
+        for i, resource in enumerate(shared.resources):
+            at = f"sharing.{key}.resources[{i}]"
+            name = resource_name(resource.name)
+            if len(name) > MAX_NAME:
+                fail(
+                    f"{at}.name",
+                    f"fully-qualified resource name must be {MAX_NAME} characters or less: {name}",
+                )
+            if problem := resource_name_problem(name):
+                fail(f"{at}.name", problem)
+            if resource.replicas < 2:
+                fail(f"{at}.replicas", "number of replicas must be >= 2")
+            if isinstance(resource.devices, str) and resource.devices != "all":
+                fail(
+                    f"{at}.devices",
+                    f"devices set as {resource.devices!r} but the only valid string input is 'all'",
+                )
+            if isinstance(resource.devices, int) and resource.devices <= 0:
+                fail(f"{at}.devices", "a count of devices must be > 0")
+
+
+def strategies(plugin: PluginFlags) -> list[str]:
+    value = plugin.device_list_strategy
+    if value is None:
+        return ["envvar"]
+    return [value] if isinstance(value, str) else list(value)
+
+
+def resource_name(name: str) -> str:
+    """NVIDIA's ResourceName: 'gpu' -> 'nvidia.com/gpu'."""
+    return name if name.startswith(DOMAIN + "/") else f"{DOMAIN}/{name}"
+
+
+def apply(spec: NvidiaSpec, config: NvidiaFile, source: str) -> None:
+    """Set `spec` from an NVIDIA config, NVIDIA's defaults where it leaves a key out;
+    what NVIDIA's plugin ignores is ignored with its warning."""
+    flags = config.flags
+    plugin = flags.plugin or PluginFlags()
+    gfd = flags.gfd or GfdFlags()
+    spec.mig_strategy = flags.mig_strategy or "none"  # type: ignore[assignment]
+    spec.fail_on_init_error = True if flags.fail_on_init_error is None else flags.fail_on_init_error
+    spec.driver_root = flags.nvidia_dev_root or flags.nvidia_driver_root or "/"
+    spec.gds_enabled = bool(flags.gds_enabled)
+    spec.mofed_enabled = bool(flags.mofed_enabled)
+    spec.gdrcopy_enabled = bool(flags.gdrcopy_enabled)
+    if flags.mps_root:
+        spec.mps = msgspec.structs.replace(spec.mps, root=flags.mps_root)
+    spec.pass_device_specs = bool(plugin.pass_device_specs)
+    spec.device_list_strategy = strategies(plugin)  # type: ignore[assignment]
+    spec.device_id_strategy = plugin.device_id_strategy or "uuid"  # type: ignore[assignment]
+    if plugin.cdi_annotation_prefix:
+        spec.cdi_annotation_prefix = plugin.cdi_annotation_prefix
+    if gfd.machine_type_file:
+        spec.machine_type_file = gfd.machine_type_file
+    if config.resources is not None and (config.resources.gpus or config.resources.mig):
+        log.warning(
+            "%s: customizing the 'resources' field is not supported (nor by NVIDIA's "
+            "plugin): ignored",
+            source,
+        )
+    if config.imex is not None and config.imex.channel_ids:
+        log.warning("%s: imex channels are not served by devplug: ignored", source)
+    sharing = config.sharing or Sharing()
+    # NVIDIA's plugin: MPS when it lists resources, else time-slicing.
+    shared, spec.sharing = (
+        (sharing.mps, "mps") if sharing.mps else (sharing.time_slicing, "timeSlicing")
+    )
+    spec.replicas = 1
+    spec.resource_replicas = {}
+    spec.rename_shared = False
+    spec.fail_requests_greater_than_one = None
+    if shared is None:
+        spec.sharing = "timeSlicing"
+        return
+    key = "mps" if spec.sharing == "mps" else "timeSlicing"
+    spec.rename_shared = shared.rename_by_default
+    spec.fail_requests_greater_than_one = shared.fail_requests_greater_than_one
+    if spec.sharing == "mps":
+        spec.fail_requests_greater_than_one = True  # one daemon per GPU: one replica each
+    renamed = devices = False
+    for resource in shared.resources:
+        spec.resource_replicas[resource_name(resource.name)] = resource.replicas
+        renamed |= bool(resource.rename) and resource.rename != _default_rename(
+            resource.name, shared.rename_by_default
+        )
+        devices |= resource.devices not in (None, "all")
+    if renamed:
+        log.warning(
+            "%s: setting the 'rename' field in sharing.%s.resources is not supported "
+            "(nor by NVIDIA's plugin): ignored",
+            source,
+            key,
+        )
+    if devices:
+        log.warning(
+            "%s: customizing the 'devices' field in sharing.%s.resources is not supported "
+            "(nor by NVIDIA's plugin): all devices are shared",
+            source,
+            key,
+        )
+
+
+def _default_rename(name: str, by_default: bool) -> str:
+    return resource_name(name) + ".shared" if by_default else ""
+
+
+# -- a file, or a folder chosen from by the node label ---------------------------------------
+
+# The node's labels as last seen (set by `devplug serve` from the API server); None:
+# unknown, as for `devplug check`.
+node_labels: Mapping[str, str] | None = None
+
+
+def named_configs(folder: Path) -> dict[str, Path]:
+    """The configs of a folder: its files, except a ConfigMap volume's '..' entries."""
+    found = {}
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.name.startswith("..") or entry.is_dir():
+            continue
+        found[entry.name] = Path(entry.path)
+    return found
+
+
+def choose(names: list[str], label: str, default: str, fallbacks: list[str]) -> tuple[str, str]:
+    """(the config to use, '' for the empty one; why) as NVIDIA's config manager chooses
+    it; ValueError when none can be."""
+    if label:
+        if label not in names:
+            raise ValueError(f"the node label names config {label!r}, which does not exist")
+        return label, "named by the node label"
+    if default:
+        if default not in names:
+            raise ValueError(f"the default config {default!r} does not exist")
+        return default, "the default"
+    for fallback in fallbacks:
+        if fallback == "named" and NAMED_FALLBACK in names:
+            return NAMED_FALLBACK, f"the one named {NAMED_FALLBACK!r}"
+        if fallback == "single" and len(names) == 1:
+            return names[0], "the only one"
+        if fallback == "empty":
+            return "", "none (NVIDIA's defaults)"
+    raise ValueError(
+        "no config was set, no default was provided, and all fallbacks "
+        f"({', '.join(fallbacks) or 'none'}) failed"
+    )
+
+
+def inputs(ref: NvidiaConfigRef) -> list[Path]:
+    """The files a reference reads, for a reload to watch."""
+    if ref.file:
+        return [Path(ref.file)]
+    if ref.folder:
+        try:
+            return list(named_configs(Path(ref.folder)).values())
+        except OSError:
+            return []
+    return []
+
+
+def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> None:
+    """Read the file (or every file of the folder, the chosen one applied) into `spec`."""
+    if (ref.file is None) == (ref.folder is None):
+        fail(at, "set one of file (one config) or folder (named configs, one per node)")
+    path = ref.file or ref.folder or ""
+    key = f"{at}.file" if ref.file else f"{at}.folder"
+    if not path.startswith("/"):
+        fail(key, f"expected an absolute path, got {path!r}")
+    if ref.file:
+        apply(spec, parse(_read(ref.file, key, fail), ref.file), ref.file)
+        return
+    try:
+        files = named_configs(Path(path))
+    except OSError as error:
+        fail(key, f"cannot read {path}: {error.strerror or error}")
+    if not files:
+        fail(key, f"no configuration files in {path}")
+    parsed = {name: parse(_read(str(p), key, fail), str(p)) for name, p in files.items()}
+    label = (node_labels or {}).get(ref.node_label, "")
+    try:
+        name, why = choose(list(parsed), label, ref.default, list(ref.fallback_strategies))
+    except ValueError as error:
+        fail(at, f"{ref.node_label}={label!r}: {error}" if label else str(error))
+    log.info("NVIDIA config %s: %s", str(files[name]) if name else "(empty)", why)
+    apply(spec, parsed[name] if name else NvidiaFile(), str(files[name]) if name else path)
+
+
+def _read(path: str, key: str, fail: _Fail) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as error:
+        fail(key, f"cannot read {path}: {getattr(error, 'strerror', None) or error}")

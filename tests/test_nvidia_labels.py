@@ -1,0 +1,117 @@
+"""Node labels computed as NVIDIA's GPU feature discovery computes them, checked through
+`devplug gpus --output json` on fake hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devplug.testing.fakegpus import FakeGpuHost, fake_host
+
+
+def labels_of(tmp: Path, host_yaml: str, **nvidia: Any) -> dict[str, str]:
+    host = FakeGpuHost(tmp, fake_host(host_yaml))
+    config = tmp / "devplug.yaml"
+    config.write_text(
+        yaml.safe_dump({"resources": [{"nvidia": {"hostRoot": host.host_root, **nvidia}}]})
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devplug.cli.main",
+            "gpus",
+            "--config",
+            str(config),
+            "--output",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **host.env},
+    )
+    assert result.returncode == 0, result.stderr
+    [source] = json.loads(result.stdout)["sources"]
+    labels: dict[str, str] = source["labels"]
+    return labels
+
+
+def test_families_by_compute_capability(short_tmp: Path) -> None:
+    expected = {
+        "L4": "ada-lovelace",  # 8.9
+        "L40S": "ada-lovelace",
+        "A10": "ampere",  # 8.6
+        "T4": "turing",  # 7.5
+        "H100-SXM5-80GB": "hopper",
+        "B200-180GB": "blackwell",  # 10.0
+        "RTX-PRO-6000": "blackwell",  # 12.0
+    }
+    for key, family in expected.items():
+        labels = labels_of(short_tmp / key, f"gpus: [{{model: {key}}}]")
+        assert labels["nvidia.com/gpu.family"] == family, key
+
+
+def test_mig_mixed_labels_carry_the_attributes(short_tmp: Path) -> None:
+    labels = labels_of(
+        short_tmp / "mixed",
+        "gpus: [{model: A100-SXM4-40GB, mig: [3g.20gb, 1g.5gb+me, 1g.5gb]}, "
+        "{model: A100-SXM4-40GB, mig: [3g.20gb]}]",
+        migStrategy="mixed",
+    )
+    resource = "nvidia.com/mig-3g.20gb"
+    assert labels[f"{resource}.count"] == "2"
+    assert labels[f"{resource}.product"] == "NVIDIA-A100-SXM4-40GB-MIG-3g.20gb"
+    assert labels[f"{resource}.memory"] == "20096"
+    assert labels[f"{resource}.multiprocessors"] == "42"
+    assert (labels[f"{resource}.slices.gi"], labels[f"{resource}.slices.ci"]) == ("3", "3")
+    assert labels[f"{resource}.engines.copy"] == "3"
+    assert labels[f"{resource}.engines.decoder"] == "2"
+    assert labels[f"{resource}.sharing-strategy"] == "none"
+    me = "nvidia.com/mig-1g.5gb.me"
+    assert labels[f"{me}.product"] == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb.me"
+    assert (labels[f"{me}.engines.jpeg"], labels[f"{me}.engines.ofa"]) == ("1", "1")
+    assert labels["nvidia.com/mig.strategy"] == "mixed"
+
+
+def test_mig_single_invalid_layouts(short_tmp: Path) -> None:
+    """GFD's -MIG-INVALID labels for what `migStrategy: single` cannot serve."""
+    layouts = {
+        "two profiles": "gpus: [{model: H100-SXM5-80GB, mig: [3g.40gb, 2g.20gb]}]",
+        "empty": "gpus: [{model: H100-SXM5-80GB, mig: [1g.10gb]}, "
+        "{model: H100-SXM5-80GB, mig: []}]",
+        "mixed modes": "gpus: [{model: H100-SXM5-80GB, mig: [1g.10gb]}, {model: H100-SXM5-80GB}]",
+    }
+    for name, layout in layouts.items():
+        labels = labels_of(short_tmp / name.replace(" ", "-"), layout, migStrategy="single")
+        assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-MIG-INVALID", name
+        assert labels["nvidia.com/gpu.count"] == "0", name
+        assert (labels["nvidia.com/gpu.memory"], labels["nvidia.com/gpu.replicas"]) == ("0", "0")
+    good = labels_of(
+        short_tmp / "good",
+        "gpus: [{model: H200-SXM5-141GB, mig: [1g.18gb, 1g.18gb]}]",
+        migStrategy="single",
+    )
+    assert good["nvidia.com/gpu.product"] == "NVIDIA-H200-MIG-1g.18gb"
+    assert good["nvidia.com/gpu.count"] == "2"
+    assert good["nvidia.com/gpu.slices.gi"] == "1"
+
+
+def test_sharing_and_mode_labels(short_tmp: Path) -> None:
+    shared = labels_of(
+        short_tmp / "mps", "gpus: [{model: L4, count: 2}]", replicas=4, sharing="mps"
+    )
+    assert shared["nvidia.com/gpu.sharing-strategy"] == "mps"
+    assert shared["nvidia.com/mps.capable"] == "true"
+    assert shared["nvidia.com/gpu.product"] == "NVIDIA-L4-SHARED"
+    assert shared["nvidia.com/gpu.count"] == "2"
+    sliced = labels_of(short_tmp / "ts", "gpus: [{model: L4}]", replicas=2)
+    assert sliced["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    assert sliced["nvidia.com/mps.capable"] == "false"
+    assert sliced["nvidia.com/gpu.machine"] == "unknown"  # no DMI product name here
