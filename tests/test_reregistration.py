@@ -266,3 +266,80 @@ def test_a_killed_kubelet_leaves_its_socket_until_the_next_wipes_it(short_tmp: P
             assert await kubelet.wait_for_registration(FAKE, after=1) == 2
 
     asyncio.run(scenario())
+
+
+def test_a_kubelet_sock_changed_while_connecting_is_tried_again(short_tmp: Path) -> None:
+    """kubelet.sock's inode changes while devplug connects, with no event for its name
+    (here a chmod; a socket bound under a hidden name and linked into place does the
+    same when its hidden name is removed). devplug sends nothing over that connection,
+    and must try again at once rather than wait for an event that never comes."""
+    from devplug.api.v1beta1 import api_pb2 as pb
+    from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
+    from devplug.framework.unixserver import UnixServer
+
+    registered: list[str] = []
+    heard = asyncio.Event()
+    upstream = short_tmp / "registration.sock"
+
+    class Registration(pb_grpc.RegistrationServicer):
+        async def Register(self, request: pb.RegisterRequest, context: object) -> pb.Empty:
+            registered.append(request.resource_name)
+            heard.set()
+            return pb.Empty()
+
+    async def scenario() -> None:
+        plugin_dir = short_tmp / "device-plugins"
+        plugin_dir.mkdir()
+        server = UnixServer(
+            upstream,
+            lambda s: pb_grpc.add_RegistrationServicer_to_server(Registration(), s),
+        )
+        await server.start()
+        try:
+            await registers_after_the_change(plugin_dir)
+        finally:
+            await server.stop(0)
+
+    async def registers_after_the_change(plugin_dir: Path) -> None:
+        kubelet_socket = plugin_dir / KUBELET_SOCKET
+        connections = 0
+
+        async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            # kubelet.sock forwards to the registration server; at the first connection
+            # (devplug is connecting now) its inode changes, and no name event follows.
+            nonlocal connections
+            connections += 1
+            if connections == 1:
+                # ctime ticks coarsely: chmod until it shows (a few ms at most).
+                created = kubelet_socket.lstat().st_ctime_ns
+                while kubelet_socket.lstat().st_ctime_ns == created:
+                    os.chmod(kubelet_socket, 0o600)
+                    await asyncio.sleep(0)
+            up_reader, up_writer = await asyncio.open_unix_connection(upstream)
+
+            async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+                dst.close()
+
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+        async with daemon(short_tmp, plugin_dir) as proc:
+            sockets = {"devplug-test.devplug.io-fake.sock", "devplug-test.devplug.io-big.sock"}
+            await wait_for_files(plugin_dir, sockets)
+            relay_server = await asyncio.start_unix_server(relay, path=os.fspath(kubelet_socket))
+            try:
+                async with asyncio.timeout(10):
+                    while sorted(registered) != sorted([FAKE, BIG]):
+                        heard.clear()
+                        await heard.wait()
+            finally:
+                relay_server.close()
+            # Every byte passed after the chmod: each Register came from a try started
+            # over once the first was superseded (gRPC may reuse the connection).
+            assert connections >= 1
+            assert sorted(registered) == sorted([FAKE, BIG])  # once each
+            assert proc.returncode is None
+
+    asyncio.run(scenario())

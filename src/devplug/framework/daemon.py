@@ -197,8 +197,11 @@ async def _make_folder(folder: Path, stop: asyncio.Event) -> None:
                 delay,
             )
             said = cause
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+        # that lands as the timeout fires, and a SIGTERM then never stops the daemon.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay)
+            async with asyncio.timeout(delay):
+                await stop.wait()
         delay = min(delay * 2, FOLDER_RETRY_MAX_S)
 
 

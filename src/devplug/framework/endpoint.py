@@ -133,7 +133,11 @@ class Endpoint:
                 timeout=self.plugin.limits.register_timeout_s,
             )
         except Superseded:
-            return  # the change that superseded it wakes us: start over from the folder
+            # Start over from the folder now: not every change that supersedes a try
+            # comes with an event (kubelet.sock's inode changed by a chmod, or by the
+            # second name of a socket made under a hidden name and linked into place).
+            self._wake.set()
+            return
         except (NotAnswering, TimeoutError):
             if self._silent != kubelet:
                 self._silent = kubelet
