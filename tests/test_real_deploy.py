@@ -321,7 +321,8 @@ def test_the_per_node_gpu_overlay_follows_the_node_label_in_place(
 
             offset = real_node.log_offset()
             real_node.kubectl("label", "node", node, f"{CONFIG_LABEL}=time-sliced")
-            log.says(
+            chosen = log.wait(lambda e: e.get("nvidia_config") == "time-sliced")
+            assert chosen["msg"] == (
                 "NVIDIA config 'time-sliced' (/available-configs/time-sliced): "
                 f"named by the node label {CONFIG_LABEL}"
             )
