@@ -288,3 +288,67 @@ def test_mig_without_the_monitor_capability(
     assert g.migs == ()
     assert "NVIDIA_MIG_MONITOR_DEVICES=all" in g.mig_problem
     assert "NoPermission" in g.mig_problem
+
+
+def test_the_nodes_are_real_and_their_host_paths_follow_dev_root(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fake host's nodes are character devices with the driver's numbers, so a
+    container runtime can apply them; with `devRoot` (or --dev-root) a MIG device's
+    nodes are found there on the host and stay `/dev/...` in the container."""
+    import json
+    import os
+    import stat
+
+    import yaml
+
+    from devplug.sources.nvidia.config import NvidiaSpec
+    from devplug.sources.nvidia.discovery import units
+    from devplug.testing.fakegpus import CONTROL_MINOR, NVIDIA_MAJOR, driver_major
+    from tests.test_dra_config import devplug
+    from tests.test_nvidia_units import loaded, read_view
+
+    host = FakeGpuHost(
+        short_tmp / "h", fake_host("gpus: [{model: A100-SXM4-40GB, mig: [3g.20gb]}]")
+    )
+    dev = Path(host.dev_root)
+    minors = (Path(host.host_root) / "proc/driver/nvidia-caps/mig-minors").read_text().split()
+    [made] = host.gpu(0)["gpuInstances"]
+    key = f"gpu0/gi{made['id']}"
+    gi = int(minors[minors.index(f"{key}/access") + 1])
+    ci = int(minors[minors.index(f"{key}/ci{made['computeInstances'][0]['id']}/access") + 1])
+    numbers = {
+        "nvidia0": (NVIDIA_MAJOR, 0),
+        "nvidiactl": (NVIDIA_MAJOR, CONTROL_MINOR),
+        "nvidia-uvm": (driver_major("nvidia-uvm"), 0),
+        "nvidia-uvm-tools": (driver_major("nvidia-uvm"), 1),
+        f"nvidia-caps/nvidia-cap{gi}": (driver_major("nvidia-caps"), gi),
+        f"nvidia-caps/nvidia-cap{ci}": (driver_major("nvidia-caps"), ci),
+    }
+    for name, number in numbers.items():
+        info = (dev / name).stat()
+        assert stat.S_ISCHR(info.st_mode), name
+        assert (os.major(info.st_rdev), os.minor(info.st_rdev)) == number, name
+    assert not (dev / "nvidia-modeset").exists()  # not on this host: not passed
+
+    loaded(host, monkeypatch)
+    view = read_view()
+    spec = NvidiaSpec(host_root=host.host_root, mig_strategy="mixed")
+    [mig] = [u for u in units(view, "nvidia.com/gpu", spec, host.dev_root)[0] if u.mig]
+    nodes = {n.container_path: n.host_path for n in mig.nodes}
+    assert nodes == {f"/dev/{name}": str(dev / name) for name in numbers}
+
+    # The config's devRoot and --dev-root reach the source (the flag wins).
+    entry = {"nvidia": {"hostRoot": host.host_root, "migStrategy": "mixed"}}
+    config = short_tmp / "c.yaml"
+    for document, flags, where in (
+        ({}, (), Path("/dev")),
+        ({"devRoot": str(dev)}, (), dev),
+        ({"devRoot": "/elsewhere"}, ("--dev-root", str(dev)), dev),
+    ):
+        config.write_text(yaml.safe_dump({**document, "resources": [entry]}))
+        result = devplug("check", "--config", config, *flags, "--output", "json", env=host.env)
+        assert result.returncode == 0, result.stderr
+        found = {r["name"]: r for r in json.loads(result.stdout)["resources"]}
+        [device] = found["nvidia.com/mig-3g.20gb"]["devices"]
+        assert sorted(device["hostPaths"]) == sorted(str(where / name) for name in numbers)

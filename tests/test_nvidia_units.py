@@ -71,6 +71,11 @@ def loaded(host: FakeGpuHost, monkeypatch: pytest.MonkeyPatch) -> FakeGpuHost:
 
 def view_of(folder: Path, description: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> NvmlView:
     loaded(FakeGpuHost(folder, description), monkeypatch)
+    return read_view()
+
+
+def read_view() -> NvmlView:
+    """What NVML shows now, NVML stopped again (in-process state left as it was)."""
     nvml = Nvml()
     nvml.start()
     try:

@@ -90,13 +90,14 @@ def build_plugins(
     a resource with `split`, several for an
     `nvidia:` entry (MIG profiles, models); the roots override the config's
     `sysfsRoot`/`devRoot`."""
-    sysfs = Sysfs(sysfs_root or config.sysfs_root, dev_root or config.dev_root)
+    dev_root = dev_root or config.dev_root
+    sysfs = Sysfs(sysfs_root or config.sysfs_root, dev_root)
     plugins: list[SourcePlugin] = []
     for spec in config.resources:
         if spec.nvidia is not None:  # NVML loads only here
             from devplug.sources.nvidia.plugin import build_plugins as build_gpu_plugins
 
-            plugins.extend(build_gpu_plugins(spec))
+            plugins.extend(build_gpu_plugins(spec, dev_root))
             continue
         if spec.split is None:
             plugins.append(build_plugin(spec, sysfs))

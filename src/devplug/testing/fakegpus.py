@@ -20,6 +20,7 @@ overlaps, errors included.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -38,6 +39,16 @@ DESCRIPTION_ENV = "DEVPLUG_FAKE_NVML"
 MODULE = "devplug.testing.fakenvml"
 MIG_GI_IDS = 15  # GPU instance IDs 0..14
 MIG_CI_IDS = 8  # compute instance IDs 0..7 in a GPU instance
+# The driver's device numbers. nvidia<minor> and nvidiactl (minor 255) are on the fixed
+# major 195 (the CUDA installation guide's mknod lines); nvidia-uvm (minor 0, and 1 for
+# nvidia-uvm-tools) and nvidia-caps (nvidia-cap<N>, N from mig-minors) get a major when
+# their module loads. That one is read from /proc/devices where the driver is loaded;
+# elsewhere a stand-in from the kernel's LOCAL/EXPERIMENTAL USE range 60-63
+# (Documentation/admin-guide/devices.txt), never handed out dynamically.
+NVIDIA_MAJOR = 195
+CONTROL_MINOR = 255
+STAND_IN_MAJORS = {"nvidia-uvm": 60, "nvidia-caps": 61}
+PROC_DEVICES = "/proc/devices"
 
 
 def gpu_uuid(index: int) -> str:
@@ -349,6 +360,18 @@ def mig_devices(entry: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, A
     return sorted(found, key=lambda pair: (pair[0]["id"], pair[1]["id"]))
 
 
+def driver_major(name: str, proc_devices: str = PROC_DEVICES) -> int:
+    """The character major the kernel gave the driver `name`, else its stand-in."""
+    with contextlib.suppress(OSError), open(proc_devices) as f:
+        for line in f:
+            if line.startswith("Block"):
+                break
+            number, _, driver = line.strip().partition(" ")
+            if driver == name and number.isdigit():
+                return int(number)
+    return STAND_IN_MAJORS[name]
+
+
 def mig_minors(entries: Iterable[dict[str, Any]]) -> list[str]:
     """/proc/driver/nvidia-caps/mig-minors as the driver lays it out: config, monitor,
     then per GPU per GPU instance ID its access minor and those of its compute instances."""
@@ -441,15 +464,31 @@ class FakeGpuHost:
             destroy_gpu_instance(entry, instance["id"])
         self.write()
 
+    @property
+    def dev_root(self) -> str:
+        """The host's /dev of this fake: give it as the config's `devRoot` for a container
+        runtime to find the nodes (they are real character devices)."""
+        return str(Path(self.host_root) / "dev")
+
     def _write_host(self) -> None:
         root = Path(self.host_root)
-        dev = root / "dev"
+        dev = Path(self.dev_root)
         (dev / "nvidia-caps").mkdir(parents=True, exist_ok=True)
-        names = ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
-        names += [f"nvidia{g['minor']}" for g in self.description["gpus"]]
-        for name in names:
+        uvm = driver_major("nvidia-uvm")
+        nodes = {"nvidiactl": (NVIDIA_MAJOR, CONTROL_MINOR, 0o666)}
+        nodes.update({"nvidia-uvm": (uvm, 0, 0o666), "nvidia-uvm-tools": (uvm, 1, 0o666)})
+        for entry in self.description["gpus"]:
+            nodes[f"nvidia{entry['minor']}"] = (NVIDIA_MAJOR, entry["minor"], 0o666)
+        lines = mig_minors(g for g in self.description["gpus"] if g.get("migMode") is not None)
+        caps = driver_major("nvidia-caps")
+        for line in lines:  # config (only root may read it), monitor, each instance's
+            cap, _, number = line.rpartition(" ")
+            mode = 0o400 if cap == "config" else 0o444
+            nodes[f"nvidia-caps/nvidia-cap{number}"] = (caps, int(number), mode)
+        for name, (major, minor, mode) in nodes.items():
             if not (dev / name).exists():
-                os.mknod(dev / name, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+                os.mknod(dev / name, stat.S_IFCHR | mode, os.makedev(major, minor))
+                os.chmod(dev / name, mode)  # past the umask
         for entry in self.description["gpus"]:
             bus = entry["busId"].lower()[4:]
             folder = root / "sys/bus/pci/devices" / bus
@@ -463,5 +502,4 @@ class FakeGpuHost:
             (dmi / "product_name").write_text(f"{machine}\n")
         proc = root / "proc/driver/nvidia-caps"
         proc.mkdir(parents=True, exist_ok=True)
-        lines = mig_minors(g for g in self.description["gpus"] if g.get("migMode") is not None)
         (proc / "mig-minors").write_text("".join(line + "\n" for line in lines))

@@ -1,14 +1,22 @@
 """From what NVML sees to what is served: units (GPUs or MIG devices), their resource
-names, host files (NUMA node, MIG capability nodes) and the Devices with their edits."""
+names, host files (NUMA node, MIG capability nodes) and the Devices with their edits.
+
+The roots: `hostRoot` is where the daemon reads the host's /dev, /proc and /sys (a
+container mounts them elsewhere); the driver's nodes are on the host under `driverRoot`
+(looked for under `hostRoot`), unless the config's top-level `devRoot` says where the
+runtime finds them (`<devRoot>/nvidia0`), as it does for sysfs devices. The container
+path stays `/dev/...`."""
 
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from devplug.framework.device import Attribute, Device, DeviceNode, Mount
 from devplug.sources.config import replica_ids
+from devplug.sources.hardware import DEFAULT_DEV_ROOT
 from devplug.sources.nvidia.config import (
     CDI_STRATEGIES,
     NvidiaSpec,
@@ -45,8 +53,11 @@ def host_path(root: str, path: str) -> str:
     return path if root == "/" else root + path
 
 
-def driver_node(spec: NvidiaSpec, path: str) -> DeviceNode:
-    """A driver device node: on the host under `driverRoot`, at `path` in the container."""
+def driver_node(spec: NvidiaSpec, path: str, dev_root: str = DEFAULT_DEV_ROOT) -> DeviceNode:
+    """A driver device node, at `path` (`/dev/...`) in the container; on the host in the
+    config's `devRoot` where one is set, else under `driverRoot`."""
+    if dev_root != DEFAULT_DEV_ROOT:
+        return DeviceNode(str(PurePosixPath(dev_root, path.removeprefix("/dev/"))), path)
     return DeviceNode(host_path(spec.driver_root, path), path)
 
 
@@ -117,18 +128,23 @@ def mig_resource(mig: MigInfo, name: str, spec: NvidiaSpec) -> str:
     return name
 
 
-def units(view: NvmlView, name: str, spec: NvidiaSpec) -> tuple[list[Unit], list[str]]:
-    """The units to serve, in GPU order, and one-line warnings about the layout."""
+def units(
+    view: NvmlView, name: str, spec: NvidiaSpec, dev_root: str = DEFAULT_DEV_ROOT
+) -> tuple[list[Unit], list[str]]:
+    """The units to serve, in GPU order, and one-line warnings about the layout; their
+    nodes' host paths under `dev_root`."""
     root = spec.host_root
     on_host = host_path(root, spec.driver_root.rstrip("/"))
-    shared = tuple(driver_node(spec, p) for p in SHARED_NODES if os.path.exists(on_host + p))
+    shared = tuple(
+        driver_node(spec, p, dev_root) for p in SHARED_NODES if os.path.exists(on_host + p)
+    )
     minors = mig_minors(root) if any(g.mig_enabled for g in view.gpus) else {}
     found: list[Unit] = []
     warnings: list[str] = []
     for gpu in view.gpus:
         numa = numa_node(root, gpu.bus_id)
         kind = pci_class(root, gpu.bus_id)
-        gpu_node = driver_node(spec, f"/dev/nvidia{gpu.minor}")
+        gpu_node = driver_node(spec, f"/dev/nvidia{gpu.minor}", dev_root)
         attributes: dict[str, Attribute] = {
             "vendor": "NVIDIA",
             "vendorID": VENDOR_ID,
@@ -165,7 +181,8 @@ def units(view: NvmlView, name: str, spec: NvidiaSpec) -> tuple[list[Unit], list
                 f"gpu{gpu.minor}/gi{mig.gpu_instance}/ci{mig.compute_instance}/access",
             ):
                 if key in minors:
-                    caps.append(driver_node(spec, f"/dev/nvidia-caps/nvidia-cap{minors[key]}"))
+                    cap = f"/dev/nvidia-caps/nvidia-cap{minors[key]}"
+                    caps.append(driver_node(spec, cap, dev_root))
                 else:
                     warnings.append(f"MIG device {mig.uuid}: no {key} in {MIG_MINORS}")
             mig_attributes = dict(attributes, uuid=mig.uuid, memory=mig.memory)

@@ -201,7 +201,7 @@ class MigPartitions:
             log.info("%s: made (GPU instance %d)", where, gpu_instance)
         view = nvml.read()
         spec = msgspec.structs.replace(self.plugin.nvidia, mig_strategy="mixed")
-        found, _ = units(view, self.plugin.resource_name, spec)
+        found, _ = units(view, self.plugin.resource_name, spec, self.plugin.source.dev_root)
         for unit in found:
             mig = unit.mig
             if unit.gpu.uuid == part.gpu and mig is not None and mig.gpu_instance == gpu_instance:

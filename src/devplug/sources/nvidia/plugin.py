@@ -18,6 +18,7 @@ from devplug.framework.device import ContainerEdits, Device
 from devplug.framework.plugin import AllocationError, Plugin
 from devplug.framework.preferred import prefer_numa_local, spread_replicas
 from devplug.sources.config import ResourceSpec
+from devplug.sources.hardware import DEFAULT_DEV_ROOT
 from devplug.sources.nvidia.cdispec import spec_document
 from devplug.sources.nvidia.config import (
     CDI_STRATEGIES,
@@ -189,10 +190,11 @@ def _by_gpu(devices: Sequence[Device]) -> dict[int, list[Device]]:
     return by_gpu
 
 
-def build_plugins(resource: ResourceSpec) -> list[NvidiaPlugin]:
+def build_plugins(resource: ResourceSpec, dev_root: str = DEFAULT_DEV_ROOT) -> list[NvidiaPlugin]:
     """The plugins of one `nvidia:` entry: its own resource first, then those its GPUs
-    are served under (MIG profiles, models), as NVML shows them at start."""
-    source = GpuSource(resource)
+    are served under (MIG profiles, models), as NVML shows them at start; the driver's
+    nodes are on the host under `dev_root`."""
+    source = GpuSource(resource, dev_root)
     source.read_now()
     names = resource_names(source.view, resource.name, source.spec)
     return [NvidiaPlugin(source, name) for name in names]

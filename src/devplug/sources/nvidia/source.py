@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from devplug.sources.config import ResourceSpec
+from devplug.sources.hardware import DEFAULT_DEV_ROOT
 from devplug.sources.health import check_problem
 from devplug.sources.nvidia import blocking
 from devplug.sources.nvidia.config import NvidiaSpec
@@ -44,11 +45,12 @@ FIRST_RETRY_S = 1.0
 
 
 class GpuSource:
-    def __init__(self, resource: ResourceSpec) -> None:
+    def __init__(self, resource: ResourceSpec, dev_root: str = DEFAULT_DEV_ROOT) -> None:
         assert resource.nvidia is not None
         self.resource = resource
         self.name = resource.name
         self.spec: NvidiaSpec = resource.nvidia
+        self.dev_root = dev_root  # the host path of the driver's nodes (the config's devRoot)
         self.view: NvmlView | None = None
         self.units: list[Unit] = []
         self.warnings: list[str] = []
@@ -448,7 +450,7 @@ class GpuSource:
         if view is None:
             self.units, self.warnings = [], []
             return
-        self.units, self.warnings = units(view, self.name, self.spec)
+        self.units, self.warnings = units(view, self.name, self.spec, self.dev_root)
 
     def _bump(self) -> None:
         self._generation += 1
