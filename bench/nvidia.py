@@ -1,8 +1,10 @@
 """NVIDIA GPUs with the fake NVML driver: Allocate latency of whole GPUs (1 and 2), a MIG
 device and an MPS replica; the time from an Xid event to the Unhealthy device in
 ListAndWatch, back after the quiet time for a transient Xid, and back after a reset for
-one that needs it; an MPS daemon's death to its replicas Healthy again; and the load of
-NVIDIA's plugin config (one file; a folder of named configs).
+one that needs it; an MPS daemon's death to its replicas Healthy again; the load of
+NVIDIA's plugin config (one file; a folder of named configs); and per-node configs on a
+real kube-apiserver: the node label changed to the new config served, and the daemon's
+memory with the Kubernetes client of the label watch.
 
 NVIDIA's own plugin (Go, needing a real driver) cannot run here: no side-by-side ratio.
 `python bench/nvidia.py` prints its JSON alone; bench/run.py adds it under "nvidia".
@@ -10,6 +12,7 @@ NVIDIA's own plugin (Go, needing a real driver) cannot run here: no side-by-side
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -24,6 +27,7 @@ from common import (
     daemon,
     percentiles,
     rss_mib,
+    serve_command,
     stub_for,
     timed_calls,
     wait_for_health,
@@ -31,9 +35,12 @@ from common import (
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.sources import parse_config
+from devplug.sources.nvidia.config import NODE_CONFIG_LABEL as NODE_LABEL
 from devplug.testing.fakemps import PID_FILE
 from devplug.testing.fakemps import script as mps_script
 from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid, mig_layout, mig_uuid
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ALLOCATE_CALLS = 2000
 XID_ROUNDS = 20
@@ -66,6 +73,7 @@ def bench_nvidia() -> dict[str, Any]:
         report |= mig(root)
         report |= mps(root)
         report |= nvidia_config(root)
+        report["per_node"] = per_node(root)
     return report
 
 
@@ -220,6 +228,76 @@ def nvidia_config(root: Path) -> dict[str, Any]:
         "load_nvidia_config_file": percentiles(file_samples),
         "load_nvidia_config_folder_20": percentiles(folder_samples),
     }
+
+
+LABEL_ROUNDS = 5
+GPU = "nvidia.com/gpu"
+NODE = "bench-gpu-node"
+
+
+def per_node(root: Path) -> dict[str, Any]:
+    """`devplug serve` on a folder of named configs (8 GPUs, fake NVML) with its node on
+    a real kube-apiserver: the label set to 'sliced' (4 replicas each) and removed again,
+    from the API call to the kubelet (simulator) listing the GPUs as that config says."""
+    from devplug.testing.controlplane import ControlPlane, how_to_provide
+
+    plane = ControlPlane.find(ROOT)
+    if plane is None:
+        return {"skipped": how_to_provide(ROOT)}
+    kubeconfig = plane.start()
+    try:
+        return _label_changes(root / "per-node", kubeconfig)
+    finally:
+        plane.stop()
+
+
+def _label_changes(root: Path, kubeconfig: str) -> dict[str, Any]:
+    from kubernetes import client
+
+    from devplug.framework.dra.kube import api_client
+
+    api = api_client(kubeconfig)
+    core: Any = client.CoreV1Api(api)
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    try:
+        return asyncio.run(_follow_the_label(root, kubeconfig, core))
+    finally:
+        core.delete_node(NODE)
+        api.close()
+
+
+async def _follow_the_label(root: Path, kubeconfig: str, core: Any) -> dict[str, Any]:
+    from devplug.simulator import Kubelet
+
+    host = FakeGpuHost(root / "gpus", eight_gpus())
+    folder = root / "available-configs"
+    folder.mkdir(parents=True)
+    (folder / "default").write_text("version: v1\n")
+    (folder / "sliced").write_text(NVIDIA_CONFIG)
+    config = root / "per-node.yaml"
+    block = {"hostRoot": host.host_root, "nvidiaConfig": {"folder": str(folder)}}
+    config.write_text(yaml.safe_dump({"resources": [{"nvidia": block}]}))
+    plugin_dir = root / "plugins"
+    flags = ("--node-name", NODE, "--kubeconfig", kubeconfig)
+    proc = await asyncio.create_subprocess_exec(
+        *serve_command(config, plugin_dir, *flags), env={**os.environ, **host.env}
+    )
+    try:
+        async with Kubelet(plugin_dir, root / "kubelet", control_socket=False) as kubelet:
+            await kubelet.wait_for_resource(GPU, count=8, timeout=30)
+            rss = rss_mib(proc.pid)
+            samples = []
+            for _ in range(LABEL_ROUNDS):
+                for value, count in (("sliced", 32), (None, 8)):
+                    started = time.perf_counter()
+                    labels = {"metadata": {"labels": {NODE_LABEL: value}}}
+                    await asyncio.to_thread(core.patch_node, NODE, labels)
+                    await kubelet.wait_for_resource(GPU, count=count, timeout=30)
+                    samples.append(time.perf_counter() - started)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await proc.wait()
+    return {"rss_with_label_watch_mib": rss, "label_changed_to_served": percentiles(samples)}
 
 
 if __name__ == "__main__":

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from devplug.testing.realnode import RealNode
+from devplug.testing.realnode import RealNode, kubectl_path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -60,3 +64,67 @@ def deployed(node: RealNode, kustomization: Path, daemonset: str = "devplug") ->
 
 def daemon_pods(node: RealNode, daemonset: str = "devplug") -> list[dict[str, Any]]:
     return node.daemon_pods(NAMESPACE, daemonset)
+
+
+class PodLog:
+    """`kubectl logs -f` of a pod of devplug's (JSON lines), read as it comes: each
+    `wait` returns the next line its predicate accepts, after the lines read before it,
+    so a line that was there before an action cannot be taken for its effect. A context
+    manager; the stream is closed on exit."""
+
+    def __init__(self, node: RealNode, pod: str) -> None:
+        kubectl = kubectl_path()
+        assert kubectl is not None
+        self.lines: list[dict[str, Any]] = []  # every line read so far
+        self._read = 0  # how many of them `wait` has looked at
+        self._buffer = b""
+        self._process = subprocess.Popen(
+            [kubectl, f"--kubeconfig={node.kubeconfig}", "logs", "-f", "-n", NAMESPACE, pod],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def __enter__(self) -> PodLog:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._process.kill()
+        self._process.wait()
+        assert self._process.stdout is not None
+        self._process.stdout.close()
+
+    def wait(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> Any:
+        """The next line (parsed) that `predicate` accepts; TimeoutError after `timeout` s."""
+        stream = self._process.stdout
+        assert stream is not None
+        deadline = time.monotonic() + timeout
+        while True:
+            while self._read < len(self.lines):
+                line = self.lines[self._read]
+                self._read += 1
+                if predicate(line):
+                    return line
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([stream], [], [], left)[0]:
+                seen = [line.get("msg") for line in self.lines[-5:]]
+                raise TimeoutError(f"the pod's log did not show it within {timeout:g} s: {seen}")
+            chunk = os.read(stream.fileno(), 65536)
+            if not chunk:
+                raise RuntimeError(f"kubectl logs -f ended; the last lines: {self.lines[-5:]}")
+            *complete, self._buffer = (self._buffer + chunk).split(b"\n")
+            self.lines += [_entry(text.decode()) for text in complete if text.strip()]
+
+    def says(self, *parts: str, timeout: float = 30.0) -> str:
+        """The next message containing every one of `parts`."""
+        line = self.wait(lambda entry: all(p in entry.get("msg", "") for p in parts), timeout)
+        return str(line["msg"])
+
+
+def _entry(text: str) -> dict[str, Any]:
+    """A JSON log line; anything else (a crash before logging was set up) as its text."""
+    try:
+        entry = json.loads(text)
+    except ValueError:
+        return {"msg": text}
+    return entry if isinstance(entry, dict) else {"msg": text}

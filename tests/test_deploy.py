@@ -15,13 +15,17 @@ import pytest
 import yaml
 
 from devplug.cli.main import build_parser
-from devplug.sources import parse_config
+from devplug.sources import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 KUBECTL = Path(sys.executable).parent / "kubectl"
 KUBERNETES_VERSION = "1.37.0"
-VARIANTS = ["", "overlays/gpu"]
+VARIANTS = ["", "overlays/gpu", "overlays/gpu-per-node"]
+GPU_VARIANTS = [v for v in VARIANTS if v.startswith("overlays/gpu")]
+KINDS = ["ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"]
+# What each variant adds to the base's kinds.
+EXTRA_KINDS = {"overlays/gpu-per-node": ["ClusterRole", "ClusterRoleBinding", "ConfigMap"]}
 
 
 def render(variant: str) -> list[dict[str, Any]]:
@@ -40,17 +44,53 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def mounted_config_maps(objects: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """The DaemonSet's ConfigMap volumes: mount path -> the ConfigMap's data."""
+    pod = by_kind(objects, "DaemonSet")["spec"]["template"]["spec"]
+    maps = {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
+    names = {v["name"]: v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+    return {
+        m["mountPath"]: maps[names[m["name"]]]
+        for m in pod["containers"][0]["volumeMounts"]
+        if m["name"] in names
+    }
+
+
+def config_text(objects: list[dict[str, Any]]) -> str:
+    """devplug's config, from the ConfigMap mounted where --config says."""
+    container = by_kind(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    path = Path(build_parser().parse_args(container["args"]).config)
+    return mounted_config_maps(objects)[str(path.parent)][path.name]
+
+
+def materialise(objects: list[dict[str, Any]], root: Path) -> Path:
+    """The pod's ConfigMap volumes written under `root` as the kubelet mounts them, and
+    devplug's config with its paths into them moved there too; that config's path."""
+    for mount, data in mounted_config_maps(objects).items():
+        folder = root / mount.lstrip("/")
+        folder.mkdir(parents=True, exist_ok=True)
+        for key, value in data.items():
+            (folder / key).write_text(value)
+    config = yaml.safe_load(config_text(objects))
+    for entry in config["resources"]:
+        block = entry.get("nvidia")
+        if block is None:
+            continue
+        ref = block.get("nvidiaConfig") or {}
+        for key in ("file", "folder"):
+            if key in ref:
+                ref[key] = str(root / ref[key].lstrip("/"))
+    path = root / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_rendered_object_is_valid_for_kubernetes(variant: str) -> None:
     import kubernetes_validate
 
     objects = render(variant)
-    assert sorted(o["kind"] for o in objects) == [
-        "ConfigMap",
-        "DaemonSet",
-        "Namespace",
-        "ServiceAccount",
-    ]
+    assert sorted(o["kind"] for o in objects) == sorted(KINDS + EXTRA_KINDS.get(variant, []))
     for obj in objects:
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
 
@@ -71,9 +111,9 @@ def test_the_base_config_map_is_the_packaged_default_config() -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_the_config_map_is_a_valid_config(variant: str) -> None:
-    config = by_kind(render(variant), "ConfigMap")
-    parse_config(config["data"]["config.yaml"], f"{variant or 'base'} ConfigMap")
+def test_the_config_map_is_a_valid_config(variant: str, tmp_path: Path) -> None:
+    """Checked as the pod reads it: with the files of every ConfigMap it mounts."""
+    load_config(materialise(render(variant), tmp_path))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -95,8 +135,8 @@ def test_the_daemonset_runs_devplug_as_the_node_expects(variant: str) -> None:
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     config_mount = mounts[str(Path(args.config).parent)]
-    config_map = by_kind(objects, "ConfigMap")["metadata"]["name"]
-    assert volumes[config_mount["name"]]["configMap"]["name"] == config_map
+    assert "configMap" in volumes[config_mount["name"]]
+    assert config_mount["readOnly"] is True
     # Host paths: the plugin folder writable, the rest read-only.
     host = {
         m["mountPath"]: volumes[m["name"]].get("hostPath", {}).get("path") for m in mounts.values()
@@ -121,7 +161,7 @@ def test_the_daemonset_runs_devplug_as_the_node_expects(variant: str) -> None:
     # the MIG monitor capability the NVIDIA container toolkit grants only with it).
     security = container["securityContext"]
     assert security["privileged"] is False
-    added = ["SYS_ADMIN"] if variant == "overlays/gpu" else []
+    added = ["SYS_ADMIN"] if variant in GPU_VARIANTS else []
     assert security["capabilities"] == {"drop": ["ALL"], **({"add": added} if added else {})}
     assert security["allowPrivilegeEscalation"] is False
     assert security["readOnlyRootFilesystem"] is True
@@ -137,38 +177,133 @@ def test_the_manifests_use_the_image_that_make_image_builds() -> None:
     assert container["image"] == f"devplug/devplug:{version['newTag']}"
 
 
-def test_the_gpu_overlay_selects_gpu_nodes_and_asks_for_nvml() -> None:
-    daemonset = by_kind(render("overlays/gpu"), "DaemonSet")
+@pytest.mark.parametrize("variant", GPU_VARIANTS)
+def test_the_gpu_overlay_selects_gpu_nodes_and_asks_for_nvml(variant: str) -> None:
+    daemonset = by_kind(render(variant), "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["nodeSelector"]["feature.node.kubernetes.io/pci-10de.present"] == "true"
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
     assert env["NVIDIA_MIG_MONITOR_DEVICES"] == "all"  # else NVML: NoPermission for MIG
     assert daemonset["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "gpu"
 
 
-def test_the_gpu_overlay_config_serves_gpus_through_nvml(short_tmp: Path) -> None:
-    """`devplug check` on the overlay's ConfigMap, with the fake NVML driver of an
-    8-GPU host: the `nvidia:` block finds every GPU."""
-    from devplug.testing.fakenvml import FakeGpuHost, eight_gpus
+def check_on_fake_gpus(config: Path, description: dict[str, Any], folder: Path) -> str:
+    """`devplug check` of `config` on a fake NVML host (its hostRoot set): the output."""
+    from devplug.testing.fakenvml import FakeGpuHost
 
-    text = by_kind(render("overlays/gpu"), "ConfigMap")["data"]["config.yaml"]
-    host = FakeGpuHost(short_tmp / "host", eight_gpus())
-    # The overlay reads the host at /; the fake host is elsewhere.
-    config = yaml.safe_load(text)
-    (entry,) = config["resources"]
+    host = FakeGpuHost(folder, description)
+    data = yaml.safe_load(config.read_text())
+    (entry,) = data["resources"]
+    # The overlays read the host at /; the fake host is elsewhere.
     assert entry["nvidia"].get("hostRoot", "/") == "/"
     entry["nvidia"]["hostRoot"] = str(host.host_root)
-    path = short_tmp / "gpu.yaml"
-    path.write_text(yaml.safe_dump(config))
+    config.write_text(yaml.safe_dump(data))
     check = subprocess.run(
-        [sys.executable, "-m", "devplug.cli.main", "check", "--config", str(path)],
+        [sys.executable, "-m", "devplug.cli.main", "check", "--config", str(config)],
         capture_output=True,
         text=True,
         env={**os.environ, **host.env},
         timeout=60,
     )
     assert check.returncode == 0, check.stderr
-    assert "nvidia.com/gpu (nvidia" in check.stdout
-    assert "8 device(s), 8 healthy" in check.stdout
+    return check.stdout
+
+
+@pytest.mark.parametrize("variant", GPU_VARIANTS)
+def test_the_gpu_overlay_config_serves_gpus_through_nvml(variant: str, short_tmp: Path) -> None:
+    """`devplug check` on the overlay's ConfigMaps, with the fake NVML driver of an
+    8-GPU host: the `nvidia:` block finds every GPU (per node: with the default config,
+    a node without the label)."""
+    from devplug.testing.fakenvml import eight_gpus
+
+    config = materialise(render(variant), short_tmp / "pod")
+    out = check_on_fake_gpus(config, eight_gpus(), short_tmp / "host")
+    assert "nvidia.com/gpu (nvidia" in out
+    assert "8 device(s), 8 healthy" in out
+
+
+PER_NODE = "overlays/gpu-per-node"
+
+
+def test_the_per_node_overlay_gives_the_label_watch_what_it_needs() -> None:
+    """Its node's name, a token, the named configs where the config looks for them,
+    and a role to read Nodes bound to the pod's own service account; the GPU overlay's
+    set-up kept."""
+    objects = render(PER_NODE)
+    pod = by_kind(objects, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    args = build_parser().parse_args(container["args"])
+    assert args.node_name is None  # $NODE_NAME
+    assert args.kubeconfig is None  # in-cluster: the token and the service's address
+    assert pod["automountServiceAccountToken"] is True
+    [entry] = yaml.safe_load(config_text(objects))["resources"]
+    ref = entry["nvidia"]["nvidiaConfig"]
+    configs = mounted_config_maps(objects)[ref["folder"]]
+    assert {"default", "time-sliced", "mig-mixed"} <= set(configs)
+    assert ref["default"] in configs
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts[ref["folder"]]["readOnly"] is True
+    # Memory for the Kubernetes client (make bench: nvidia.per_node).
+    assert container["resources"]["limits"]["memory"] == "256Mi"
+
+    role = by_kind(objects, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = by_kind(objects, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = by_kind(objects, "ServiceAccount")["metadata"]
+    assert pod["serviceAccountName"] == account["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    # Every object in devplug's namespace (the cluster-wide ones have none).
+    for obj in objects:
+        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            assert obj["metadata"]["namespace"] == "devplug-system", obj["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("name", "host", "served"),
+    [
+        ("default", "eight", ["nvidia.com/gpu (nvidia, count 1", "8 device(s), 8 healthy"]),
+        (
+            "time-sliced",
+            "eight",
+            ["nvidia.com/gpu.shared (nvidia, count 4", "32 device(s), 32 healthy"],
+        ),
+        (
+            "mig-mixed",
+            "mig",
+            [
+                "nvidia.com/mig-1g.5gb (nvidia, count 1",
+                "7 device(s), 7 healthy",
+                "nvidia.com/mig-2g.10gb (nvidia, count 1",
+                "2 device(s), 2 healthy",
+            ],
+        ),
+    ],
+)
+def test_each_named_config_serves_what_it_says(
+    name: str, host: str, served: list[str], short_tmp: Path
+) -> None:
+    """Each of the overlay's NVIDIA configs, chosen (as the default here: the label's
+    choice is proven on the real node), on a fake host: what its comment promises."""
+    from devplug.testing.fakenvml import eight_gpus, mig_layout
+
+    config = materialise(render(PER_NODE), short_tmp / "pod")
+    data = yaml.safe_load(config.read_text())
+    data["resources"][0]["nvidia"]["nvidiaConfig"]["default"] = name
+    config.write_text(yaml.safe_dump(data))
+    description = eight_gpus() if host == "eight" else mig_layout()
+    out = check_on_fake_gpus(config, description, short_tmp / "host")
+    for line in served:
+        assert line in out, out

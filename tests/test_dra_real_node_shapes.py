@@ -188,6 +188,11 @@ def test_partitions_and_shares_reach_the_containers(real_node: RealNode) -> None
         "metadata": {"name": NIC},
         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{NIC}"'}}]},
     }
+
+    def specs() -> set[Path]:
+        return {*CDI_DIR.glob(f"{REGION}-*"), *CDI_DIR.glob(f"{NIC}-*")}
+
+    left_before = specs()  # a killed earlier run's, not this test's to wait for
     with tempfile.TemporaryDirectory(prefix="devplug-shapes-") as tmp:
         for device_class in (region_class, nic_class):
             resource.create_device_class(device_class)
@@ -202,7 +207,7 @@ def test_partitions_and_shares_reach_the_containers(real_node: RealNode) -> None
                     wait_file(CDI_DIR / f"{NIC}-{uid['share-a']}.json", lambda t: t is None)
                     assert (CDI_DIR / f"{NIC}-{uid['share-b']}.json").exists()
                 # The namespace gone (its pods with it), every claim is unprepared.
-                for spec in [*CDI_DIR.glob(f"{REGION}-*"), *CDI_DIR.glob(f"{NIC}-*")]:
+                for spec in specs() - left_before:
                     wait_file(spec, lambda text: text is None)
         finally:
             for device_class in (REGION, NIC):

@@ -514,3 +514,49 @@ def test_the_node_label_picks_the_config_and_a_change_applies_in_place(
     finally:
         core.delete_node(node)
         api.close()
+
+
+def test_a_labelled_node_starts_with_its_config_where_no_fallback_applies(
+    kubelet: KubeletHarness, eight: FakeGpuHost, short_tmp: Path, kubeconfig: str
+) -> None:
+    """Named configs with no 'default' and no default set: an unlabelled node has none
+    (NVIDIA's config manager fails there too), a labelled one starts with its own; the
+    label is read before any config is chosen, so the log names only that one."""
+    from kubernetes import client
+
+    from devplug.framework.dra.kube import api_client
+
+    api = api_client(kubeconfig)
+    core: Any = client.CoreV1Api(api)
+    node = "gpu-node-2"
+    label = "nvidia.com/device-plugin.config"
+    core.create_node(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {label: "b"}}}
+    )
+    try:
+        folder = short_tmp / "available-configs"
+        folder.mkdir()
+        (folder / "a").write_text("version: v1\n")
+        (folder / "b").write_text(TIME_SLICED.replace("    renameByDefault: true\n", ""))
+        command = serve_command(kubelet, folder, "--node-name", node, "--kubeconfig", kubeconfig)
+        process = kubelet.start_command(command, env=eight.env, wait_for=GPU)
+        kubelet.wait_for_resource(GPU, count=32)
+        chosen = [line for line in process.output.splitlines() if "NVIDIA config" in line]
+        assert len(chosen) == 1, chosen
+        assert f"NVIDIA config 'b' ({folder / 'b'}): named by the node label {label}" in chosen[0]
+        process.stop()
+        # A node that cannot be read: one line, exit 1, before anything is served.
+        gone = serve_command(
+            kubelet, folder, "--node-name", "no-such-node", "--kubeconfig", kubeconfig
+        )
+        result = subprocess.run(
+            gone, env={**_env(), **eight.env}, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 1
+        assert result.stderr.splitlines()[-1] == (
+            f"devplug serve: {label}: cannot read node no-such-node: 404 Not Found"
+        )
+        assert "Traceback" not in result.stderr
+    finally:
+        core.delete_node(node)
+        api.close()

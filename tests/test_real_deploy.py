@@ -26,6 +26,7 @@ from node_helpers import (
     DEFAULT_RESOURCES,
     DEPLOY,
     NAMESPACE,
+    PodLog,
     daemon_pods,
     deployed,
     overlay,
@@ -290,6 +291,111 @@ def test_the_gpu_overlay_on_a_node_without_gpus_serves_none(
             assert "NVML is not usable" in real_node.kubectl("logs", "-n", NAMESPACE, pod).stdout
     finally:
         real_node.kubectl("label", "node", real_node.node_name, f"{label}-")
+
+
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+GPU_NODES = "feature.node.kubernetes.io/pci-10de.present"
+
+
+def test_the_per_node_gpu_overlay_follows_the_node_label_in_place(
+    real_node: RealNode, real_node_image: str, tmp_path: Path
+) -> None:
+    """deploy/overlays/gpu-per-node on a GPU-labelled node without GPUs, through its own
+    RBAC and token: Ready with the default config; the node label switches the running
+    pod to the config it names (time-sliced: nvidia.com/gpu.shared registered), a label
+    naming no config is refused in one line while the old config keeps serving, and
+    removing the label brings the default back; the pod never restarts."""
+    node = real_node.node_name
+    real_node.kubectl("label", "node", node, f"{GPU_NODES}=true", "--overwrite")
+    folder = overlay(tmp_path / "per-node", "overlays/gpu-per-node", real_node)
+    try:
+        with (
+            deployed(real_node, folder, "devplug-gpu") as pod,
+            PodLog(real_node, pod) as log,
+        ):
+            assert "the default" in log.says("NVIDIA config 'default' (/available-configs/default)")
+            _only_its_own_node_readable(real_node)
+
+            offset = real_node.log_offset()
+            real_node.kubectl("label", "node", node, f"{CONFIG_LABEL}=time-sliced")
+            chosen = log.wait(lambda e: e.get("nvidia_config") == "time-sliced")
+            assert chosen["msg"] == (
+                "NVIDIA config 'time-sliced' (/available-configs/time-sliced): "
+                f"named by the node label {CONFIG_LABEL}"
+            )
+            assert "added nvidia.com/gpu.shared, removed nvidia.com/gpu" in log.says(
+                "config reloaded"
+            )
+            real_node.wait_connected(["nvidia.com/gpu.shared"], offset)
+            real_node.wait_node(lambda n: "nvidia.com/gpu.shared" in n["status"]["capacity"])
+
+            real_node.kubectl(
+                "label", "node", node, f"{CONFIG_LABEL}=no-such-config", "--overwrite"
+            )
+            refused = log.says("config reload refused")
+            assert refused == (
+                "config reload refused, the previous config keeps serving: "
+                "/etc/devplug/config.yaml: resources[0].nvidia.nvidiaConfig: "
+                f"{CONFIG_LABEL}='no-such-config': the node label names config "
+                "'no-such-config', which does not exist"
+            )
+            metrics = http_get("/metrics")[1]
+            assert 'devplug_config_reloads_total{result="refused"} 1.0' in metrics
+            assert 'devplug_registered{resource="nvidia.com/gpu.shared"} 1.0' in metrics
+            assert http_get("/readyz") == (200, "ok\n")
+
+            offset = real_node.log_offset()
+            real_node.kubectl("label", "node", node, f"{CONFIG_LABEL}-")
+            assert "the default" in log.says("NVIDIA config 'default'")
+            assert "added nvidia.com/gpu, removed nvidia.com/gpu.shared" in log.says(
+                "config reloaded"
+            )
+            real_node.wait_connected(["nvidia.com/gpu"], offset)
+            assert 'devplug_registered{resource="nvidia.com/gpu"} 1.0' in http_get("/metrics")[1]
+
+            # One pod all along, its label watch never refused by the API server.
+            [running] = daemon_pods(real_node, "devplug-gpu")
+            assert running["metadata"]["name"] == pod
+            assert running["status"]["containerStatuses"][0]["restartCount"] == 0
+            assert not [e for e in log.lines if "watching its labels failed" in e.get("msg", "")]
+            print(f"per-node GPU pod: {_rss(real_node, pod)}")
+    finally:
+        real_node.kubectl("label", "node", node, f"{GPU_NODES}-", f"{CONFIG_LABEL}-")
+
+
+def _only_its_own_node_readable(node: RealNode) -> None:
+    """The overlay's RBAC, as the API server decides for the pod's service account:
+    Nodes read and watched, nothing written, nothing else read."""
+    from kubernetes import client
+
+    authz = client.AuthorizationV1Api(node.api)
+    user = f"system:serviceaccount:{NAMESPACE}:devplug-gpu"
+
+    def allowed(resource: str, verb: str, subresource: str = "") -> bool:
+        attributes = {"resource": resource, "verb": verb, "subresource": subresource}
+        review = authz.create_subject_access_review(
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {"user": user, "resourceAttributes": attributes},
+            }
+        )
+        return bool(review.status.allowed)
+
+    for verb in ("get", "list", "watch"):
+        assert allowed("nodes", verb), verb
+    for verb in ("update", "patch", "delete", "create"):
+        assert not allowed("nodes", verb), verb
+    assert not allowed("nodes", "patch", "status")
+    assert not allowed("pods", "list")
+    assert not allowed("secrets", "get")
+    assert not allowed("configmaps", "get")
+
+
+def _rss(node: RealNode, pod: str) -> str:
+    """The daemon's memory in its container, for the overlay's limits."""
+    status = node.kubectl("exec", "-n", NAMESPACE, pod, "--", "cat", "/proc/1/status").stdout
+    return " ".join(line for line in status.splitlines() if line.startswith(("VmRSS", "VmHWM")))
 
 
 HARDWARE = """\

@@ -168,26 +168,24 @@ def run(args: argparse.Namespace) -> int:
                 style.EXIT_USAGE,
             )
         text = nvidia_config_text(args.nvidia_config)
+    from devplug.sources.nvidia import nvidiafile
+
+    # NVIDIA configs chosen by a node label read it from the API server, before choosing
+    # (once; a failure stops the start with one line).
+    nvidiafile.read_node_labels = lambda: _nvidia_node_labels(args)
     try:
         if text is not None:
             config = parse_config(text, "--nvidia-config")
         else:
             config = load_config(args.config) if args.config else load_default_config()
-        if keys := label_keys(config):  # NVIDIA configs chosen by a node label: read it
-            from devplug.sources.nvidia import nvidiafile
-            from devplug.sources.nvidia.nodelabel import read_labels
-
-            try:
-                nvidiafile.node_labels = read_labels(node_name(args), args.kubeconfig)
-            except ValueError as error:
-                return style.fail(args, f"{', '.join(keys)}: {error}")
-            config = parse_config(text, "--nvidia-config") if text else load_config(args.config)
         source = "--nvidia-config" if text else args.config or "<packaged default.yaml>"
         if needs_node_labels(config):
             labels = _node_labels(args)
             apply_node_modes(config, labels, node_name(args), source)
         plugins = build(config)
         services = build_services(config, feature_file=args.feature_file)
+    except nvidiafile.NodeLabelsUnreadable as error:
+        return style.fail(args, str(error))
     except ConfigError as e:
         print(e, file=sys.stderr)
         return style.EXIT_USAGE
@@ -236,6 +234,12 @@ def run(args: argparse.Namespace) -> int:
         log.debug("stopped on a failure", exc_info=True)
         return style.fail(args, f"stopped on a failure: {error!r}")
     return style.EXIT_OK
+
+
+def _nvidia_node_labels(args: argparse.Namespace) -> dict[str, str]:
+    from devplug.sources.nvidia.nodelabel import read_labels
+
+    return read_labels(node_name(args), args.kubeconfig)
 
 
 def _node_labels(args: argparse.Namespace) -> dict[str, str]:

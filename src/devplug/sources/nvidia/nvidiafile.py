@@ -270,9 +270,28 @@ def _default_rename(name: str, by_default: bool) -> str:
 
 # -- a file, or a folder chosen from by the node label ---------------------------------------
 
-# The node's labels as last seen (set by `devplug serve` from the API server); None:
-# unknown, as for `devplug check`.
+# The node's labels as last seen (kept by `devplug serve`'s watch); None: not read yet.
 node_labels: Mapping[str, str] | None = None
+# How to read them the first time a folder needs them (`devplug serve`: from the API
+# server, before any config is chosen); None: unknown, as for `devplug check`, which
+# chooses as for a node without the label.
+read_node_labels: Callable[[], Mapping[str, str]] | None = None
+
+
+class NodeLabelsUnreadable(ValueError):
+    """The node's labels could not be read: a problem of the cluster, not of the config."""
+
+
+def current_node_labels(label: str) -> Mapping[str, str]:
+    """The node's labels, read now if they never were; NodeLabelsUnreadable, naming
+    `label`, when they cannot be."""
+    global node_labels
+    if node_labels is None and read_node_labels is not None:
+        try:
+            node_labels = read_node_labels()
+        except ValueError as error:
+            raise NodeLabelsUnreadable(f"{label}: {error}") from None
+    return node_labels or {}
 
 
 def named_configs(folder: Path) -> dict[str, Path]:
@@ -339,12 +358,17 @@ def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> N
     if not files:
         fail(key, f"no configuration files in {path}")
     parsed = {name: parse(_read(str(p), key, fail), str(p)) for name, p in files.items()}
-    label = (node_labels or {}).get(ref.node_label, "")
+    label = current_node_labels(ref.node_label).get(ref.node_label, "")
     try:
         name, why = choose(list(parsed), label, ref.default, list(ref.fallback_strategies))
     except ValueError as error:
         fail(at, f"{ref.node_label}={label!r}: {error}" if label else str(error))
-    log.info("NVIDIA config %s: %s", str(files[name]) if name else "(empty)", why)
+    log.info(  # what an operator looks for after labelling the node: which config, why
+        "NVIDIA config %s: %s",
+        f"{name!r} ({files[name]})" if name else "(empty)",
+        f"{why} {ref.node_label}" if label else why,
+        extra={"nvidia_config": name},
+    )
     apply(spec, parsed[name] if name else NvidiaFile(), str(files[name]) if name else path)
 
 
