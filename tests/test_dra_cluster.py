@@ -114,6 +114,12 @@ def sa_kubeconfig(
     return str(path)
 
 
+def driver_class(name: str) -> dict[str, Any]:
+    """A DeviceClass `name` of every device of DRIVER."""
+    selector = {"cel": {"expression": f'device.driver == "{DRIVER}"'}}
+    return {"metadata": {"name": name}, "spec": {"selectors": [selector]}}
+
+
 def slice_devices(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {d["name"]: d for d in obj["spec"].get("devices") or []}
 
@@ -713,12 +719,7 @@ def test_an_unhealthy_device_is_tainted_and_given_only_to_claims_that_tolerate_i
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     dirs = NodeDirs(short_tmp)
     config = accelerator_config(dirs, {"acc0": "u250", "acc1": "u280"})
-    resource.create_device_class(
-        {
-            "metadata": {"name": "tainted.example.com"},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        }
-    )
+    resource.create_device_class(driver_class("tainted.example.com"))
 
     def u250_claim(name: str, tolerations: list[dict[str, Any]]) -> dict[str, Any]:
         body = claim_body(name, "u250")
@@ -783,6 +784,79 @@ def test_an_unhealthy_device_is_tainted_and_given_only_to_claims_that_tolerate_i
         resource.delete_device_class("tainted.example.com")
 
 
+def test_the_xid_policy_decides_which_xids_taint_a_gpu(
+    kubeconfig: str, api: Any, node: str, short_tmp: Path
+) -> None:
+    """GPUs served through DRA on the fake NVML: the GPU source's Xid policy (NVIDIA's
+    catalog) decides what taints a GPU, with the configured effect: an ignored Xid
+    (13) nothing; one needing a reset (79) a taint that stays; a transient one (94) a
+    taint gone after the quiet time. The taint's value and the kubelet's health stream
+    both say which Xid."""
+    import yaml
+    from kubernetes import client
+
+    resource = client.ResourceV1Api(api)
+    gpu_driver = "gpu.devplug.io"
+    gpus = [gpu(i, name="NVIDIA A10", memory_gib=24, cc=(8, 6), numa=0) for i in range(4)]
+    dirs = NodeDirs(short_tmp)
+    host = FakeGpuHost(dirs.root / "gpus", {"driver": {"loaded": True}, "gpus": gpus})
+    nvidia = {"hostRoot": host.host_root, "recoverySeconds": 1, "probeSeconds": 0.05}
+    entry = {
+        "nvidia": nvidia,
+        "mode": "dra",
+        "dra": {"driver": gpu_driver, "taintEffect": "NoExecute"},
+    }
+    config = dirs.root / "gpus.yaml"
+    config.write_text(yaml.safe_dump({"resources": [entry]}))
+
+    def by_uuid(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {d["attributes"]["uuid"]["string"]: d for d in slice_devices(obj).values()}
+
+    def taints(obj: dict[str, Any]) -> dict[int, list[tuple[str, str, str]]]:
+        found = {}
+        for index in range(4):
+            listed = by_uuid(obj)[gpu_uuid(index)].get("taints") or []
+            found[index] = [(t["key"], t.get("value", ""), t["effect"]) for t in listed]
+        return found
+
+    def ours(test: Callable[[dict[str, Any]], bool]) -> Any:
+        return asyncio.to_thread(
+            watch_until,
+            api,
+            resource.list_resource_slice,
+            lambda o: o["spec"]["driver"] == gpu_driver and len(slice_devices(o)) == 4 and test(o),
+        )
+
+    async def scenario() -> None:
+        async with node_serving(dirs, api, kubeconfig, config, gpu_driver, host.env) as kubelet:
+            await ours(lambda o: not any(taints(o).values()))
+            # In order: the ignored Xid comes first and changes nothing.
+            host.inject_xid(0, 13)
+            host.inject_xid(1, 79)
+            host.inject_xid(2, 94)
+            tainted = await ours(lambda o: bool(taints(o)[1] and taints(o)[2]))
+            unhealthy = "devplug.io/unhealthy"
+            assert taints(tainted) == {
+                0: [],
+                1: [(unhealthy, "Xid-79-needs-a-reset", "NoExecute")],
+                2: [(unhealthy, "Xid-94", "NoExecute")],
+                3: [],
+            }
+            dra = kubelet.dra
+            assert dra is not None
+            name = by_uuid(tainted)[gpu_uuid(1)]["name"]
+            await kubelet.wait_for(
+                lambda: dra.device_health.get((gpu_driver, NODE, name)) == "Unhealthy",
+                what="GPU 1 unhealthy in the health stream",
+            )
+            assert dra.device_health_message[(gpu_driver, NODE, name)] == "Xid 79, needs a reset"
+            # The transient Xid's taint goes after the quiet time; the reset's stays.
+            recovered = await ours(lambda o: not taints(o)[2])
+            assert [i for i, t in taints(recovered).items() if t] == [1]
+
+    asyncio.run(scenario())
+
+
 def test_two_instances_of_a_rolling_update_serve_side_by_side(
     kubeconfig: str, api: Any, node: str, namespace: str, short_tmp: Path
 ) -> None:
@@ -798,12 +872,7 @@ def test_two_instances_of_a_rolling_update_serve_side_by_side(
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     dirs = NodeDirs(short_tmp)
     config = accelerator_config(dirs, {"acc0": "u250", "acc1": "u280"})
-    resource.create_device_class(
-        {
-            "metadata": {"name": "surge.example.com"},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]},
-        }
-    )
+    resource.create_device_class(driver_class("surge.example.com"))
     deleted: list[str] = []
     watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
 
@@ -853,7 +922,7 @@ def test_two_instances_of_a_rolling_update_serve_side_by_side(
                     await asyncio.to_thread(
                         wait_for_log,
                         dirs.root / "old.log",
-                        "is published by a newer devplug instance; leaving it",
+                        "is published by a newer devplug instance: left alone",
                     )
                     # The new instance unprepares what the old one prepared.
                     core.delete_namespaced_pod("pod-first", namespace, grace_period_seconds=0)
@@ -1335,13 +1404,14 @@ def test_the_api_server_accepts_what_the_config_accepts(api: Any) -> None:
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
+    from devplug.framework.dra.driver import TAINT_EFFECTS
     from devplug.framework.dra.slices import slice_bodies
     from devplug.sources import ConfigError, build_plugins, parse_config
     from devplug.sources.draconfig import config_driver
 
     resource = client.ResourceV1Api(api)
 
-    def bodies(dra: dict[str, Any], cards: int = 1) -> list[dict[str, Any]]:
+    def bodies(dra: dict[str, Any], cards: int = 1, sick: bool = False) -> list[dict[str, Any]]:
         groups = [
             {"id": f"card{i}", "paths": [{"path": "/dev/null"}], "attributes": {"memory": 8 << 30}}
             for i in range(cards)
@@ -1349,6 +1419,8 @@ def test_the_api_server_accepts_what_the_config_accepts(api: Any) -> None:
         entry = {"name": "example.com/card", "mode": "dra", "dra": dra, "groups": groups}
         [plugin] = build_plugins(parse_config(yaml.safe_dump({"resources": [entry]})))
         plugin.publish(plugin.discover())
+        if sick:  # tainted, its value made of the reason
+            plugin.set_health("card0", False, "Xid 79, needs a reset")
         return slice_bodies(config_driver(plugin), "api-check", 1)
 
     def refusal(body: dict[str, Any]) -> str | None:
@@ -1377,7 +1449,10 @@ def test_the_api_server_accepts_what_the_config_accepts(api: Any) -> None:
         *bodies({"partitions": {"slots": 32, "sizes": [1, 2, 4, 8, 16, 32]}}, cards=20),
         *bodies({"partitions": regions}),
         *bodies({"consumableCapacity": {"memory": {}}}),
+        *(b for e in TAINT_EFFECTS for b in bodies({"taintEffect": e}, sick=True)),
     ]
+    tainted = [d for b in accepted for d in b["spec"].get("devices") or [] if "taints" in d]
+    assert len(tainted) == len(TAINT_EFFECTS)
     assert len(accepted) > 20
     assert [refusal(b) for b in accepted] == [None] * len(accepted)
 

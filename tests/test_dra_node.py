@@ -323,6 +323,31 @@ def test_node_plugin_serves_while_the_api_server_is_unreachable(dirs: NodeDirs) 
         daemon.wait(timeout=15)
 
 
+def test_readyz_waits_for_the_kubelet_to_register_the_driver(dirs: NodeDirs) -> None:
+    """Before any kubelet has registered the driver, /readyz says so (503); once one has
+    and the slices are published, it answers 200."""
+    from tests.serve_helpers import wait_for_log
+
+    config = accelerator_config(dirs, MODELS)
+    port = free_port()
+    log = dirs.root / "daemon.log"
+    daemon = Daemon(serve_command(dirs, config, "--metrics-port", str(port)), log)
+    try:
+        wait_for_log(log, "serving /metrics, /healthz and /readyz")
+        status, body = http_get(port, "/readyz")
+        assert (status, body) == (503, f"{DRIVER}: not registered with the kubelet\n")
+
+        async def scenario() -> None:
+            async with kubelet_for(dirs) as kubelet:
+                await kubelet.wait_for_registration(DRIVER)
+                await asyncio.to_thread(wait_for_log, log, f"{DRIVER}: registered with the kubelet")
+                assert await asyncio.to_thread(http_get, port, "/readyz") == (200, "ok\n")
+
+        run(scenario())
+    finally:
+        daemon.stop()
+
+
 def test_a_spec_that_cannot_be_written_fails_the_claim(dirs: NodeDirs) -> None:
     config = accelerator_config(dirs, MODELS)
     write_claim(dirs, "claim-ok", "uid-ok", ["acc0"])

@@ -251,15 +251,23 @@ def test_deploy_dra_starts_and_publishes_through_the_api(
     real_node: RealNode, real_node_image: str, tmp_path: Path
 ) -> None:
     """deploy/dra: the image has the Kubernetes client, the pod reaches the API server
-    (the overlay's address), and serves its devices through DRA."""
+    (the overlay's address), and serves its devices through DRA: a pod asking
+    `devplug.io/null: 1` by count, with no claim, gets /dev/null through the shipped
+    DeviceClass (the scheduler's claim, prepared by devplug, whose status devplug writes
+    with the shipped RBAC and its pod's token)."""
+    import json
+
     from kubernetes import client
 
+    from tests.serve_helpers import wait_for_gone
+
+    resource = client.ResourceV1Api(real_node.api)
     with deployed(real_node, overlay(tmp_path / "dra", "dra", real_node)) as pod:
         # deploy/dra's config: /dev/null once, eight fake devices, through DRA only.
         for driver, count in (("fake.devplug.io", 8), ("null.devplug.io", 1)):
             found = watch_until(
                 real_node.api,
-                client.ResourceV1Api(real_node.api).list_resource_slice,
+                resource.list_resource_slice,
                 lambda s, d=driver, n=count: (
                     s["spec"]["driver"] == d and len(s["spec"].get("devices") or []) == n
                 ),
@@ -269,6 +277,32 @@ def test_deploy_dra_starts_and_publishes_through_the_api(
             assert found["spec"]["pool"]["name"] == real_node.node_name
         log = real_node.kubectl("logs", "-n", NAMESPACE, pod).stdout
         assert "No module named" not in log
+
+        with real_node.namespace("count") as ns:
+            counted = run_pod(real_node, ns, "counted", {NULL: 1})
+            made = counted["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+            assert made.startswith("counted-extended-resources-")
+            assert env_of(real_node, ns, "counted")["DEVPLUG_DEVPLUG_IO_NULL"] == "null"
+            claim = json.loads(
+                resource.read_namespaced_resource_claim(made, ns, _preload_content=False).data
+            )
+            [result] = claim["status"]["allocation"]["devices"]["results"]
+            assert (result["driver"], result["device"]) == ("null.devplug.io", "null")
+            spec = Path(f"/var/run/cdi/null.devplug.io-{claim['metadata']['uid']}.json")
+            assert spec.exists()
+            status = watch_until(
+                real_node.api,
+                resource.list_namespaced_resource_claim,
+                lambda c: c["metadata"]["name"] == made and bool(c["status"].get("devices")),
+                60,
+                namespace=ns,
+            )
+            [entry] = status["status"]["devices"]
+            assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+            client.CoreV1Api(real_node.api).delete_namespaced_pod(
+                "counted", ns, grace_period_seconds=0
+            )
+            wait_for_gone(spec, timeout=60)
     # The kubelet removes a gone driver's slices only after a grace period: leave the
     # node as it was for the next test.
     real_node.kubectl(

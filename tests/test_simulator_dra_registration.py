@@ -14,10 +14,9 @@ from devplug.api.drahealth.v1alpha1 import api_pb2 as health
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from devplug.framework.dra.claims import FileClaims
 from devplug.framework.unixserver import UnixServer
-from devplug.simulator import Kubelet
 from devplug.simulator.dra import DRIVER_REFUSED
+from tests.dra_helpers import NodeDirs, kubelet_for
 from tests.sim_helpers import run
 
 
@@ -82,13 +81,7 @@ async def driver(
 
 def test_health_and_dra_services_are_chosen_from_the_listed_names(short_tmp: Path) -> None:
     async def scenario() -> None:
-        async with Kubelet(
-            short_tmp / "dp",
-            short_tmp / "kubelet",
-            control_socket=False,
-            dra_registry_dir=short_tmp / "reg",
-            claims=FileClaims(short_tmp / "claims"),
-        ) as kubelet:
+        async with kubelet_for(NodeDirs(short_tmp)) as kubelet:
             dra = kubelet.dra
             assert dra is not None
             # The driver's order decides: the first it lists that the kubelet knows.
@@ -126,13 +119,7 @@ def test_instances_of_one_driver_register_side_by_side(short_tmp: Path) -> None:
     refused, as the kubelet refuses it."""
 
     async def scenario() -> None:
-        async with Kubelet(
-            short_tmp / "dp",
-            short_tmp / "kubelet",
-            control_socket=False,
-            dra_registry_dir=short_tmp / "reg",
-            claims=FileClaims(short_tmp / "claims"),
-        ) as kubelet:
+        async with kubelet_for(NodeDirs(short_tmp)) as kubelet:
             dra = kubelet.dra
             assert dra is not None
             name = "rolling.example.com"

@@ -212,9 +212,9 @@ class RegistrationServicer:
         self, request: reg.RegistrationStatus, context: grpc.aio.ServicerContext[Any, Any]
     ) -> reg.RegistrationStatusResponse:
         if request.plugin_registered:
-            log.info("%s: registered with the kubelet", self.driver_name)
             self.error = ""
-            self.registered.set()
+            self.registered.set()  # before the line: whoever reads it finds it ready
+            log.info("%s: registered with the kubelet", self.driver_name)
         else:
             log.error(
                 "%s: the kubelet refused the registration: %s", self.driver_name, request.error

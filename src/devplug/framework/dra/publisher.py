@@ -105,29 +105,40 @@ class PoolPublisher:
             try:
                 generation = await asyncio.to_thread(self._sync)
             except retried as error:
-                reason = getattr(error, "reason", None) or error
-                log.warning(
-                    "%s: publishing slices failed (%s); retrying in %.1f s",
-                    self.driver.name,
-                    reason,
-                    retry,
-                )
-                await asyncio.sleep(retry)
-                retry = min(retry * 2, _RETRY_MAX_S)
+                retry = await self._failed(error, retry)
                 continue
             retry = _RETRY_FIRST_S
-            healthy = sum(o.device.healthy for o in self.driver.offers().values())
-            log.info(
-                "%s: published %d device(s) for node %s (pool generation %d)",
-                self.driver.name,
-                healthy,
-                self.node,
-                generation,
-            )
-            self.published_generation = seen
-            published, self._published = self._published, asyncio.Event()
-            published.set()
+            self._log_published(generation)
+            self._done(seen)
             await plugin.wait_changed(seen)
+
+    async def _failed(self, error: BaseException, retry: float) -> float:
+        """Say that publishing failed, wait `retry` seconds; the next wait."""
+        reason = getattr(error, "reason", None) or error
+        log.warning(
+            "%s: publishing slices failed (%s); retrying in %.1f s",
+            self.driver.name,
+            reason,
+            retry,
+        )
+        await asyncio.sleep(retry)
+        return min(retry * 2, _RETRY_MAX_S)
+
+    def _log_published(self, generation: int) -> None:
+        healthy = sum(o.device.healthy for o in self.driver.offers().values())
+        log.info(
+            "%s: published %d device(s) for node %s (pool generation %d)",
+            self.driver.name,
+            healthy,
+            self.node,
+            generation,
+        )
+
+    def _done(self, plugin_generation: int) -> None:
+        """The devices of `plugin_generation` are published: wake who waits for them."""
+        self.published_generation = plugin_generation
+        published, self._published = self._published, asyncio.Event()
+        published.set()
 
 
 class FolderSlicePublisher(PoolPublisher):
@@ -262,13 +273,7 @@ class SlicePublisher(PoolPublisher):
                 continue
             version = str(obj["metadata"]["resourceVersion"])
             if _stamp_of(obj) > self.stamp:
-                if name not in self._yielded:
-                    self._yielded.add(name)
-                    log.info(
-                        "%s: slice %s is published by a newer devplug instance; leaving it",
-                        self.driver.name,
-                        name,
-                    )
+                self._say_once(self._yielded, name, "is published by a newer devplug instance")
                 continue
             self._yielded.discard(name)
             if name in self._current and version in self._ours.get(name, ()):
@@ -281,19 +286,19 @@ class SlicePublisher(PoolPublisher):
                 continue
             labels = (obj.get("metadata") or {}).get("labels") or {}
             if labels.get(MANAGED_BY[0]) != MANAGED_BY[1]:
-                if name not in self._foreign:
-                    self._foreign.add(name)
-                    log.warning(
-                        "%s: slice %s of node %s was not made by devplug: left alone",
-                        self.driver.name,
-                        name,
-                        self.node,
-                    )
+                why = f"of node {self.node} was not made by devplug"
+                self._say_once(self._foreign, name, why, logging.WARNING)
                 continue
             if _stamp_of(obj) > self.stamp:
                 continue  # a newer instance's layout
             actions.append(("delete", name, obj))
         return actions
+
+    def _say_once(self, said: set[str], name: str, what: str, level: int = logging.INFO) -> None:
+        """Log once per slice that it is left alone, and why."""
+        if name not in said:
+            said.add(name)
+            log.log(level, "%s: slice %s %s: left alone", self.driver.name, name, what)
 
     def _apply(self, actions: list[tuple[str, str, dict[str, Any] | None]]) -> None:
         """Run the actions (in a thread); a conflict means the view is behind: the
@@ -356,32 +361,15 @@ class SlicePublisher(PoolPublisher):
                         await self._wait_for_change(seen)
                         continue
                 except (ApiException, HTTPError, OSError) as error:
-                    reason = getattr(error, "reason", None) or error
-                    log.warning(
-                        "%s: publishing slices failed (%s); retrying in %.1f s",
-                        self.driver.name,
-                        reason,
-                        retry,
-                    )
                     self._in_sync = False
-                    await asyncio.sleep(retry)
-                    retry = min(retry * 2, _RETRY_MAX_S)
+                    retry = await self._failed(error, retry)
                     continue
                 retry = _RETRY_FIRST_S
                 if not self._in_sync or self.published_generation < seen:
-                    healthy = sum(o.device.healthy for o in self.driver.offers().values())
-                    log.info(
-                        "%s: published %d device(s) for node %s (pool generation %d)",
-                        self.driver.name,
-                        healthy,
-                        self.node,
-                        self.pool_generation,
-                    )
+                    self._log_published(self.pool_generation)
                 self._in_sync = True
                 if self.published_generation < seen:
-                    self.published_generation = seen
-                    published, self._published = self._published, asyncio.Event()
-                    published.set()
+                    self._done(seen)
                 await self._wait_for_change(seen)
         finally:
             self._watch.stop()

@@ -221,10 +221,10 @@ def resource_names(view: NvmlView | None, name: str, spec: NvidiaSpec) -> list[s
     return [name, *sorted({u.resource for u in found} - {name})]
 
 
-def devices(unit: Unit, spec: NvidiaSpec, healthy: bool) -> list[Device]:
-    """The unit's Devices: one per replica, each with the container edits it needs.
-    With CDI strategies only, the container gets CDI names and no env or device
-    specs, as from NVIDIA's plugin (MPS's folders still)."""
+def devices(unit: Unit, spec: NvidiaSpec, healthy: bool, reason: str = "") -> list[Device]:
+    """The unit's Devices: one per replica, each with the container edits it needs
+    (and, unhealthy, why: `reason`). With CDI strategies only, the container gets CDI
+    names and no env or device specs, as from NVIDIA's plugin (MPS's folders still)."""
     env: dict[str, str] = {}
     mounts: tuple[Mount, ...] = ()
     cdi: tuple[str, ...] = ()
@@ -260,6 +260,7 @@ def devices(unit: Unit, spec: NvidiaSpec, healthy: bool) -> list[Device]:
             env=env,
             cdi_devices=cdi,
             attributes=unit.attributes,
+            health_reason="" if healthy else reason,
         )
         for device_id in replica_ids(unit.uuid, replicas_of(spec, unit.resource))
     ]

@@ -70,7 +70,9 @@ class NvidiaPlugin(Plugin):
             device
             for unit in self.source.units
             if unit.resource == self.resource
-            for device in unit_devices(unit, self.nvidia, self.source.healthy(unit))
+            for device in unit_devices(
+                unit, self.nvidia, self.source.healthy(unit), self.source.health_reason(unit)
+            )
         ]
 
     async def scan(self) -> None:

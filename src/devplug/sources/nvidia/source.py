@@ -59,14 +59,16 @@ class GpuSource:
         self._generation = 0
         self._changed = asyncio.Event()
         self._lost: dict[int, str] = {}  # GPU index -> why it does not answer
-        self._critical: dict[str, float] = {}  # UUID -> time of its last transient Xid
+        self._critical: dict[
+            str, tuple[float, int]
+        ] = {}  # UUID -> (time, Xid) of its last transient Xid
         self._awaiting_reset: dict[str, int] = {}  # UUID -> the Xid that needs a reset
         self._recovery: dict[int, int] = {}  # GPU index -> the driver's recovery action
         self._asked_recovery: set[int] = set()  # GPUs whose driver asked for an action
         self._blind = ""  # why no event can be seen now (the wait failed); empty: fine
         self._ignored = ignored_xids(self.spec.ignored_xids, self.spec.enabled_xids)
         self._hung = False
-        self._health: dict[str, bool] = {}
+        self._health: dict[str, str] = {}  # UUID -> why it is unhealthy ("": healthy)
         self._task: asyncio.Task[None] | None = None
         self._users = 0
         self._nvml: Nvml | None = None  # NVML while it is usable (for MPS compute modes)
@@ -109,7 +111,12 @@ class GpuSource:
             nvml.stop()
 
     def healthy(self, unit: Unit) -> bool:
-        return self._health.get(unit.uuid, True)
+        return not self._health.get(unit.uuid, "")
+
+    def health_reason(self, unit: Unit) -> str:
+        """Why `unit` is unhealthy ('Xid 79, needs a reset'), "" when it is healthy: the
+        value of its DRA taint and the message of the DRA health stream."""
+        return self._health.get(unit.uuid, "")
 
     @property
     def generation(self) -> int:
@@ -413,37 +420,46 @@ class GpuSource:
             self._awaiting_reset[uuid] = event.xid
             return
         log.warning("%s: %s: critical Xid %d", self.name, uuid, event.xid)
-        self._critical[uuid] = time.monotonic()
+        self._critical[uuid] = (time.monotonic(), event.xid)
         # Look again once the quiet time is over (recovery).
         asyncio.get_running_loop().call_later(self.spec.recovery_seconds + 0.001, self._recheck)
 
     def _recheck(self) -> None:
         """Recompute every unit's health; tell the plugins when it changed."""
         now = time.monotonic()
-        quiet = self.spec.recovery_seconds
-        health: dict[str, bool] = {}
+        health: dict[str, str] = {}
         for unit in self.units:
-            last = max(
-                self._critical.get(unit.uuid, -1e18), self._critical.get(unit.gpu.uuid, -1e18)
-            )
-            index = unit.gpu.index
-            healthy = (
-                not self._hung
-                and not self._blind
-                and index not in self._lost
-                and now - last >= quiet
-                and unit.uuid not in self._awaiting_reset
-                and unit.gpu.uuid not in self._awaiting_reset
-                and self._recovery.get(index, RECOVERY_NONE) == RECOVERY_NONE
-                and (self.mps is None or unit.mig is not None or self.mps.healthy(unit.uuid))
-            )
-            health[unit.uuid] = healthy
+            reason = self._unhealthy_because(unit, now)
+            health[unit.uuid] = reason
             before = self._health.get(unit.uuid)
-            if before is not None and before != healthy:
-                state = "Healthy again" if healthy else "Unhealthy"
+            if before is not None and bool(before) != bool(reason):
+                state = "Unhealthy" if reason else "Healthy again"
                 log.info("%s: %s (%s) is %s", self.name, unit.uuid, unit.resource, state)
         self._health = health
         self._bump()
+
+    def _unhealthy_because(self, unit: Unit, now: float) -> str:
+        """Why `unit` is unhealthy now, in a few words; "" when it is healthy."""
+        index = unit.gpu.index
+        if self._hung:
+            return "NVML does not answer"
+        if self._blind:
+            return "Xid events cannot be watched"
+        if index in self._lost:
+            return "GPU does not answer"
+        for uuid in (unit.uuid, unit.gpu.uuid):
+            if (xid := self._awaiting_reset.get(uuid)) is not None:
+                return f"Xid {xid}, needs a reset"
+        when, xid = max(
+            self._critical.get(unit.uuid, (-1e18, 0)), self._critical.get(unit.gpu.uuid, (-1e18, 0))
+        )
+        if now - when < self.spec.recovery_seconds:
+            return f"Xid {xid}"
+        if (action := self._recovery.get(index, RECOVERY_NONE)) != RECOVERY_NONE:
+            return f"the driver asks for recovery action {action}"
+        if self.mps is not None and unit.mig is None and not self.mps.healthy(unit.uuid):
+            return "MPS control daemon down"
+        return ""
 
     def _set_view(self, view: NvmlView | None) -> None:
         self.view = view
