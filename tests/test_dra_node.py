@@ -335,7 +335,9 @@ def test_readyz_waits_for_the_kubelet_to_register_the_driver(dirs: NodeDirs) -> 
     try:
         wait_for_log(log, "serving /metrics, /healthz and /readyz")
         status, body = http_get(port, "/readyz")
-        assert (status, body) == (503, f"{DRIVER}: not registered with the kubelet\n")
+        # The slices may or may not be published yet; the kubelet's registration is not.
+        assert status == 503
+        assert f"{DRIVER}: not registered with the kubelet" in body.splitlines()
 
         async def scenario() -> None:
             async with kubelet_for(dirs) as kubelet:
