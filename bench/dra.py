@@ -39,15 +39,20 @@ from dra_shapes import bench_shapes
 from devplug.api.dra.v1 import api_pb2 as dra
 from devplug.api.dra.v1 import api_pb2_grpc as dra_grpc
 from devplug.framework.channel import FAST_RECONNECT
+from devplug.framework.dra.names import device_name
+from devplug.framework.dra.slices import slice_name
+from devplug.sources.config import cap_id, path_device_id
 from devplug.testing.controlplane import ControlPlane, how_to_provide, watch_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = "bench.devplug.io"
 MANY_DRIVER = "many.devplug.io"
 NODE = "bench-node"
-DEVICES = 8
-CLAIMS = 50
-CONCURRENT = 10
+CLAIMS = 50  # one at a time
+CONCURRENT = 10  # in flight, over another CLAIMS claims
+# A device of its own per claim (prepare refuses a device already prepared for another
+# claim), all in one slice (at most 128 devices), room left for the hot-plugged ones.
+DEVICES = 2 * CLAIMS
 MANY = 1000
 ROUNDS = 5
 
@@ -111,7 +116,8 @@ class Bench:
         return [d["name"] for s in json.loads(answer.data)["items"] for d in s["spec"]["devices"]]
 
     def allocated_claims(self, driver: str, devices: list[str], count: int) -> list[dra.Claim]:
-        """`count` claims as the scheduler leaves them, on `devices` in turn."""
+        """`count` claims as the scheduler leaves them, each on a device of its own."""
+        assert count <= len(devices), f"{count} claims on {len(devices)} devices"
         claims = []
         for i in range(count):
             name = f"{driver.partition('.')[0]}-{i}"
@@ -128,7 +134,7 @@ class Bench:
                 "request": "acc",
                 "driver": driver,
                 "pool": NODE,
-                "device": devices[i % len(devices)],
+                "device": devices[i],
             }
             self.resource.patch_namespaced_resource_claim_status(
                 name,
@@ -194,7 +200,7 @@ def _bench(root: Path, kubeconfig: str) -> dict[str, Any]:
         report["start_to_slices_published_ms"] = round((time.monotonic() - started) * 1000, 1)
         report["rss_mib"] = rss_mib(proc.pid)
         names = bench.devices(DRIVER)
-        claims = bench.allocated_claims(DRIVER, names, CLAIMS + CONCURRENT * 10)
+        claims = bench.allocated_claims(DRIVER, names, 2 * CLAIMS)
         one, many = claims[:CLAIMS], claims[CLAIMS:]
         channel, stub = dra_stub(root / "main" / "pl" / DRIVER / "dra.sock")
         with channel:
@@ -223,9 +229,11 @@ def _health_to_taint(bench: Bench, dev: Path) -> dict[str, float]:
     for i in range(ROUNDS):
         node = dev / f"acc{i}"
 
-        def tainted(s: dict[str, Any], name: str = node.name, want: bool = True) -> bool:
-            # A glob match is published under a name made of its path: '...-acc0'.
-            found = [d for d in s["spec"].get("devices") or [] if d["name"].endswith(f"-{name}")]
+        # A glob match is published under a name made of its path, by devplug's rules.
+        published = device_name(cap_id(path_device_id(str(node))))
+
+        def tainted(s: dict[str, Any], name: str = published, want: bool = True) -> bool:
+            found = [d for d in s["spec"].get("devices") or [] if d["name"] == name]
             return len(found) == 1 and ("taints" in found[0]) == want
 
         begin = time.perf_counter()
@@ -233,23 +241,24 @@ def _health_to_taint(bench: Bench, dev: Path) -> dict[str, float]:
         bench.wait_slices(DRIVER, tainted)
         samples.append(time.perf_counter() - begin)
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-        bench.wait_slices(DRIVER, lambda s, name=node.name: tainted(s, name, want=False))
+        bench.wait_slices(DRIVER, lambda s, name=published: tainted(s, name, want=False))
     return percentiles(samples)
 
 
 def _restore(bench: Bench) -> dict[str, float]:
     """A slice deleted by someone else (as the kubelet's start-up wipe does) until the
     publisher has created it again."""
+    # The pool's first slice: others may still be going (a taint splits a pool in two).
+    name = slice_name(NODE, DRIVER, 0)
     samples = []
     for _ in range(ROUNDS):
-        answer = bench.resource.list_resource_slice(
-            field_selector=f"spec.driver={DRIVER}", _preload_content=False
-        )
-        [current] = json.loads(answer.data)["items"]
+        current = bench.wait_slices(DRIVER, lambda s: s["metadata"]["name"] == name)
         uid = current["metadata"]["uid"]
         begin = time.perf_counter()
-        bench.resource.delete_resource_slice(current["metadata"]["name"])
-        bench.wait_slices(DRIVER, lambda s, old=uid: s["metadata"]["uid"] != old)
+        bench.resource.delete_resource_slice(name)
+        bench.wait_slices(
+            DRIVER, lambda s, old=uid: s["metadata"]["name"] == name and s["metadata"]["uid"] != old
+        )
         samples.append(time.perf_counter() - begin)
     return percentiles(samples)
 
