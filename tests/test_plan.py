@@ -219,6 +219,30 @@ def test_time_slicing_and_dra_change_the_answer(tmp_path: Path) -> None:
     assert dra["pools"]["h100"]["devices"]["dra:gpu.nvidia.com"]["used"] == 15
 
 
+def test_the_fit_step_sees_the_node_labels_the_api_server_has(tmp_path: Path) -> None:
+    # The labels every registered node carries (kubernetes.io/os, kubernetes.io/arch)
+    # match a nodeSelector in the fit step as they do for the real scheduler.
+    workload = parse_yaml(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "web"},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"},
+                    "containers": [
+                        {"name": "c", "image": "x", "resources": {"requests": {"cpu": "1"}}}
+                    ],
+                },
+            }
+        ),
+        "pods.yaml",
+    )
+    [variant] = parse_vary([])
+    run = asyncio.run(run_fit(fleet(), workload, variant, tmp_path))
+    assert [(p.phase, p.pool) for p in run.pods] == [("Running", "cpu")]
+
+
 def test_scheduler_messages_are_read_as_reasons_per_node() -> None:
     found = scheduler_reasons(
         "0/5 nodes are available: 1 Insufficient cpu, 4 node(s) had untolerated taint "

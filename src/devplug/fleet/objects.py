@@ -79,23 +79,26 @@ def node_status(
     }
 
 
+def node_labels(name: str, fleet: str, pool: Pool, labels: Mapping[str, str]) -> dict[str, str]:
+    """A Node's labels: the hardware's (`labels`), the pool's, the kubelet's own and the
+    fleet's. The fit step matches selectors against these, so both placements agree."""
+    return {
+        **labels,
+        **pool.spec.labels,
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        **fleet_labels(fleet, pool.name),
+    }
+
+
 def node_body(
     name: str, fleet: str, pool: Pool, labels: Mapping[str, str], status: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                **labels,
-                **pool.spec.labels,
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                **fleet_labels(fleet, pool.name),
-            },
-        },
+        "metadata": {"name": name, "labels": node_labels(name, fleet, pool, labels)},
         "spec": {"taints": taints(pool)},
         "status": status,
     }

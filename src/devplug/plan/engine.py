@@ -27,6 +27,7 @@ import msgspec
 from devplug.cluster.scheduler import effective_requests
 from devplug.fleet.hardware import PoolHardware, build_pool
 from devplug.fleet.node import FleetNode
+from devplug.fleet.objects import node_labels
 from devplug.fleet.requests import native_requests
 from devplug.fleet.spec import Fleet
 from devplug.framework.dra.names import device_name
@@ -91,14 +92,7 @@ def device_resources(hardware: Mapping[str, PoolHardware]) -> dict[str, list[str
 
 
 def _node_labels(node: FleetNode, fleet: Fleet) -> dict[str, str]:
-    pool = node.hardware.pool
-    return {
-        **node.hardware.labels,
-        **pool.spec.labels,
-        "kubernetes.io/hostname": node.name,
-        "devplug.io/fleet": fleet.name,
-        "devplug.io/fleet-pool": pool.name,
-    }
+    return node_labels(node.name, fleet.name, node.hardware.pool, node.hardware.labels)
 
 
 def _in_use(node: FleetNode, held_claims: Mapping[str, list[str]]) -> dict[str, int]:
