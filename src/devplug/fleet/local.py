@@ -10,7 +10,8 @@ with the gRPC status a refusal would carry worded as the kubelet prints it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import grpc
@@ -18,7 +19,15 @@ import grpc
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.framework.plugin import Plugin
 from devplug.framework.servicer import DevicePluginServicer
-from devplug.simulator.endpoint import Endpoint, EndpointError, go_code_name
+from devplug.simulator.endpoint import (
+    CLOSED_BY_PLUGIN,
+    Endpoint,
+    EndpointError,
+    allocate_request,
+    go_error_text,
+    preferred_ids,
+    preferred_request,
+)
 
 
 class _Refused(Exception):
@@ -28,8 +37,16 @@ class _Refused(Exception):
         self.details = details
 
     def kubelet_text(self) -> str:
-        """As grpc-go prints a failed call: `rpc error: code = X desc = message`."""
-        return f"rpc error: code = {go_code_name(self.code)} desc = {self.details}"
+        return go_error_text(self.code, self.details)
+
+
+@contextlib.contextmanager
+def _as_kubelet_error() -> Iterator[None]:
+    """A refusal of the servicer as the EndpointError a failed gRPC call would give."""
+    try:
+        yield
+    except _Refused as refused:
+        raise EndpointError(refused.kubelet_text()) from None
 
 
 class _Context:
@@ -63,7 +80,7 @@ class LocalEndpoint(Endpoint):
                 on_update(list(response.devices))
         except _Refused as refused:
             return refused.kubelet_text()
-        return "stream closed by the plugin"
+        return CLOSED_BY_PLUGIN
 
     def _live(self) -> DevicePluginServicer:
         if self.stop_time is not None:
@@ -71,40 +88,21 @@ class LocalEndpoint(Endpoint):
         return self.servicer
 
     async def allocate(self, device_ids: Sequence[str]) -> pb.AllocateResponse:
-        request = pb.AllocateRequest(
-            container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))]
-        )
-        try:
-            return await self._live().Allocate(request, self._context)
-        except _Refused as refused:
-            raise EndpointError(refused.kubelet_text()) from None
+        with _as_kubelet_error():
+            return await self._live().Allocate(allocate_request(device_ids), self._context)
 
     async def preferred(
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
-        request = pb.PreferredAllocationRequest(
-            container_requests=[
-                pb.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=list(available),
-                    must_include_deviceIDs=list(must_include),
-                    allocation_size=size,
-                )
-            ]
-        )
-        try:
+        request = preferred_request(available, must_include, size)
+        with _as_kubelet_error():
             response = await self._live().GetPreferredAllocation(request, self._context)
-        except _Refused as refused:
-            raise EndpointError(refused.kubelet_text()) from None
-        if not response.container_responses:
-            return []
-        return list(response.container_responses[0].deviceIDs)
+        return preferred_ids(response)
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         request = pb.PreStartContainerRequest(devices_ids=list(device_ids))
-        try:
+        with _as_kubelet_error():
             await self._live().PreStartContainer(request, self._context)
-        except _Refused as refused:
-            raise EndpointError(refused.kubelet_text()) from None
 
     async def close(self) -> None:
         self.mark_stopped()

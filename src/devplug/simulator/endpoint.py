@@ -38,9 +38,44 @@ def go_code_name(code: grpc.StatusCode) -> str:
     return "".join(part.capitalize() for part in code.name.split("_"))
 
 
-def go_rpc_error(error: grpc.aio.AioRpcError) -> str:
+def go_error_text(code: grpc.StatusCode, details: str) -> str:
     """How grpc-go prints a failed call: `rpc error: code = X desc = message`."""
-    return f"rpc error: code = {go_code_name(error.code())} desc = {error.details() or ''}"
+    return f"rpc error: code = {go_code_name(code)} desc = {details}"
+
+
+def go_rpc_error(error: grpc.aio.AioRpcError) -> str:
+    return go_error_text(error.code(), error.details() or "")
+
+
+# The requests the device manager sends, one container at a time as the kubelet does;
+# built here once for the socket endpoint and the in-process one of a fleet.
+
+
+def allocate_request(device_ids: Sequence[str]) -> pb.AllocateRequest:
+    return pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))]
+    )
+
+
+def preferred_request(
+    available: Sequence[str], must_include: Sequence[str], size: int
+) -> pb.PreferredAllocationRequest:
+    return pb.PreferredAllocationRequest(
+        container_requests=[
+            pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=list(available),
+                must_include_deviceIDs=list(must_include),
+                allocation_size=size,
+            )
+        ]
+    )
+
+
+def preferred_ids(response: pb.PreferredAllocationResponse) -> list[str]:
+    """The devices the plugin prefers ([] when it answered nothing)."""
+    if not response.container_responses:
+        return []
+    return list(response.container_responses[0].deviceIDs)
 
 
 # Why a ListAndWatch stream ended when the plugin ended it itself (status OK): a plugin
@@ -150,9 +185,7 @@ class Endpoint:
 
     async def allocate(self, device_ids: Sequence[str]) -> pb.AllocateResponse:
         stub = self._check()
-        request = pb.AllocateRequest(
-            container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))]
-        )
+        request = allocate_request(device_ids)
         try:
             response: pb.AllocateResponse = await stub.Allocate(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
@@ -163,22 +196,12 @@ class Endpoint:
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         stub = self._check()
-        request = pb.PreferredAllocationRequest(
-            container_requests=[
-                pb.ContainerPreferredAllocationRequest(
-                    available_deviceIDs=list(available),
-                    must_include_deviceIDs=list(must_include),
-                    allocation_size=size,
-                )
-            ]
-        )
+        request = preferred_request(available, must_include, size)
         try:
             response = await stub.GetPreferredAllocation(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
             raise EndpointError(go_rpc_error(error)) from None
-        if not response.container_responses:
-            return []
-        return list(response.container_responses[0].deviceIDs)
+        return preferred_ids(response)
 
     async def pre_start(self, device_ids: Sequence[str]) -> None:
         stub = self._check()
