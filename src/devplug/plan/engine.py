@@ -27,9 +27,10 @@ import msgspec
 from devplug.cluster.scheduler import effective_requests
 from devplug.fleet.hardware import PoolHardware, build_pool
 from devplug.fleet.node import FleetNode
-from devplug.fleet.objects import node_labels
+from devplug.fleet.objects import node_labels, taints
 from devplug.fleet.requests import native_requests
 from devplug.fleet.spec import Fleet
+from devplug.framework.dra.driver import Driver
 from devplug.framework.dra.names import device_name
 from devplug.plan.fit import NodeView, pick
 from devplug.plan.variants import PlannedPod, Variant, apply, mig_offers, planned_pods
@@ -52,22 +53,12 @@ class PodOutcome:
 
 
 @dataclass
-class NodeState:
-    name: str
-    pool: str
-    labels: dict[str, str]
-    taints: list[dict[str, str]]
-    allocatable: dict[str, int]
-    used: dict[str, int]
-    free_devices: dict[str, list[str]] = field(default_factory=dict)
-
-
-@dataclass
 class Run:
     variant: Variant
     engine: str
     pods: list[PodOutcome]
-    nodes: list[NodeState]
+    # each node at the end of the run: `requested` holds its devices in use too
+    nodes: list[NodeView]
     # device resources counted per pool (device plugins; DRA drivers as 'dra:<driver>')
     devices: dict[str, list[str]]
     # after each pod: devices in use per pool, for the utilisation over the run
@@ -102,25 +93,27 @@ def _in_use(node: FleetNode, held_claims: Mapping[str, list[str]]) -> dict[str, 
     return used
 
 
-def _state(node: FleetNode, fleet: Fleet, held: Mapping[str, list[str]]) -> NodeState:
-    from devplug.fleet.objects import taints
+def _healthy_names(driver: Driver) -> list[str]:
+    """The names a driver's healthy devices have in its slices."""
+    return [device_name(d.id) for d in driver.plugin.devices.values() if d.healthy]
 
+
+def _state(node: FleetNode, fleet: Fleet, held: Mapping[str, list[str]]) -> NodeView:
     allocatable = node.allocatable()
     free: dict[str, list[str]] = {}
     for driver in node.hardware.drivers:
-        names = [device_name(d.id) for d in driver.plugin.devices.values() if d.healthy]
+        names = _healthy_names(driver)
         allocatable[f"dra:{driver.name}"] = len(names)
         taken = set(held.get(driver.name, []))
         free[driver.name] = [n for n in names if n not in taken]
-    used = node.used() | _in_use(node, held)
-    return NodeState(
+    return NodeView(
         node.name,
         node.hardware.pool.name,
         _node_labels(node, fleet),
         taints(node.hardware.pool),
         allocatable,
-        used,
-        {k: list(v) for k, v in free.items()},
+        node.used() | _in_use(node, held),
+        free,
     )
 
 
@@ -129,15 +122,6 @@ def _devices_used(
 ) -> int:
     used = _in_use(node, held)
     return sum(used.get(r, 0) for r in devices.get(node.hardware.pool.name, []))
-
-
-def _timeline_point(nodes: Sequence[NodeState], devices: Mapping[str, list[str]]) -> dict[str, int]:
-    point: dict[str, int] = {}
-    for node in nodes:
-        point[node.pool] = point.get(node.pool, 0) + sum(
-            node.used.get(r, 0) for r in devices.get(node.pool, [])
-        )
-    return point
 
 
 async def run_fit(fleet: Fleet, workload: Workload, variant: Variant, folder: Path) -> Run:
@@ -151,20 +135,16 @@ async def run_fit(fleet: Fleet, workload: Workload, variant: Variant, folder: Pa
             node = FleetNode(name, hardware[pool.name], folder)
             await node.start()
             nodes.append(node)
-    free: dict[str, dict[str, list[str]]] = {
-        n.name: {
-            d.name: [device_name(x.id) for x in d.plugin.devices.values() if x.healthy]
-            for d in n.hardware.drivers
-        }
-        for n in nodes
-    }
+    free = {n.name: {d.name: _healthy_names(d) for d in n.hardware.drivers} for n in nodes}
     held: dict[str, dict[str, list[str]]] = {n.name: {} for n in nodes}
     claimed: dict[str, dict[str, list[str]]] = {}  # pod -> driver -> devices
-    views = {
-        n.name: NodeView(n.name, n.hardware.pool.name, _node_labels(n, fleet),
-                         _taints(n), n.allocatable())
+    # The scheduler's view of each node; only the node a pod went to changes, so only
+    # its view is brought up to date after each pod.
+    views = [
+        NodeView(n.name, n.hardware.pool.name, _node_labels(n, fleet), taints(n.hardware.pool),
+                 n.allocatable(), n.used(), free[n.name])
         for n in nodes
-    }  # fmt: skip
+    ]  # fmt: skip
     outcomes: list[PodOutcome] = []
     timeline: list[dict[str, int]] = []
     by_name = {n.name: n for n in nodes}
@@ -177,11 +157,7 @@ async def run_fit(fleet: Fleet, workload: Workload, variant: Variant, folder: Pa
         requests = native_requests(manifest["spec"])
         if isinstance(parsed, PodSpec):
             requests |= effective_requests(parsed)
-        for view in views.values():
-            node = by_name[view.name]
-            view.requested = node.used()
-            view.free_devices = free[view.name]
-        chosen, message = pick(manifest["spec"], requests, pod.claims, list(views.values()))
+        chosen, message = pick(manifest["spec"], requests, pod.claims, views)
         if chosen is None:
             outcomes.append(
                 PodOutcome(pod.name, "Pending", reason="Unschedulable", message=message)
@@ -205,17 +181,12 @@ async def run_fit(fleet: Fleet, workload: Workload, variant: Variant, folder: Pa
                 phase = "Failed" if admission.status else "Pending"
                 outcomes.append(PodOutcome(pod.name, phase, node.name, pool_name, reason, text))
             point[pool_name] += _devices_used(node, held[node.name], devices) - before
+            chosen.requested = node.used()
         timeline.append(dict(point))
     states = [_state(n, fleet, held[n.name]) for n in nodes]
     for node in nodes:
         await node.stop()
     return Run(variant, ENGINE_FIT, outcomes, states, devices, timeline, planned)
-
-
-def _taints(node: FleetNode) -> list[dict[str, str]]:
-    from devplug.fleet.objects import taints
-
-    return taints(node.hardware.pool)
 
 
 def _results(claims: Mapping[str, Any], driver: str) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from devplug.cluster.scheduler import effective_requests
 from devplug.fleet.requests import native_requests
-from devplug.plan.engine import NodeState, Run
+from devplug.plan.engine import Run
 from devplug.plan.fit import NodeView, reasons
 from devplug.simulator.pods import PodSpec, parse_pod
 from devplug.tables import table
@@ -37,19 +37,10 @@ def _pending_needs(run: Run) -> list[tuple[Mapping[str, Any], dict[str, int], di
     return needs
 
 
-def _stranded(node: NodeState, needs: Sequence[Any]) -> bool:
-    if not needs:
-        return False
-    view = NodeView(
-        node.name,
-        node.pool,
-        node.labels,
-        node.taints,
-        node.allocatable,
-        node.used,
-        node.free_devices,
+def _stranded(node: NodeView, needs: Sequence[Any]) -> bool:
+    return bool(needs) and all(
+        reasons(spec, requests, claims, node) for spec, requests, claims in needs
     )
-    return not any(not reasons(spec, requests, claims, view) for spec, requests, claims in needs)
 
 
 def scheduler_reasons(message: str) -> Counter[str]:
@@ -77,7 +68,7 @@ def summarize(run: Run) -> dict[str, Any]:
         stranded = _stranded(node, needs)
         for resource in run.devices.get(node.pool, []):
             capacity = node.allocatable.get(resource, 0)
-            used = node.used.get(resource, 0)
+            used = node.requested.get(resource, 0)
             counts = pool["devices"].setdefault(
                 resource, {"capacity": 0, "used": 0, "free": 0, "stranded": 0}
             )
