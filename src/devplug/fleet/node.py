@@ -83,13 +83,12 @@ class FleetNode:
         folder: Path,
         *,
         topology_policy: str | None = None,
-        numa_nodes: int | None = None,
     ) -> None:
         spec = hardware.pool.spec
         self.name = name
         self.hardware = hardware
         self.folder = folder
-        numa = numa_nodes if numa_nodes is not None else spec.numa_nodes
+        numa = spec.numa_nodes
         self.manager = DeviceManager(
             None,
             policy=topology_policy or spec.topology_policy,

@@ -15,7 +15,6 @@ POOL_LABEL = "devplug.io/fleet-pool"
 LEASE_NAMESPACE = "kube-node-lease"
 # What a kubelet reports as its version; a stand-in says it is one.
 KUBELET_VERSION = "v1.36.2-devplug-fleet"
-NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
 
 def now() -> str:

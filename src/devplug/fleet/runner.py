@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +90,6 @@ class Counters:
     status_writes: int = 0
     relists: int = 0
     register_s: float = 0.0
-    # pod UID -> monotonic time its status was written (admitted or rejected)
-    written_at: dict[str, float] = field(default_factory=dict)
 
 
 class FleetRunner:
@@ -117,7 +115,6 @@ class FleetRunner:
         self._lease_gate = asyncio.Semaphore(lease_share)
         self._gate = asyncio.Semaphore(max(1, api.concurrency - lease_share))
         self._stop = asyncio.Event()
-        self.ready = asyncio.Event()
         # Bumped by every pod decision, relist and failed lease renewal: what to wait on.
         self.changes = Generation()
         # Called with (pod, node, admitted) after each decision: capacity runs follow it.
@@ -152,7 +149,6 @@ class FleetRunner:
             )
         await asyncio.gather(*(self._register(n, n in existing) for n in self.nodes))
         self.counters.register_s = time.monotonic() - started
-        self.ready.set()
         log.info(
             "fleet %s: %d nodes registered in %.1f s",
             self.fleet.name,
@@ -362,9 +358,7 @@ class FleetRunner:
         present = {(p.get("metadata") or {}).get("uid") for p in items}
         for node in self.nodes.values():
             for uid in [u for u in node.held if u not in present]:
-                await node.release(uid)
-                self.counters.deleted += 1
-                self.changes.bump()
+                await self._release(node, uid)
         for pod in items:
             await self._on_pod("ADDED", pod)
 
@@ -375,16 +369,12 @@ class FleetRunner:
             return
         uid = str(meta.get("uid"))
         if kind == "DELETED":
-            if await node.release(uid):
-                self.counters.deleted += 1
-                self.changes.bump()
+            await self._release(node, uid)
             self._done.discard(uid)
             self._finishing.discard(uid)
             return
         if meta.get("deletionTimestamp"):
-            if await node.release(uid):
-                self.counters.deleted += 1
-                self.changes.bump()
+            await self._release(node, uid)
             if uid not in self._finishing:
                 self._finishing.add(uid)
                 self._finish_deletion(meta)
@@ -414,7 +404,6 @@ class FleetRunner:
             async def write_status(path: str = path, patch: dict[str, Any] = patch) -> None:
                 await self.api.call("PATCH", path, patch, content_type=STRATEGIC_PATCH)
                 self.counters.status_writes += 1
-                self.counters.written_at[uid] = time.monotonic()
                 self.changes.bump()
 
             self._write(f"status of pod {namespace}/{name}", write_status)
@@ -428,14 +417,21 @@ class FleetRunner:
             self.on_pod(pod, node.name, admission.admitted)
         self.changes.bump()
 
+    async def _release(self, node: FleetNode, uid: str) -> None:
+        if await node.release(uid):
+            self.counters.deleted += 1
+            self.changes.bump()
+
     async def _claims_of(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         """The ResourceClaims the pod names, read now (the scheduler wrote their
         allocation before it bound the pod)."""
         from devplug.simulator.dra import pod_claims
         from devplug.simulator.pods import PodSpec, parse_pod
 
+        if not (pod.get("spec") or {}).get("resourceClaims"):
+            return {}  # most pods: no second parse (admission parses the pod)
         parsed = parse_pod(pod)
-        if not isinstance(parsed, PodSpec) or not (pod.get("spec") or {}).get("resourceClaims"):
+        if not isinstance(parsed, PodSpec):
             return {}
         found: dict[str, Any] = {}
         for claim in pod_claims(parsed).values():
