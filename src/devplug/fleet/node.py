@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devplug.cluster.scheduler import effective_requests
 from devplug.fleet.hardware import PoolHardware
 from devplug.fleet.local import LocalEndpoint
 from devplug.fleet.objects import rejected_status, running_status
-from devplug.fleet.requests import native_requests, quantity_units
+from devplug.fleet.requests import pod_requests, quantity_units
 from devplug.framework.dra.claims import ClaimError
 from devplug.framework.dra.driver import ClaimRef
 from devplug.framework.dra.prepare import Preparer
@@ -150,9 +149,7 @@ class FleetNode:
         parsed = parse_pod(pod)
         if isinstance(parsed, InvalidPod):  # the API server took it, so only a bug does this
             return self._refuse(parsed, "UnexpectedAdmissionError", parsed.message)
-        requests = native_requests(spec_doc)
-        for resource, count in effective_requests(parsed).items():
-            requests[resource] = count
+        requests = pod_requests(pod, parsed)
         if refusal := self._resource_check(requests):
             return self._refuse(parsed, *refusal)
         rejection = await self.manager.admit(parsed)

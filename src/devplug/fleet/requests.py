@@ -1,6 +1,8 @@
 """A pod's CPU and memory requests as the scheduler and the kubelet add them up
 (`PodRequests`): app containers and sidecars summed, the largest init container
-(plus the sidecars started before it) if that is more; requests default to limits."""
+(plus the sidecars started before it) if that is more; requests default to limits.
+`pod_requests` adds the extended resources: one count for the fit step, its report and
+a node's admission."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from devplug.simulator.pods import QuantityError, parse_quantity
+from devplug.cluster.scheduler import effective_requests
+from devplug.simulator.pods import InvalidPod, PodSpec, QuantityError, parse_pod, parse_quantity
 
 NATIVE = ("cpu", "memory")
 
@@ -62,3 +65,15 @@ def native_requests(spec: Mapping[str, Any]) -> dict[str, int]:
     for name, value in peak.items():
         total[name] = max(total.get(name, 0), value)
     return total
+
+
+def pod_requests(
+    pod: Mapping[str, Any], parsed: PodSpec | InvalidPod | None = None
+) -> dict[str, int]:
+    """What the scheduler's fit and the kubelet's resource check count a pod for: CPU,
+    memory and extended resources (`parsed`: the pod parsed already, if it was)."""
+    requests = native_requests(pod.get("spec") or {})
+    parsed = parse_pod(pod) if parsed is None else parsed
+    if isinstance(parsed, PodSpec):
+        requests |= effective_requests(parsed)
+    return requests

@@ -24,18 +24,16 @@ from typing import Any
 
 import msgspec
 
-from devplug.cluster.scheduler import effective_requests
 from devplug.fleet.hardware import PoolHardware, build_pool
 from devplug.fleet.node import FleetNode
 from devplug.fleet.objects import node_labels, taints
-from devplug.fleet.requests import native_requests
+from devplug.fleet.requests import pod_requests
 from devplug.fleet.spec import Fleet
 from devplug.framework.dra.driver import Driver
 from devplug.framework.dra.names import device_name
 from devplug.plan.fit import NodeView, pick
 from devplug.plan.variants import PlannedPod, Variant, apply, mig_offers, planned_pods
 from devplug.plan.workload import Workload
-from devplug.simulator.pods import PodSpec, parse_pod
 
 ENGINE_FIT = "fit step"
 ENGINE_SCHEDULER = "kube-scheduler"
@@ -153,10 +151,7 @@ async def run_fit(fleet: Fleet, workload: Workload, variant: Variant, folder: Pa
         manifest = pod.manifest
         manifest["metadata"]["uid"] = f"plan-{index}-{uuid.uuid4().hex[:8]}"
         manifest["metadata"]["namespace"] = "default"
-        parsed = parse_pod(manifest)
-        requests = native_requests(manifest["spec"])
-        if isinstance(parsed, PodSpec):
-            requests |= effective_requests(parsed)
+        requests = pod_requests(manifest)
         chosen, message = pick(manifest["spec"], requests, pod.claims, views)
         if chosen is None:
             outcomes.append(

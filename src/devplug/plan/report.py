@@ -12,11 +12,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from devplug.cluster.scheduler import effective_requests
-from devplug.fleet.requests import native_requests
+from devplug.fleet.requests import pod_requests
 from devplug.plan.engine import Run
 from devplug.plan.fit import NodeView, reasons
-from devplug.simulator.pods import PodSpec, parse_pod
 from devplug.tables import table
 
 PHASES = ("Running", "Failed", "Pending")
@@ -29,11 +27,7 @@ def _pending_needs(run: Run) -> list[tuple[Mapping[str, Any], dict[str, int], di
         if planned.name not in pending:
             continue
         manifest = planned.manifest
-        requests = native_requests(manifest["spec"])
-        parsed = parse_pod(manifest)
-        if isinstance(parsed, PodSpec):
-            requests |= effective_requests(parsed)
-        needs.append((manifest["spec"], requests, planned.claims))
+        needs.append((manifest["spec"], pod_requests(manifest), planned.claims))
     return needs
 
 
