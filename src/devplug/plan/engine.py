@@ -198,11 +198,8 @@ def _allocate_claims(
 ) -> dict[str, Any]:
     """The claims of the pod, allocated on `node` from its first free devices (the fit
     step made sure there are enough)."""
-    annotation = pod.manifest["metadata"].get("annotations", {}).get("devplug.io/claims")
-    if not annotation:
-        return {}
     claims: dict[str, Any] = {}
-    for claim in msgspec.json.decode(annotation):
+    for claim in pod.claim_requests:
         driver, count = claim["driver"], claim["count"]
         taken, free[driver] = free[driver][:count], free[driver][count:]
         name = f"{pod.name}-{claim['name']}"
@@ -300,35 +297,25 @@ def _held_claims(node: FleetNode) -> dict[str, list[str]]:
 
 
 async def _create(api: Any, namespace: str, planned: Sequence[PlannedPod]) -> None:
-    gate = asyncio.Semaphore(16)
-
-    async def one(pod: PlannedPod) -> None:
-        async with gate:
-            annotation = pod.manifest["metadata"].get("annotations", {}).get("devplug.io/claims")
-            for claim in msgspec.json.decode(annotation) if annotation else []:
-                body = {
-                    "metadata": {"name": f"{pod.name}-{claim['name']}"},
-                    "spec": {
-                        "devices": {
-                            "requests": [
-                                {
-                                    "name": "devices",
-                                    "exactly": {
-                                        "deviceClassName": f"{namespace}-{claim['driver']}",
-                                        "count": claim["count"],
-                                    },
-                                }
-                            ]
-                        }
-                    },
-                }
-                await api.call(
-                    "POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", body
-                )
-            await api.call("POST", f"/api/v1/namespaces/{namespace}/pods", pod.manifest)
-
-    for pod in planned:  # in order: the scheduler's queue sees them as the workload lists them
-        await one(pod)
+    """Each pod after its claims, one at a time in order: the scheduler's queue sees
+    them as the workload lists them."""
+    for pod in planned:
+        for claim in pod.claim_requests:
+            request = {
+                "name": "devices",
+                "exactly": {
+                    "deviceClassName": f"{namespace}-{claim['driver']}",
+                    "count": claim["count"],
+                },
+            }
+            body = {
+                "metadata": {"name": f"{pod.name}-{claim['name']}"},
+                "spec": {"devices": {"requests": [request]}},
+            }
+            await api.call(
+                "POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", body
+            )
+        await api.call("POST", f"/api/v1/namespaces/{namespace}/pods", pod.manifest)
 
 
 def _decided(pod: Mapping[str, Any]) -> bool:

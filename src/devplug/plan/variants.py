@@ -110,10 +110,12 @@ def apply(fleet: Fleet, variant: Variant) -> Fleet:
 
 @dataclass
 class PlannedPod:
-    """A pod of one run: its manifest and the devices its claims want per DRA driver."""
+    """A pod of one run: its manifest, the devices its claims want per DRA driver, and
+    the claims themselves (name in the pod, driver, count) for the run to create."""
 
     manifest: dict[str, Any]
     claims: dict[str, int] = field(default_factory=dict)
+    claim_requests: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -179,8 +181,5 @@ def planned_pods(
                 {"name": c["name"], "resourceClaimName": f"{pod['metadata']['name']}-{c['name']}"}
                 for c in pod_claims
             ]
-            pod["metadata"].setdefault("annotations", {})["devplug.io/claims"] = (
-                msgspec.json.encode(pod_claims).decode()
-            )
-        planned.append(PlannedPod(pod, claims))
+        planned.append(PlannedPod(pod, claims, pod_claims))
     return planned
