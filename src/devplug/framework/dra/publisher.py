@@ -87,30 +87,9 @@ class PoolPublisher:
             event = self._published
             await event.wait()
 
-    def _sync(self) -> int:
-        """Publish the current devices as the next pool generation; returns it."""
-        raise NotImplementedError
-
-    def _retried(self) -> tuple[type[BaseException], ...]:
-        """The failures a later attempt may overcome."""
-        return (OSError,)
-
     async def run(self) -> None:
-        plugin = self.driver.plugin
-        await plugin.wait_published()
-        retried = self._retried()
-        retry = _RETRY_FIRST_S
-        while True:
-            seen = plugin.generation
-            try:
-                generation = await asyncio.to_thread(self._sync)
-            except retried as error:
-                retry = await self._failed(error, retry)
-                continue
-            retry = _RETRY_FIRST_S
-            self._log_published(generation)
-            self._done(seen)
-            await plugin.wait_changed(seen)
+        """Publish the devices, and again after every change, until cancelled."""
+        raise NotImplementedError
 
     async def _failed(self, error: BaseException, retry: float) -> float:
         """Say that publishing failed, wait `retry` seconds; the next wait."""
@@ -151,6 +130,7 @@ class FolderSlicePublisher(PoolPublisher):
         self._written: set[str] = set()
 
     def _sync(self) -> int:
+        """Write the current devices as the next pool generation; returns it."""
         from devplug.outputs.files import remove_quietly, write_atomic
 
         self.pool_generation += 1
@@ -165,6 +145,22 @@ class FolderSlicePublisher(PoolPublisher):
         self._written = names
         return self.pool_generation
 
+    async def run(self) -> None:
+        plugin = self.driver.plugin
+        await plugin.wait_published()
+        retry = _RETRY_FIRST_S
+        while True:
+            seen = plugin.generation
+            try:
+                generation = await asyncio.to_thread(self._sync)
+            except OSError as error:  # a full disk, a folder gone: a later attempt may do
+                retry = await self._failed(error, retry)
+                continue
+            retry = _RETRY_FIRST_S
+            self._log_published(generation)
+            self._done(seen)
+            await plugin.wait_changed(seen)
+
 
 class SlicePublisher(PoolPublisher):
     """The slices on the API server, owned by the Node object, kept so by a watch."""
@@ -178,7 +174,6 @@ class SlicePublisher(PoolPublisher):
         self._resource: Any = client.ResourceV1Api(api_client)
         self._core: Any = client.CoreV1Api(api_client)
         self._watch = SliceWatch(api_client, node, driver.name, self._on_update)
-        self.restored = 0  # slices put back after someone else deleted or changed them
         self._owner: dict[str, Any] | None = None
         self._owner_known = False
         self._changed = asyncio.Event()
@@ -379,7 +374,6 @@ class SlicePublisher(PoolPublisher):
             if action == "delete" or name not in self._current:
                 continue  # publishing a new generation, or tidying: said once it is done
             cause = "deleted" if action == "create" else "changed"
-            self.restored += 1
             log.warning(
                 "%s: slice %s was %s by someone else: restoring it", self.driver.name, name, cause
             )
