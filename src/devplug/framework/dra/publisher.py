@@ -181,6 +181,7 @@ class SlicePublisher(PoolPublisher):
         self._view: dict[str, dict[str, Any]] = {}  # the API server's slices, by name
         self._wanted: dict[str, dict[str, Any]] = {}  # the bodies of the current generation
         self._wanted_devices: Any = None  # the wanted content without the generation
+        self._wanted_for: int | None = None  # the plugin generation `_wanted` was built for
         self._current: dict[str, str] = {}  # name -> resource version of our current write
         self._written: dict[str, Any] = {}  # name -> what of it we wrote (server form)
         self._ours: dict[str, list[str]] = {}  # name -> resource versions we wrote
@@ -213,13 +214,12 @@ class SlicePublisher(PoolPublisher):
 
     # -- what we want -------------------------------------------------------------------
 
-    def _node_owner(self) -> dict[str, Any] | None:
-        """The Node as owner, so that slices go with their node; None if the API server
-        refuses it (a connection failure is raised, and the next attempt asks again)."""
+    def _node_owner(self) -> None:
+        """Read the Node once, as the owner of the slices, so that they go with their
+        node; no owner if the API server refuses it (a connection failure is raised, and
+        the next attempt asks again)."""
         from kubernetes.client.exceptions import ApiException
 
-        if self._owner_known:
-            return self._owner
         try:
             node = self._core.read_node(self.node)
         except ApiException as error:
@@ -237,11 +237,15 @@ class SlicePublisher(PoolPublisher):
                 "uid": node.metadata.uid,
             }
         self._owner_known = True
-        return self._owner
 
-    def _want(self, owner: dict[str, Any] | None) -> None:
-        """The bodies for the current devices: a new generation when they changed."""
-        bodies = slice_bodies(self.driver, self.node, 0, owner)
+    def _want(self, plugin_generation: int) -> None:
+        """The bodies for the current devices: a new pool generation when what they
+        publish changed. Built once per change of the devices, not for every watch event
+        (each write of ours comes back as one)."""
+        if plugin_generation == self._wanted_for:
+            return
+        self._wanted_for = plugin_generation
+        bodies = slice_bodies(self.driver, self.node, 0, self._owner)
         devices = [[b["metadata"], b["spec"]] for b in bodies]
         if devices == self._wanted_devices:
             return
@@ -346,8 +350,9 @@ class SlicePublisher(PoolPublisher):
                     continue
                 seen = plugin.generation
                 try:
-                    owner = await asyncio.to_thread(self._node_owner)
-                    self._want(owner)
+                    if not self._owner_known:
+                        await asyncio.to_thread(self._node_owner)
+                    self._want(seen)
                     actions = self._plan()
                     if actions:
                         self._in_sync = False
