@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,9 +216,7 @@ class DraManager:
         self._state = self._load()
         # Claims from a folder were allocated by no scheduler: check them as it would,
         # against the slices the drivers write there.
-        self._slices_dir = (
-            getattr(claims, "folder", None) if isinstance(claims, FileClaims) else None
-        )
+        self._slices_dir = claims.folder if isinstance(claims, FileClaims) else None
 
     # -- state ----------------------------------------------------------------------
 
@@ -256,7 +254,8 @@ class DraManager:
         for path in sorted(self.registry_dir.iterdir()):
             self._consider(path)
 
-    def _spawn(self, work: Any, name: str) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `work` in the background; `stop` cancels what is still running."""
         task = asyncio.create_task(work, name=name)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
@@ -299,9 +298,7 @@ class DraManager:
                 for driver in [d for d in instances if d.socket == path]:
                     self._deregister(driver)
             return
-        task = asyncio.create_task(self._register(path), name=f"register {path.name}")
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._spawn(self._register(path), f"register {path.name}")
 
     def _deregister(self, driver: RegisteredDriver) -> None:
         instances = self._instances.get(driver.name, [])

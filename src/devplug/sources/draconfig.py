@@ -3,7 +3,6 @@ driver, or both) and how its DRA driver publishes it."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
@@ -13,8 +12,6 @@ import msgspec
 from devplug.framework.device import Attribute
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from devplug.framework.device import ContainerEdits, Device
     from devplug.framework.dra.driver import ClaimRef, Driver
     from devplug.framework.dra.layout import Layout
@@ -119,7 +116,6 @@ def check_attributes(
 
 
 _Fail = Callable[[str, str], NoReturn]
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def check_dra(
@@ -165,14 +161,9 @@ def check_dra(
         _check_capacity(name, capacity, f"{at}.consumableCapacity.{name}", fail)
 
 
-def _label_problem(kind: str, name: str) -> str | None:
-    if len(name) > 63 or not _DNS_LABEL.match(name):
-        return f"{kind} name {name!r} must be a lower-case DNS label ('slot-0')"
-    return None
-
-
 def _check_partitions(spec: PartitionsSpec, at: str, fail: _Fail) -> None:
     from devplug.api.dra.constants import MAX_COUNTERS_PER_SET
+    from devplug.framework.dra.names import label_name_problem
 
     if (spec.slots is None) == (not spec.counters):
         fail(at, "expected 'slots' (with 'sizes') or 'counters' (with 'devices'), one of them")
@@ -195,7 +186,7 @@ def _check_partitions(spec: PartitionsSpec, at: str, fail: _Fail) -> None:
     if len(spec.counters) > MAX_COUNTERS_PER_SET:
         fail(f"{at}.counters", f"{len(spec.counters)} counters, more than {MAX_COUNTERS_PER_SET}")
     for name, value in spec.counters.items():
-        if problem := _label_problem("counter", name):
+        if problem := label_name_problem("counter", name):
             fail(f"{at}.counters.{name}", problem)
         if value < 1:
             fail(f"{at}.counters.{name}", f"expected an integer >= 1, got {value}")
@@ -204,7 +195,7 @@ def _check_partitions(spec: PartitionsSpec, at: str, fail: _Fail) -> None:
     seen: set[str] = set()
     for k, partition in enumerate(spec.devices):
         where = f"{at}.devices[{k}]"
-        if problem := _label_problem("partition", partition.name):
+        if problem := label_name_problem("partition", partition.name):
             fail(f"{where}.name", problem)
         if partition.name in seen:
             fail(f"{where}.name", f"partition {partition.name!r} is listed twice")

@@ -89,7 +89,6 @@ class ClaimStatusWriter:
         self.field_manager = f"devplug/{driver}"[:128]
         self._resource: Any = client.ResourceV1Api(api_client)
         self._tasks: set[asyncio.Task[None]] = set()
-        self.written = 0  # claims whose status was written (for tests and metrics)
 
     def ready(self, claim: ClaimRef, entries: list[dict[str, Any]]) -> None:
         """Write `entries` into the claim's status, in the background."""
@@ -135,28 +134,19 @@ class ClaimStatusWriter:
             except ApiException as error:
                 if error.status in (404, 409) and not entries:
                     return  # gone, or another claim by now: nothing of ours to clear
-                if error.status == 404 or attempt == _ATTEMPTS - 1:
-                    log.warning(
-                        "%s: cannot write the status of claim %s/%s: %s %s",
-                        self.driver,
-                        claim.namespace,
-                        claim.name,
-                        error.status,
-                        error.reason,
-                    )
-                    return
+                problem, final = f"{error.status} {error.reason}", error.status == 404
             except (HTTPError, OSError) as error:
-                if attempt == _ATTEMPTS - 1:
-                    log.warning(
-                        "%s: cannot write the status of claim %s/%s: %s",
-                        self.driver,
-                        claim.namespace,
-                        claim.name,
-                        error,
-                    )
-                    return
+                problem, final = str(error), False
             else:
-                self.written += 1
+                return
+            if final or attempt == _ATTEMPTS - 1:
+                log.warning(
+                    "%s: cannot write the status of claim %s/%s: %s",
+                    self.driver,
+                    claim.namespace,
+                    claim.name,
+                    problem,
+                )
                 return
             await asyncio.sleep(delay)
             delay *= 2

@@ -200,11 +200,6 @@ class Driver:
         self._offers = (generation, offers)
         return offers
 
-    def devices_by_name(self) -> dict[str, Device]:
-        """The published devices by their name in the slices (partitions in place of
-        the devices they divide)."""
-        return {name: offer.device for name, offer in self.offers().items()}
-
     def describe(self, device: Device) -> tuple[dict[str, Attribute], dict[str, int]]:
         """A device's slice attributes and capacities, by their published names."""
         attributes: dict[str, Attribute] = {}

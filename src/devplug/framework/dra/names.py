@@ -50,6 +50,14 @@ def device_name(device_id: str) -> str:
     return f"{label[: MAX_LABEL - 9].rstrip('-')}-{digest}"
 
 
+def label_name_problem(kind: str, name: str) -> str | None:
+    """Why `name` cannot be the name of a `kind` that the API wants as a DNS label (a
+    counter, a partition: both are published under that name)."""
+    if len(name) > MAX_LABEL or not _DNS1123_LABEL.match(name):
+        return f"{kind} name {name!r} must be a lower-case DNS label ('slot-0')"
+    return None
+
+
 def attribute_name_problem(name: str) -> str | None:
     """Why `name` cannot be an attribute or capacity name of a slice device."""
     if len(name) > MAX_ATTRIBUTE_NAME_LENGTH or not _C_IDENTIFIER.match(name):

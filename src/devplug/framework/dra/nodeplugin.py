@@ -57,17 +57,17 @@ class DraServicer:
         """The claim's device status: Ready, with what each device is."""
         if self.status is None:
             return
-        by_name = self.preparer.driver.devices_by_name()
+        offers = self.preparer.driver.offers()
         entries = [
             status_entry(
                 self.preparer.driver.name,
                 d.pool,
                 d.device,
-                device_data(by_name[d.device], d.cdi_ids),
+                device_data(offers[d.device].device, d.cdi_ids),
                 d.share_id,
             )
             for d in devices
-            if d.device in by_name
+            if d.device in offers
         ]
         self.status.ready(claim, entries)
 
@@ -88,8 +88,9 @@ class DraServicer:
         response = self.pb.NodePrepareResourcesResponse()
         for claim in request.claims:
             entry = response.claims[claim.uid]
+            ref = _claim_ref(claim)
             try:
-                devices = await self.preparer.prepare(_claim_ref(claim))
+                devices = await self.preparer.prepare(ref)
             except ClaimError as error:
                 log.warning(
                     "%s: claim %s/%s: %s",
@@ -106,7 +107,7 @@ class DraServicer:
                 )
                 entry.error = f"cannot prepare: {error}"
                 continue
-            self._write_status(_claim_ref(claim), devices)
+            self._write_status(ref, devices)
             entry.devices.extend(
                 self.pb.Device(
                     request_names=d.requests,
@@ -125,8 +126,9 @@ class DraServicer:
         response = self.pb.NodeUnprepareResourcesResponse()
         for claim in request.claims:
             entry = response.claims[claim.uid]
+            ref = _claim_ref(claim)
             try:
-                await self.preparer.unprepare(_claim_ref(claim))
+                await self.preparer.unprepare(ref)
             except ClaimError as error:
                 entry.error = str(error)
                 continue
@@ -137,7 +139,7 @@ class DraServicer:
                 entry.error = f"cannot unprepare: {error}"
                 continue
             if self.status is not None:
-                self.status.clear(_claim_ref(claim))
+                self.status.clear(ref)
         return response
 
 

@@ -345,10 +345,10 @@ class Preparer:
             if done is None:
                 remove_quietly(self.spec_path(claim.uid))
                 return
-            by_name = self.driver.devices_by_name()
-            devices: Sequence[Device] = list(
-                {d.device: by_name[d.device] for d in done.devices if d.device in by_name}.values()
-            )
+            # Each device once (a claim may hold several shares of one); those gone left out.
+            offers = self.driver.offers()
+            names = dict.fromkeys(d.device for d in done.devices if d.device in offers)
+            devices = [offers[name].device for name in names]
             try:
                 await self.driver.unprepare(claim, devices)
             except Exception as error:

@@ -87,30 +87,9 @@ class PoolPublisher:
             event = self._published
             await event.wait()
 
-    def _sync(self) -> int:
-        """Publish the current devices as the next pool generation; returns it."""
-        raise NotImplementedError
-
-    def _retried(self) -> tuple[type[BaseException], ...]:
-        """The failures a later attempt may overcome."""
-        return (OSError,)
-
     async def run(self) -> None:
-        plugin = self.driver.plugin
-        await plugin.wait_published()
-        retried = self._retried()
-        retry = _RETRY_FIRST_S
-        while True:
-            seen = plugin.generation
-            try:
-                generation = await asyncio.to_thread(self._sync)
-            except retried as error:
-                retry = await self._failed(error, retry)
-                continue
-            retry = _RETRY_FIRST_S
-            self._log_published(generation)
-            self._done(seen)
-            await plugin.wait_changed(seen)
+        """Publish the devices, and again after every change, until cancelled."""
+        raise NotImplementedError
 
     async def _failed(self, error: BaseException, retry: float) -> float:
         """Say that publishing failed, wait `retry` seconds; the next wait."""
@@ -151,6 +130,7 @@ class FolderSlicePublisher(PoolPublisher):
         self._written: set[str] = set()
 
     def _sync(self) -> int:
+        """Write the current devices as the next pool generation; returns it."""
         from devplug.outputs.files import remove_quietly, write_atomic
 
         self.pool_generation += 1
@@ -165,6 +145,22 @@ class FolderSlicePublisher(PoolPublisher):
         self._written = names
         return self.pool_generation
 
+    async def run(self) -> None:
+        plugin = self.driver.plugin
+        await plugin.wait_published()
+        retry = _RETRY_FIRST_S
+        while True:
+            seen = plugin.generation
+            try:
+                generation = await asyncio.to_thread(self._sync)
+            except OSError as error:  # a full disk, a folder gone: a later attempt may do
+                retry = await self._failed(error, retry)
+                continue
+            retry = _RETRY_FIRST_S
+            self._log_published(generation)
+            self._done(seen)
+            await plugin.wait_changed(seen)
+
 
 class SlicePublisher(PoolPublisher):
     """The slices on the API server, owned by the Node object, kept so by a watch."""
@@ -178,7 +174,6 @@ class SlicePublisher(PoolPublisher):
         self._resource: Any = client.ResourceV1Api(api_client)
         self._core: Any = client.CoreV1Api(api_client)
         self._watch = SliceWatch(api_client, node, driver.name, self._on_update)
-        self.restored = 0  # slices put back after someone else deleted or changed them
         self._owner: dict[str, Any] | None = None
         self._owner_known = False
         self._changed = asyncio.Event()
@@ -186,6 +181,7 @@ class SlicePublisher(PoolPublisher):
         self._view: dict[str, dict[str, Any]] = {}  # the API server's slices, by name
         self._wanted: dict[str, dict[str, Any]] = {}  # the bodies of the current generation
         self._wanted_devices: Any = None  # the wanted content without the generation
+        self._wanted_for: int | None = None  # the plugin generation `_wanted` was built for
         self._current: dict[str, str] = {}  # name -> resource version of our current write
         self._written: dict[str, Any] = {}  # name -> what of it we wrote (server form)
         self._ours: dict[str, list[str]] = {}  # name -> resource versions we wrote
@@ -218,13 +214,12 @@ class SlicePublisher(PoolPublisher):
 
     # -- what we want -------------------------------------------------------------------
 
-    def _node_owner(self) -> dict[str, Any] | None:
-        """The Node as owner, so that slices go with their node; None if the API server
-        refuses it (a connection failure is raised, and the next attempt asks again)."""
+    def _node_owner(self) -> None:
+        """Read the Node once, as the owner of the slices, so that they go with their
+        node; no owner if the API server refuses it (a connection failure is raised, and
+        the next attempt asks again)."""
         from kubernetes.client.exceptions import ApiException
 
-        if self._owner_known:
-            return self._owner
         try:
             node = self._core.read_node(self.node)
         except ApiException as error:
@@ -242,11 +237,15 @@ class SlicePublisher(PoolPublisher):
                 "uid": node.metadata.uid,
             }
         self._owner_known = True
-        return self._owner
 
-    def _want(self, owner: dict[str, Any] | None) -> None:
-        """The bodies for the current devices: a new generation when they changed."""
-        bodies = slice_bodies(self.driver, self.node, 0, owner)
+    def _want(self, plugin_generation: int) -> None:
+        """The bodies for the current devices: a new pool generation when what they
+        publish changed. Built once per change of the devices, not for every watch event
+        (each write of ours comes back as one)."""
+        if plugin_generation == self._wanted_for:
+            return
+        self._wanted_for = plugin_generation
+        bodies = slice_bodies(self.driver, self.node, 0, self._owner)
         devices = [[b["metadata"], b["spec"]] for b in bodies]
         if devices == self._wanted_devices:
             return
@@ -351,8 +350,9 @@ class SlicePublisher(PoolPublisher):
                     continue
                 seen = plugin.generation
                 try:
-                    owner = await asyncio.to_thread(self._node_owner)
-                    self._want(owner)
+                    if not self._owner_known:
+                        await asyncio.to_thread(self._node_owner)
+                    self._want(seen)
                     actions = self._plan()
                     if actions:
                         self._in_sync = False
@@ -379,7 +379,6 @@ class SlicePublisher(PoolPublisher):
             if action == "delete" or name not in self._current:
                 continue  # publishing a new generation, or tidying: said once it is done
             cause = "deleted" if action == "create" else "changed"
-            self.restored += 1
             log.warning(
                 "%s: slice %s was %s by someone else: restoring it", self.driver.name, name, cause
             )

@@ -44,7 +44,6 @@ class SliceWatch:
         self._response: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self.failures = 0  # consecutive failed attempts, for the log and readiness
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -81,7 +80,6 @@ class SliceWatch:
                     version = self._list()
                 version = self._watch(version)
                 delay = RETRY_FIRST_S
-                self.failures = 0
                 continue
             except ApiException as error:
                 if error.status == 410:  # too old: list again, no wait
@@ -96,7 +94,6 @@ class SliceWatch:
                 problem = str(error) or type(error).__name__
             if self._stop.is_set():
                 return
-            self.failures += 1
             log.warning(
                 "%s: publishing slices failed: cannot list and watch them (%s); retrying in %.1f s",
                 self.driver,
