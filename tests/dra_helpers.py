@@ -7,7 +7,6 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from tests.sim_helpers import stop_process
+from tests.sim_helpers import cli_command, stop_process
 
 DRIVER = "acc.example.com"
 RESOURCE = "example.com/acc"
@@ -115,10 +114,7 @@ def accelerator_config(
 def serve_command(
     dirs: NodeDirs, config: Path, *extra: str, kubeconfig: str | None = None
 ) -> list[str]:
-    args = [
-        sys.executable,
-        "-m",
-        "devplug.cli.main",
+    args = cli_command(
         "serve",
         "--config",
         str(config),
@@ -132,7 +128,7 @@ def serve_command(
         str(dirs.cdi),
         "--node-name",
         NODE,
-    ]
+    )
     if kubeconfig is None:
         args += ["--claims-dir", str(dirs.claims)]
     else:
@@ -143,8 +139,6 @@ def serve_command(
 def kubelet_process(dirs: NodeDirs, *args: str) -> subprocess.Popen[str]:
     """`devplug kubelet` on the node's folders with JSON results on stdout; `args` say
     where pods and claims come from."""
-    from tests.sim_helpers import cli_command
-
     return subprocess.Popen(
         cli_command(
             "kubelet",

@@ -189,7 +189,7 @@ def cli_command(*args: str) -> list[str]:
 
 
 def devplug(
-    *args: str, stdin: str | None = None, timeout: float = 30
+    *args: str, stdin: str | None = None, timeout: float = 30, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         cli_command(*args),
@@ -198,6 +198,7 @@ def devplug(
         text=True,
         timeout=timeout,
         env=dict(os.environ),
+        cwd=cwd,
     )
 
 

@@ -5,13 +5,12 @@ with the kubelet's reasons."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from sim_helpers import devplug
 
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.fleet.hardware import build_pool
@@ -144,11 +143,7 @@ def test_pools_must_not_share_names_or_nodes() -> None:
 def test_fleet_check_prints_one_line_for_a_bad_file_and_exits_2(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(fleet_text(dict(NUMA_POOL, pods=0)))
-    done = subprocess.run(
-        [sys.executable, "-m", "devplug.cli.main", "fleet", "check", "-f", str(path)],
-        capture_output=True,
-        text=True,
-    )
+    done = devplug("fleet", "check", "-f", str(path))
     assert done.returncode == 2
     assert done.stderr == (
         f"devplug fleet: {path}: pools[0] (numa).pods: expected an integer >= 1, got 0\n"
@@ -159,12 +154,8 @@ def test_fleet_check_prints_one_line_for_a_bad_file_and_exits_2(tmp_path: Path) 
 def test_fleet_check_shows_what_each_pool_serves(tmp_path: Path) -> None:
     path = tmp_path / "fleet.yaml"
     path.write_text(fleet_text(NUMA_POOL, dict(GPU_POOL, config={"resources": [{"nvidia": {}}]})))
-    done = subprocess.run(
-        [sys.executable, "-m", "devplug.cli.main", "fleet", "check", "-f", str(path), "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    done = devplug("fleet", "check", "-f", str(path), "-o", "json")
+    assert done.returncode == 0, done.stderr
     records = [yaml.safe_load(line) for line in done.stdout.splitlines()]
     assert [(r["pool"], r["nodes"], r["devicePlugins"]) for r in records] == [
         ("numa", 2, {"example.com/acc": 2}),

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from sim_helpers import FOO, PluginProcess, device, devplug, kubelet_process, plugin
+from sim_helpers import FOO, PluginProcess, cli_command, device, devplug, kubelet_process, plugin
 
 from devplug.framework.unixserver import SocketPathTaken, UnixServer, socket_identity
 from devplug.simulator import Kubelet
@@ -203,10 +203,7 @@ def test_unusable_checkpoint_and_pod_list_are_kept_aside(short_tmp: Path) -> Non
 
 
 def serve_command(plugins: Path, config: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "devplug.cli.main",
+    return cli_command(
         "serve",
         "--config",
         str(config),
@@ -215,7 +212,7 @@ def serve_command(plugins: Path, config: Path, *extra: str) -> list[str]:
         "--log-level",
         "warning",
         *extra,
-    ]
+    )
 
 
 def test_serve_never_replaces_another_s_feature_file_or_cdi_spec(short_tmp: Path) -> None:

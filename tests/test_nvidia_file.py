@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from sim_helpers import cli_command
 
 from devplug.outputs.nfd import parse_features
 from devplug.sources import ConfigError, parse_config
@@ -425,17 +425,9 @@ def test_cdi_cri_with_the_hosts_nvidia_spec(
 
 
 def serve_command(kubelet: KubeletHarness, path: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "devplug.cli.main",
-        "serve",
-        "--nvidia-config",
-        str(path),
-        "--plugin-dir",
-        str(kubelet.plugin_dir),
-        *extra,
-    ]
+    return cli_command(
+        "serve", "--nvidia-config", str(path), "--plugin-dir", str(kubelet.plugin_dir), *extra
+    )
 
 
 def test_fail_on_init_error_as_nvidia(kubelet: KubeletHarness, short_tmp: Path) -> None:

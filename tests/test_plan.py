@@ -10,12 +10,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from sim_helpers import cli_command, devplug
 
 from devplug.fleet.spec import parse_fleet
 from devplug.plan.engine import run_fit
@@ -254,7 +254,7 @@ def test_scheduler_messages_are_read_as_reasons_per_node() -> None:
 def test_plan_says_which_placement_it_used(tmp_path: Path) -> None:
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(FLEET))
     (tmp_path / "pods.csv").write_text(CSV)
-    command = [sys.executable, "-m", "devplug.cli.main", "plan", "-f", str(tmp_path / "fleet.yaml")]
+    command = cli_command("plan", "-f", str(tmp_path / "fleet.yaml"))
     done = subprocess.run(
         [*command, "--workload", str(tmp_path / "pods.csv")],
         capture_output=True,
@@ -374,23 +374,16 @@ def test_plan_with_a_kubeconfig_uses_the_real_scheduler(kubeconfig: str, tmp_pat
         for name, count, n in (("pair", 1, 2), ("one", 3, 1))
     )
     (tmp_path / "pods.yaml").write_text(pods)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "devplug.cli.main",
-            "plan",
-            "-f",
-            str(tmp_path / "fleet.yaml"),
-            "--workload",
-            str(tmp_path / "pods.yaml"),
-            "--kubeconfig",
-            kubeconfig,
-            "-o",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
+    done = devplug(
+        "plan",
+        "-f",
+        str(tmp_path / "fleet.yaml"),
+        "--workload",
+        str(tmp_path / "pods.yaml"),
+        "--kubeconfig",
+        kubeconfig,
+        "-o",
+        "json",
         timeout=180,
     )
     assert done.returncode == 0, done.stderr
@@ -407,24 +400,17 @@ def test_plan_with_a_kubeconfig_uses_the_real_scheduler(kubeconfig: str, tmp_pat
     assert sorted(by_pod[f"one-{i}"]["phase"] for i in range(3)) == ["Running"] * 3
     assert run["pools"]["live"]["devices"]["example.com/acc"]["used"] == 3
     # The run removed what it made: no node of the fleet is left.
-    left = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "devplug.cli.main",
-            "fleet",
-            "down",
-            "-f",
-            str(tmp_path / "fleet.yaml"),
-            "--kubeconfig",
-            kubeconfig,
-            "-o",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+    left = devplug(
+        "fleet",
+        "down",
+        "-f",
+        str(tmp_path / "fleet.yaml"),
+        "--kubeconfig",
+        kubeconfig,
+        "-o",
+        "json",
     )
+    assert left.returncode == 0, left.stderr
     assert json.loads(left.stdout)["nodes"] == 0
 
 
@@ -434,24 +420,17 @@ def test_the_worked_question_in_the_docs_is_what_plan_answers(tmp_path: Path) ->
     fleet_text, csv_text, shown = re.findall(r"```(?:yaml)?\n(.*?)```", worked, re.S)[:3]
     (tmp_path / "fleet.yaml").write_text(fleet_text)
     (tmp_path / "pods.csv").write_text(csv_text)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "devplug.cli.main",
-            "plan",
-            "-f",
-            "fleet.yaml",
-            "--workload",
-            "pods.csv",
-            "--vary",
-            "topologyPolicy=none",
-            "--vary",
-            "replicas=2",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+    done = devplug(
+        "plan",
+        "-f",
+        "fleet.yaml",
+        "--workload",
+        "pods.csv",
+        "--vary",
+        "topologyPolicy=none",
+        "--vary",
+        "replicas=2",
         cwd=tmp_path,
     )
+    assert done.returncode == 0, done.stderr
     assert done.stdout == shown
