@@ -53,6 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
             metavar="FILE",
             help="the cluster (default: $KUBECONFIG, else the in-cluster service account)",
         )
+        style.add_context(command)
         command.add_argument(
             "--concurrency",
             type=style.count,
@@ -60,6 +61,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
             metavar="N",
             help="API requests in flight at most",
         )
+    style.add_api_timeout(down)
     up.add_argument(
         "--work-dir",
         type=style.folder,
@@ -124,18 +126,24 @@ def run(args: argparse.Namespace) -> int:
         return fleet
     if args.action == "check":
         return _check(fleet, args.output)
-    from devplug.fleet.kube import KubeApi
+    from devplug.extras import MissingExtra
+    from devplug.fleet.kube import FAILURES, KubeApi, explain, patience
 
     try:
-        api = KubeApi.from_kubeconfig(args.kubeconfig, concurrency=args.concurrency)
+        api = KubeApi.from_kubeconfig(args.kubeconfig, args.context, concurrency=args.concurrency)
     except ValueError as error:
         return _fail(str(error))
+    except MissingExtra as error:
+        return _fail(str(error), EXIT_FAILED)
     try:
         if args.action == "down":
-            return asyncio.run(_down(api, fleet, args.output))
+            with patience(args.api_timeout):
+                return asyncio.run(_down(api, fleet, args.output))
         return asyncio.run(_up(api, fleet, args))
     except KeyboardInterrupt:
         return 130
+    except FAILURES as error:
+        return _fail(explain(error), EXIT_FAILED)
 
 
 def _emit(output: str, record: dict[str, Any], text: str) -> None:

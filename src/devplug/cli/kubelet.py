@@ -100,6 +100,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="read claims from this API server, and run the pods bound to --node-name",
     )
+    style.add_context(dra)
     dra.add_argument("--node-name", metavar="NAME", help="the node whose pods to run")
 
 
@@ -293,5 +294,5 @@ def _dra_sources(args: argparse.Namespace) -> tuple[Any, Any]:
         raise ValueError("--kubeconfig needs --node-name: the node whose pods to run")
     from devplug.framework.dra.kube import api_client
 
-    api = api_client(args.kubeconfig)
+    api = api_client(args.kubeconfig, args.context)
     return ApiClaims(api), api

@@ -36,6 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="place the pods with the real kube-scheduler of this cluster (the fleet is "
         "registered there for each run, and removed after); without it, the fit step",
     )
+    style.add_context(parser)
+    style.add_api_timeout(parser)
     parser.add_argument(
         "--vary",
         action="append",
@@ -79,19 +81,27 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             return _fail("--html needs plotly: pip install 'devplug[report]'")
     api: Any = None
-    if args.kubeconfig:
+    if args.kubeconfig or args.context:
+        from devplug.extras import MissingExtra
         from devplug.fleet.kube import KubeApi
 
         try:
-            api = KubeApi.from_kubeconfig(args.kubeconfig)
+            api = KubeApi.from_kubeconfig(args.kubeconfig, args.context)
         except ValueError as error:
             return _fail(str(error))
+        except MissingExtra as error:
+            return _fail(str(error), EXIT_FAILED)
+    from devplug.fleet.kube import FAILURES, explain, patience
+
     folder = Path(tempfile.mkdtemp(prefix="devplug-plan-"))
     try:
-        document = asyncio.run(_runs(fleet, workload, variants, folder, api))
+        with patience(args.api_timeout):
+            document = asyncio.run(_runs(fleet, workload, variants, folder, api))
     except KeyboardInterrupt:
         return 130
-    except Exception as error:  # the fleet could not start (FleetError), an API failure
+    except FAILURES as error:
+        return _fail(explain(error), EXIT_FAILED)
+    except Exception as error:  # the fleet could not start (FleetError)
         return _fail(f"{type(error).__name__}: {error}", EXIT_FAILED)
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -95,6 +95,7 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="kubeconfig of the API server (default: $KUBECONFIG, else in-cluster)",
     )
+    style.add_context(group)
     group.add_argument(
         "--registry-dir",
         default=dra.PLUGINS_REGISTRY_PATH,
@@ -239,33 +240,37 @@ def run(args: argparse.Namespace) -> int:
 def _nvidia_node_labels(args: argparse.Namespace) -> dict[str, str]:
     from devplug.sources.nvidia.nodelabel import read_labels
 
-    return read_labels(node_name(args), args.kubeconfig)
+    return read_labels(node_name(args), args.kubeconfig, args.context)
 
 
 def _node_labels(args: argparse.Namespace) -> dict[str, str]:
     """The labels of this node, read once at start for `nodeModeLabel`; retried with
-    backoff while the API server cannot answer (the modes decide what is served)."""
+    jittered backoff while the API server is away or overloaded (the modes decide what
+    is served); ValueError of one line when it refuses for good (TLS, 401, 403)."""
     import time
 
+    from devplug.apiserver import failures
+    from devplug.apiserver.backoff import Backoff
     from devplug.framework.dra.kube import api_client, node_labels
 
-    api = api_client(args.kubeconfig)
+    api = api_client(args.kubeconfig, args.context)
     node = node_name(args)
-    delay = 0.5
+    backoff = Backoff(0.5, 30.0)
     try:
         while True:
             try:
                 return node_labels(api, node)
-            except Exception as error:  # the client raises many kinds: all retried
-                reason = getattr(error, "reason", None) or error
+            except Exception as error:  # the client raises many kinds
+                if failures.kind(error) != failures.TRANSIENT:
+                    raise ValueError(f"cannot read node {node}: {failures.say(error)}") from None
+                delay = backoff.next()
                 log.warning(
                     "cannot read node %s for nodeModeLabel (%s); retrying in %.1f s",
                     node,
-                    reason,
+                    failures.say(error),
                     delay,
                 )
                 time.sleep(delay)
-                delay = min(delay * 2, 30.0)
     finally:
         api.close()
 
@@ -307,7 +312,9 @@ def reload_and_metrics(
             from devplug.sources.nvidia.nodelabel import NodeLabelWatch
 
             services.append(
-                NodeLabelWatch(node_name(args), args.kubeconfig, keys, reloader.request)
+                NodeLabelWatch(
+                    node_name(args), args.kubeconfig, keys, reloader.request, args.context
+                )
             )
     if args.metrics_port is not None:
         import os
@@ -343,6 +350,7 @@ def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
         plugins_dir=Path(args.dra_socket_dir),
         cdi_dir=Path(args.cdi_dir),
         kubeconfig=args.kubeconfig,
+        context=args.context,
         claims_dir=Path(args.claims_dir) if args.claims_dir else None,
         pod_uid=args.pod_uid or os.environ.get("POD_UID", ""),
     )

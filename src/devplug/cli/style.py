@@ -156,6 +156,28 @@ def add_timeout(parser: argparse.ArgumentParser, what: str, default: float = 30.
     )
 
 
+def add_context(parser: argparse.ArgumentParser | Any) -> None:
+    """`--context NAME`, beside every `--kubeconfig`: the kubeconfig's context to use."""
+    parser.add_argument(
+        "--context",
+        metavar="NAME",
+        help="the kubeconfig's context to use (default: its current-context)",
+    )
+
+
+def add_api_timeout(parser: argparse.ArgumentParser) -> None:
+    """`--api-timeout SECONDS` of a command that ends: how long it waits out an API
+    server that is away or overloaded before it fails."""
+    parser.add_argument(
+        "--api-timeout",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long the API server may stay unreachable or overloaded; past it the "
+        "command fails (exit 1)",
+    )
+
+
 def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """`--log-level` and `--log-format`: with their defaults on the top parser; on a
     sub-command's parser without (SUPPRESS), so that a value given after the sub-command

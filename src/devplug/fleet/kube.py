@@ -1,25 +1,34 @@
 """A lean asyncio client of the Kubernetes API for a whole fleet in one process.
 
-The kubeconfig is read by the official `kubernetes` package (server, TLS, token or
-client certificate, in-cluster service account); requests go through one aiohttp
-session (the HTTP library the official asyncio client is built on) with bodies
-encoded and decoded by msgspec, without the generated models. `make bench` measures
-this path beside the official asyncio client on the same calls (`fleet.client`).
+The kubeconfig is read by devplug's one reader (`devplug.apiserver.kubeconfig`: the
+context, TLS, a token from the file, a token file or a command, the in-cluster service
+account); requests go through one aiohttp session (the HTTP library the official
+asyncio client is built on) with bodies encoded and decoded by msgspec, without the
+generated models. `make bench` measures this path beside the official asyncio client
+on the same calls (`fleet.client`).
 
-A call that cannot reach the API server raises `Unavailable`; an answer that is an
-error raises `ApiError` with the server's status and message. `retrying` repeats a
-call with backoff until the server is back, for writes that must not be lost.
+A call that cannot reach the API server raises `Unavailable`; one that cannot succeed
+until someone changes something (the server's certificate not trusted) raises
+`failures.Permanent`; an answer that is an error raises `ApiError` with the server's
+status and message (401 only after the token was read again once). `retrying` repeats
+a call with jittered backoff while the failure is transient: until the server is back,
+or for `patience` seconds at most where a command must end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
-import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import msgspec
+
+from devplug.apiserver import failures
+from devplug.apiserver.backoff import CONNECT_TIMEOUT_S, WATCH_MARGIN_S, Backoff, Deadline
+from devplug.apiserver.kubeconfig import Target
 
 log = logging.getLogger("devplug.fleet.kube")
 
@@ -29,6 +38,19 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 RETRY_FIRST_S = 0.2
 RETRY_MAX_S = 5.0
 _T = TypeVar("_T")
+# How long `retrying` waits out a transient failure (None: until the server is back).
+_patience: contextvars.ContextVar[float | None] = contextvars.ContextVar("patience", default=None)
+
+
+@contextlib.contextmanager
+def patience(seconds: float | None) -> Iterator[None]:
+    """`retrying` in this context (and tasks started from it) gives up after a
+    transient failure lasted `seconds`: a command that must end, not a service."""
+    token = _patience.set(seconds)
+    try:
+        yield
+    finally:
+        _patience.reset(token)
 
 
 class ApiError(Exception):
@@ -45,32 +67,43 @@ class Unavailable(Exception):
     """The API server could not be reached (refused, reset, timed out)."""
 
 
+class GaveUp(Exception):
+    """A transient failure lasted longer than the command's patience."""
+
+
 class KubeApi:
     """One session to one API server; `concurrency` requests in flight at most."""
 
-    def __init__(self, settings: Any, *, concurrency: int = 32) -> None:
-        self.host: str = settings.host
-        context = ssl.create_default_context(cafile=settings.ssl_ca_cert)
-        if settings.cert_file:
-            context.load_cert_chain(settings.cert_file, keyfile=settings.key_file)
-        if not settings.verify_ssl:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        self._ssl = context
+    def __init__(self, target: Target, *, concurrency: int = 32) -> None:
+        from devplug.extras import require
+
+        require("aiohttp", "fleet", "the fleet's API client (devplug fleet, plan --kubeconfig)")
+        self.target = target
+        self.host: str = target.server
+        self._ssl: Any = target.ssl_context() if target.server.startswith("https:") else False
         self._headers = {"Accept": JSON}
-        token = settings.auth_settings().get("BearerToken")
-        if token and token.get("value"):
-            self._headers["Authorization"] = token["value"]
         self.concurrency = concurrency
         self._session: Any = None
         self.calls = 0
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> KubeApi:
+    def from_kubeconfig(
+        cls, kubeconfig: str | None, context: str | None = None, **kwargs: Any
+    ) -> KubeApi:
         """ValueError with a one-line reason when the kubeconfig cannot be used."""
-        from devplug.framework.dra.kube import configuration
+        from devplug.apiserver.kubeconfig import load
 
-        return cls(configuration(kubeconfig), **kwargs)
+        return cls(load(kubeconfig, context), **kwargs)
+
+    async def _authorization(self) -> dict[str, str]:
+        """The Authorization header now; a token to be read again (a command's, a
+        file's) is read in a thread, not on the event loop."""
+        credentials = self.target.credentials
+        if credentials.fresh():
+            value = credentials.authorization()
+        else:
+            value = await asyncio.to_thread(credentials.authorization)
+        return {} if value is None else {"Authorization": value}
 
     async def __aenter__(self) -> KubeApi:
         import aiohttp
@@ -81,7 +114,7 @@ class KubeApi:
             connector=connector,
             headers=self._headers,
             read_bufsize=2**21,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
         )
         return self
 
@@ -101,10 +134,28 @@ class KubeApi:
         timeout: float = 30.0,
     ) -> Any:
         """One request; the decoded answer (None for an empty one)."""
+        data = None if body is None else msgspec.json.encode(body)
+        status, raw = await self._request(method, path, data, params, content_type, timeout)
+        if status == 401 and await asyncio.to_thread(self.target.credentials.refresh):
+            status, raw = await self._request(method, path, data, params, content_type, timeout)
+        if status >= 400:
+            raise _error(status, raw)
+        return msgspec.json.decode(raw) if raw else None
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        data: bytes | None,
+        params: Mapping[str, str] | None,
+        content_type: str,
+        timeout: float,
+    ) -> tuple[int, bytes]:
         import aiohttp
 
-        data = None if body is None else msgspec.json.encode(body)
-        headers = {"Content-Type": content_type} if data is not None else None
+        headers = await self._authorization()
+        if data is not None:
+            headers["Content-Type"] = content_type
         self.calls += 1
         try:
             async with self._session.request(
@@ -115,13 +166,9 @@ class KubeApi:
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
-                raw = await response.read()
-                status = response.status
+                return response.status, await response.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise Unavailable(f"{method} {path}: {type(error).__name__}: {error}") from None
-        if status >= 400:
-            raise _error(status, raw)
-        return msgspec.json.decode(raw) if raw else None
+            raise _unreachable(f"{method} {self.host}{path}", error) from None
 
     async def watch(
         self, path: str, params: Mapping[str, str], timeout: float
@@ -130,17 +177,36 @@ class KubeApi:
         import aiohttp
 
         query = {**params, "watch": "true", "timeoutSeconds": str(int(timeout))}
-        try:
-            async with self._session.get(
-                path, params=query, timeout=aiohttp.ClientTimeout(total=timeout + 30)
-            ) as response:
-                if response.status >= 400:
-                    raise _error(response.status, await response.read())
-                async for line in response.content:
-                    if line.strip():
-                        yield line
-        except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise Unavailable(f"watch {path}: {type(error).__name__}: {error}") from None
+        for attempt in range(2):
+            headers = await self._authorization()
+            try:
+                async with self._session.get(
+                    path,
+                    params=query,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=timeout + WATCH_MARGIN_S),
+                ) as response:
+                    if (
+                        response.status == 401
+                        and attempt == 0
+                        and await asyncio.to_thread(self.target.credentials.refresh)
+                    ):
+                        continue
+                    if response.status >= 400:
+                        raise _error(response.status, await response.read())
+                    async for line in response.content:
+                        if line.strip():
+                            yield line
+                    return
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                raise _unreachable(f"watch {self.host}{path}", error) from None
+
+
+def _unreachable(what: str, error: BaseException) -> Exception:
+    """Unavailable, or Permanent where waiting cannot help (the certificate)."""
+    if failures.kind(error) == failures.PERMANENT:
+        return failures.Permanent(f"{what}: {failures.say(error)}")
+    return Unavailable(f"{what}: {type(error).__name__}: {error}")
 
 
 def _error(status: int, raw: bytes) -> ApiError:
@@ -153,32 +219,46 @@ def _error(status: int, raw: bytes) -> ApiError:
     return ApiError(status, str(answer.get("message", "")), str(answer.get("reason", "")))
 
 
+FAILURES = (ApiError, Unavailable, GaveUp, failures.Permanent)
+
+
+def explain(error: BaseException) -> str:
+    """One line for a command that failed on the API server (one of FAILURES)."""
+    if isinstance(error, Unavailable):
+        return f"the API server cannot be reached: {error}"
+    if isinstance(error, ApiError):
+        return failures.say(error)
+    return str(error)
+
+
 def retriable(error: Exception) -> bool:
     """Worth trying again: the server is away, overloaded or had an internal error."""
-    if isinstance(error, Unavailable):
-        return True
-    return isinstance(error, ApiError) and (error.status == 429 or error.status >= 500)
+    return failures.transient(error)
 
 
 async def retrying(
     what: str, call: Callable[[], Awaitable[_T]], *, stop: asyncio.Event | None = None
 ) -> _T:
     """`call()` until it succeeds or fails for good; a server that is away or overloaded
-    is waited for with backoff (logged once per outage), however long it takes."""
-    delay = RETRY_FIRST_S
-    told = False
+    is waited for with jittered backoff (logged once per outage), however long it takes,
+    or as long as the context's `patience` (then GaveUp)."""
+    backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
+    deadline: Deadline | None = None
     while True:
         try:
             result = await call()
         except (ApiError, Unavailable) as error:
             if not retriable(error) or (stop is not None and stop.is_set()):
                 raise
-            if not told:
+            if deadline is None:
+                deadline = Deadline(_patience.get())
                 log.warning("%s: %s; retrying until the API server answers", what, error)
-                told = True
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
+            elif deadline.passed():
+                raise GaveUp(f"{what}: {failures.say(error)}, for {deadline.seconds:g} s") from None
+            wait = backoff.next()
+            left = deadline.left()
+            await asyncio.sleep(wait if left is None else min(wait, left))
             continue
-        if told:
+        if deadline is not None:
             log.info("%s: done after the API server came back", what)
         return result

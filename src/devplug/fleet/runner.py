@@ -26,13 +26,17 @@ from typing import Any
 
 import msgspec
 
+from devplug.apiserver.backoff import Backoff
 from devplug.fleet.hardware import PoolHardware, build_pool
 from devplug.fleet.kube import (
     MERGE_PATCH,
+    RETRY_FIRST_S,
+    RETRY_MAX_S,
     STRATEGIC_PATCH,
     ApiError,
     KubeApi,
     Unavailable,
+    retriable,
     retrying,
 )
 from devplug.fleet.node import FleetNode
@@ -318,7 +322,7 @@ class FleetRunner:
         """List and watch the pods bound to any node; relist after the watch fell too
         far behind (or the API server was away), reconciling what the nodes hold."""
         version = ""
-        delay = 0.2
+        backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         while not self._stop.is_set():
             try:
                 if not version:
@@ -341,14 +345,16 @@ class FleetRunner:
                     version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                     if kind != "BOOKMARK":
                         await self._on_pod(str(kind), obj)
-                delay = 0.2
+                backoff.reset()
             except (Unavailable, ApiError) as error:
                 if isinstance(error, ApiError) and error.status == 410:
                     version = ""
                     continue
+                if not retriable(error):
+                    raise  # refused for good (401, 403): the fleet cannot follow its pods
+                delay = backoff.next()
                 log.warning("watching pods: %s; again in %.1f s", error, delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
                 version = ""  # relist: reconcile what happened while away
                 self.counters.relists += 1
                 self.changes.bump()

@@ -24,7 +24,9 @@ from typing import Any
 
 import msgspec
 
+from devplug.apiserver import failures
 from devplug.fleet.hardware import PoolHardware, build_pool
+from devplug.fleet.kube import FAILURES
 from devplug.fleet.node import FleetNode
 from devplug.fleet.objects import node_labels, taints
 from devplug.fleet.requests import pod_requests
@@ -246,6 +248,7 @@ async def run_scheduler(
     classes: list[str] = []
     serving: asyncio.Task[None] | None = None
     timeline: list[dict[str, int]] = []
+    reachable = True
     try:
         await runner.start()
         hardware = runner.hardware
@@ -279,13 +282,19 @@ async def run_scheduler(
         outcomes = [_outcome(pods.get(p.name, {}), runner) for p in planned]
         states = [_state(n, fleet, _held_claims(n)) for n in runner.nodes.values()]
         return Run(variant, ENGINE_SCHEDULER, outcomes, states, devices, timeline, planned)
+    except FAILURES as error:
+        # Away for longer than the command waits, or refusing for good: tidying up
+        # would wait as long again and fail the same way.
+        reachable = failures.kind(error) == failures.ANSWER
+        raise
     finally:
         stop.set()
         if serving is not None:
             await serving
-        with contextlib.suppress(Exception):
-            await _clean(api, namespace, classes)
-        await remove_fleet(api, fleet.name)
+        if reachable:
+            with contextlib.suppress(Exception):
+                await _clean(api, namespace, classes)
+            await remove_fleet(api, fleet.name)
 
 
 def _held_claims(node: FleetNode) -> dict[str, list[str]]:
@@ -341,18 +350,23 @@ async def _settle(
 
     async def follow() -> None:
         nonlocal version
-        while True:
-            async for line in api.watch(path, {"resourceVersion": version}, 300):
-                event = msgspec.json.decode(line)
-                obj = event["object"]
-                version = obj["metadata"].get("resourceVersion", version)
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    pods[obj["metadata"]["name"]] = obj
-                    changed.set()
+        try:
+            while True:
+                async for line in api.watch(path, {"resourceVersion": version}, 300):
+                    event = msgspec.json.decode(line)
+                    obj = event["object"]
+                    version = obj["metadata"].get("resourceVersion", version)
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        pods[obj["metadata"]["name"]] = obj
+                        changed.set()
+        finally:
+            changed.set()  # a watch that failed wakes the loop, which raises its error
 
     watcher = asyncio.create_task(follow())
     try:
         while time.monotonic() < deadline:
+            if watcher.done():
+                watcher.result()
             if names <= set(pods) and all(_decided(pods[n]) for n in names):
                 changed.clear()
                 try:

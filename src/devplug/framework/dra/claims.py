@@ -68,18 +68,15 @@ class ApiClaims:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
+        from devplug.apiserver.failures import Permanent, say
+
         try:
             response = self._api.read_namespaced_resource_claim(
                 claim.name, claim.namespace, _preload_content=False
             )
-        except ApiException as error:
+        except (ApiException, HTTPError, OSError, Permanent) as error:
             raise ClaimError(
-                f"cannot read ResourceClaim {claim.namespace}/{claim.name}: "
-                f"{error.status} {error.reason}"
-            ) from None
-        except (HTTPError, OSError) as error:
-            raise ClaimError(
-                f"cannot read ResourceClaim {claim.namespace}/{claim.name}: {error}"
+                f"cannot read ResourceClaim {claim.namespace}/{claim.name}: {say(error)}"
             ) from None
         document: Mapping[str, Any] = json.loads(response.data)
         return document

@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from devplug.api.dra.constants import RESOURCE_API_VERSION
+from devplug.apiserver import failures
+from devplug.apiserver.backoff import Backoff
 from devplug.framework.device import Device
 from devplug.framework.dra.driver import ClaimRef
 
@@ -118,7 +120,7 @@ class ClaimStatusWriter:
             "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
             "status": {"devices": entries},
         }
-        delay = _RETRY_FIRST_S
+        backoff = Backoff(_RETRY_FIRST_S, _RETRY_FIRST_S * 2**_ATTEMPTS)
         for attempt in range(_ATTEMPTS):
             try:
                 await asyncio.to_thread(
@@ -134,9 +136,10 @@ class ClaimStatusWriter:
             except ApiException as error:
                 if error.status in (404, 409) and not entries:
                     return  # gone, or another claim by now: nothing of ours to clear
-                problem, final = f"{error.status} {error.reason}", error.status == 404
-            except (HTTPError, OSError) as error:
-                problem, final = str(error), False
+                problem = failures.say(error)
+                final = error.status == 404 or not failures.transient(error)
+            except (HTTPError, OSError, failures.Permanent) as error:
+                problem, final = failures.say(error), not failures.transient(error)
             else:
                 return
             if final or attempt == _ATTEMPTS - 1:
@@ -148,5 +151,4 @@ class ClaimStatusWriter:
                     problem,
                 )
                 return
-            await asyncio.sleep(delay)
-            delay *= 2
+            await asyncio.sleep(backoff.next())

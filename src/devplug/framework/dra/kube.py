@@ -3,52 +3,30 @@ only here and only when a resource is served through DRA."""
 
 from __future__ import annotations
 
-import logging
-import os
 from typing import Any
 
 
-def api_client(kubeconfig: str | None = None) -> Any:
-    """A client for `kubeconfig` (or $KUBECONFIG), else the in-cluster service account;
-    ValueError with a one-line reason when neither can be used."""
-    settings = configuration(kubeconfig)  # first: it lets the ssl module in
-    from kubernetes import client
+def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A client for `kubeconfig` (or $KUBECONFIG) at `context`, else the in-cluster
+    service account; ValueError with a one-line reason when neither can be used."""
+    from devplug.apiserver import kubeconfig as kubeconfigs
+    from devplug.apiserver.official import api_client as official
+    from devplug.apiserver.official import need_client
 
-    return client.ApiClient(settings)
+    need_client()
+    return official(kubeconfigs.load(kubeconfig, context))
 
 
-def configuration(kubeconfig: str | None = None) -> Any:
+def configuration(kubeconfig: str | None = None, context: str | None = None) -> Any:
     """The `kubernetes` client's Configuration (server, TLS, credentials) for
-    `kubeconfig` (or $KUBECONFIG), else the in-cluster service account; ValueError
-    with a one-line reason when neither can be used."""
-    from devplug.lazy import allow_ssl
+    `kubeconfig` (or $KUBECONFIG) at `context`, else the in-cluster service account;
+    ValueError with a one-line reason when neither can be used."""
+    from devplug.apiserver import kubeconfig as kubeconfigs
+    from devplug.apiserver.official import configuration as official
+    from devplug.apiserver.official import need_client
 
-    allow_ssl()  # `devplug serve` keeps ssl out until a resource needs the API server
-    from devplug.extras import require
-
-    require("kubernetes", "dra", "the Kubernetes API (DRA, --kubeconfig)")
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-
-    # urllib3 logs each of its retries; the driver logs the failure once, with its own
-    # retry, so only urllib3's errors remain worth a line.
-    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-
-    path = kubeconfig or os.environ.get("KUBECONFIG")
-    settings = client.Configuration()
-    try:
-        if path:
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=path, client_configuration=settings
-            )
-        else:
-            config.load_incluster_config(  # type: ignore[no-untyped-call]
-                client_configuration=settings
-            )
-    except (ConfigException, OSError) as error:
-        where = f"kubeconfig {path}" if path else "in-cluster config (no --kubeconfig)"
-        raise ValueError(f"cannot use the {where}: {error}") from None
-    return settings
+    need_client()
+    return official(kubeconfigs.load(kubeconfig, context))
 
 
 def node_labels(api: Any, node: str) -> dict[str, str]:

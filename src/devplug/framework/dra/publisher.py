@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from devplug.apiserver import failures
+from devplug.apiserver.backoff import Backoff
 from devplug.framework.dra.driver import Driver
 from devplug.framework.dra.slices import MANAGED_BY, slice_bodies
 from devplug.framework.dra.slicewatch import SliceWatch
@@ -91,17 +93,19 @@ class PoolPublisher:
         """Publish the devices, and again after every change, until cancelled."""
         raise NotImplementedError
 
-    async def _failed(self, error: BaseException, retry: float) -> float:
-        """Say that publishing failed, wait `retry` seconds; the next wait."""
-        reason = getattr(error, "reason", None) or error
-        log.warning(
+    async def _failed(self, error: BaseException, backoff: Backoff) -> None:
+        """Say that publishing failed and wait: the backoff's next wait, or its longest
+        for a permanent failure (not trusted, not allowed), said as an error."""
+        permanent = failures.kind(error) == failures.PERMANENT
+        retry = backoff.most if permanent else backoff.next()
+        log.log(
+            logging.ERROR if permanent else logging.WARNING,
             "%s: publishing slices failed (%s); retrying in %.1f s",
             self.driver.name,
-            reason,
+            failures.say(error) if not isinstance(error, OSError) or permanent else error,
             retry,
         )
         await asyncio.sleep(retry)
-        return min(retry * 2, _RETRY_MAX_S)
 
     def _log_published(self, generation: int) -> None:
         healthy = sum(o.device.healthy for o in self.driver.offers().values())
@@ -148,15 +152,15 @@ class FolderSlicePublisher(PoolPublisher):
     async def run(self) -> None:
         plugin = self.driver.plugin
         await plugin.wait_published()
-        retry = _RETRY_FIRST_S
+        backoff = Backoff(_RETRY_FIRST_S, _RETRY_MAX_S)
         while True:
             seen = plugin.generation
             try:
                 generation = await asyncio.to_thread(self._sync)
             except OSError as error:  # a full disk, a folder gone: a later attempt may do
-                retry = await self._failed(error, retry)
+                await self._failed(error, backoff)
                 continue
-            retry = _RETRY_FIRST_S
+            backoff.reset()
             self._log_published(generation)
             self._done(seen)
             await plugin.wait_changed(seen)
@@ -342,7 +346,7 @@ class SlicePublisher(PoolPublisher):
         plugin = self.driver.plugin
         await plugin.wait_published()
         self._watch.start()
-        retry = _RETRY_FIRST_S
+        backoff = Backoff(_RETRY_FIRST_S, _RETRY_MAX_S)
         try:
             while True:
                 if not self._listed:
@@ -360,11 +364,11 @@ class SlicePublisher(PoolPublisher):
                         await asyncio.to_thread(self._apply, actions)
                         await self._wait_for_change(seen)
                         continue
-                except (ApiException, HTTPError, OSError) as error:
+                except (ApiException, HTTPError, OSError, failures.Permanent) as error:
                     self._in_sync = False
-                    retry = await self._failed(error, retry)
+                    await self._failed(error, backoff)
                     continue
-                retry = _RETRY_FIRST_S
+                backoff.reset()
                 if not self._in_sync or self.published_generation < seen:
                     self._log_published(self.pool_generation)
                 self._in_sync = True

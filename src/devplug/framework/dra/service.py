@@ -38,6 +38,8 @@ class DraSettings:
     cdi_dir: Path = Path(dra.CDI_PATH)
     # A kubeconfig file; None: $KUBECONFIG or the in-cluster service account.
     kubeconfig: str | None = None
+    # The kubeconfig's context; None: its current-context.
+    context: str | None = None
     # Read claims from this folder instead of the API server, and write the slices
     # there (the kubelet simulator without an API server).
     claims_dir: Path | None = None
@@ -65,7 +67,7 @@ class DraService:
         else:
             from devplug.framework.dra.kube import api_client
 
-            self._api = api_client(settings.kubeconfig)
+            self._api = api_client(settings.kubeconfig, settings.context)
             claims = ApiClaims(self._api)
         for driver in self.drivers:
             preparer = Preparer(

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from devplug.apiserver.backoff import CONNECT_TIMEOUT_S, WATCH_MARGIN_S
+
 log = logging.getLogger("devplug.dra.slicewatch")
 
 WATCH_TIMEOUT_S = 300  # the server ends each watch after this; it is started again
@@ -72,14 +74,17 @@ class SliceWatch:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        delay = RETRY_FIRST_S
+        from devplug.apiserver import failures
+        from devplug.apiserver.backoff import Backoff
+
+        backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         version: str | None = None
         while not self._stop.is_set():
             try:
                 if version is None:
                     version = self._list()
                 version = self._watch(version)
-                delay = RETRY_FIRST_S
+                backoff.reset()
                 continue
             except ApiException as error:
                 if error.status == 410:  # too old: list again, no wait
@@ -89,20 +94,24 @@ class SliceWatch:
                     version = None
                     self._stop.wait(CACHE_BEHIND_WAIT_S)
                     continue
-                problem = f"{error.status} {error.reason}"
-            except (HTTPError, OSError, ValueError) as error:
-                problem = str(error) or type(error).__name__
+                failure: Exception = error
+            except (HTTPError, OSError, ValueError, failures.Permanent) as error:
+                failure = error
             if self._stop.is_set():
                 return
-            log.warning(
+            # A permanent failure (not trusted, not allowed) waits for someone to fix
+            # it: tried again at the slowest pace, said as an error.
+            permanent = failures.kind(failure) == failures.PERMANENT
+            delay = RETRY_MAX_S if permanent else backoff.next()
+            log.log(
+                logging.ERROR if permanent else logging.WARNING,
                 "%s: publishing slices failed: cannot list and watch them (%s); retrying in %.1f s",
                 self.driver,
-                problem,
+                failures.say(failure),
                 delay,
             )
             version = None
             self._stop.wait(delay)
-            delay = min(delay * 2, RETRY_MAX_S)
 
     def _list(self) -> str:
         response = self._resource.list_resource_slice(
@@ -124,6 +133,7 @@ class SliceWatch:
             resource_version=version,
             allow_watch_bookmarks=True,
             timeout_seconds=WATCH_TIMEOUT_S,
+            _request_timeout=(CONNECT_TIMEOUT_S, WATCH_TIMEOUT_S + WATCH_MARGIN_S),
             _preload_content=False,
         )
         self._response = response

@@ -41,19 +41,16 @@ def label_keys(config: Config) -> list[str]:
     return keys
 
 
-def read_labels(node: str, kubeconfig: str | None) -> dict[str, str]:
+def read_labels(node: str, kubeconfig: str | None, context: str | None = None) -> dict[str, str]:
     """This node's labels now; ValueError with one line when they cannot be read."""
+    from devplug.apiserver.failures import say
     from devplug.framework.dra.kube import api_client, node_labels
 
-    session = api_client(kubeconfig)  # first: it lets in the ssl module the client needs
-    from kubernetes import client
-
+    session = api_client(kubeconfig, context)  # first: it lets in the ssl module
     try:
         return node_labels(session, node)
-    except client.ApiException as error:
-        raise ValueError(f"cannot read node {node}: {error.status} {error.reason}") from None
-    except Exception as error:  # urllib3's connection errors
-        raise ValueError(f"cannot read node {node}: {error}") from None
+    except Exception as error:  # the client's answers and urllib3's connection errors
+        raise ValueError(f"cannot read node {node}: {say(error)}") from None
 
 
 class NodeLabelWatch:
@@ -61,10 +58,16 @@ class NodeLabelWatch:
     and calls `changed` when one of `keys` changes."""
 
     def __init__(
-        self, node: str, kubeconfig: str | None, keys: list[str], changed: Callable[[], None]
+        self,
+        node: str,
+        kubeconfig: str | None,
+        keys: list[str],
+        changed: Callable[[], None],
+        context: str | None = None,
     ) -> None:
         self.node = node
         self.kubeconfig = kubeconfig
+        self.context = context
         self.keys = keys
         self.changed = changed
         self._stop = threading.Event()
@@ -107,7 +110,7 @@ class NodeLabelWatch:
         try:
             from devplug.framework.dra.kube import api_client
 
-            session = api_client(self.kubeconfig)  # first: it lets in ssl
+            session = api_client(self.kubeconfig, self.context)  # first: it lets in ssl
             from kubernetes import client, watch
 
             api: Any = client.CoreV1Api(session)
@@ -116,7 +119,10 @@ class NodeLabelWatch:
             log.error("node %s: cannot watch its labels: %s", self.node, error)
             finished()
             return
-        delay, said = 1.0, ""
+        from devplug.apiserver import failures
+        from devplug.apiserver.backoff import WATCH_MARGIN_S, Backoff
+
+        backoff, said = Backoff(1.0, RETRY_MAX_SECONDS), ""
         while not self._stop.is_set():
             try:
                 listed = api.list_node(
@@ -130,7 +136,7 @@ class NodeLabelWatch:
                     field_selector=f"metadata.name={self.node}",
                     resource_version=version,
                     timeout_seconds=WATCH_SECONDS,
-                    _request_timeout=WATCH_SECONDS + 30,
+                    _request_timeout=(10, WATCH_SECONDS + WATCH_MARGIN_S),
                 )
                 for event in stream:
                     if self._stop.is_set():
@@ -144,16 +150,22 @@ class NodeLabelWatch:
                         break
                 if said:
                     log.info("node %s: watching its labels again", self.node)
-                delay, said = 1.0, ""
+                backoff.reset()
+                said = ""
             except Exception as error:  # the API server away, a dropped connection
-                problem = str(getattr(error, "reason", "") or error).splitlines()[0]
+                problem = failures.say(error)
+                permanent = failures.kind(error) == failures.PERMANENT
                 if problem != said:
-                    log.warning(
-                        "node %s: watching its labels failed (%s): retrying", self.node, problem
+                    log.log(
+                        logging.ERROR if permanent else logging.WARNING,
+                        "node %s: watching its labels failed: %s; %s",
+                        self.node,
+                        problem,
+                        f"again every {RETRY_MAX_SECONDS:.0f} s" if permanent else "retrying",
                     )
                 said = problem
-                self._stop.wait(delay)
-                delay = min(delay * 2, RETRY_MAX_SECONDS)
+                # A permanent failure waits for someone to fix it: the slowest pace.
+                self._stop.wait(RETRY_MAX_SECONDS if permanent else backoff.next())
         finished()
 
 

@@ -1,0 +1,122 @@
+"""The official `kubernetes` client, set up from a `Target` (imported only here and only
+when a feature needs the API server through it: DRA, node labels, the simulator's
+API pods).
+
+Every request gets a connect and read timeout unless the caller gave one (a watch
+gives its own); its bearer token comes from the target's credentials on each request
+(so a token from a file or a command stays current), and a request refused with 401
+is sent once more with a token read again before the refusal counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from devplug.apiserver.backoff import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+from devplug.apiserver.credentials import Credentials
+from devplug.apiserver.kubeconfig import Target
+
+URLLIB3_RETRIES = 1  # a connection found closed when reused is tried once more
+
+
+def need_client() -> None:
+    """MissingExtra naming the extra when the `kubernetes` package is not installed
+    (checked before the kubeconfig is read: the missing package is the first thing to
+    fix)."""
+    from devplug.lazy import allow_ssl
+
+    allow_ssl()  # `devplug serve` keeps ssl out until a resource needs the API server
+    from devplug.extras import require
+
+    require("kubernetes", "dra", "the Kubernetes API (DRA, --kubeconfig)")
+
+
+def configuration(target: Target) -> Any:
+    """The client's Configuration for `target`."""
+    need_client()
+    from kubernetes import client
+
+    # urllib3 logs each of its retries; devplug logs the failure once, with its own
+    # retry, so only urllib3's errors remain worth a line.
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+
+    settings = client.Configuration()
+    settings.host = target.server
+    ca, cert, key = target.files()
+    settings.ssl_ca_cert = ca
+    settings.cert_file = cert
+    settings.key_file = key
+    settings.verify_ssl = not target.insecure
+    if target.tls_server_name:
+        settings.tls_server_name = target.tls_server_name
+    settings.retries = URLLIB3_RETRIES
+    credentials = target.credentials
+    if type(credentials) is Credentials:
+        return settings  # a client certificate, or anonymous: no header
+
+    def refresh(config: Any) -> None:
+        config.api_key["authorization"] = credentials.authorization()
+
+    settings.api_key = {"authorization": ""}  # set before each request by the hook
+    settings.refresh_api_key_hook = refresh  # type: ignore[assignment]
+    return settings
+
+
+def api_client(target: Target) -> Any:
+    """An ApiClient for `target` with the timeouts and the 401 refresh."""
+    from kubernetes import client
+    from kubernetes.client import rest
+
+    settings = configuration(target)
+    api = client.ApiClient(settings)
+    api.rest_client = _rest_class(rest.RESTClientObject)(settings, target)
+    return api
+
+
+_classes: dict[type, type] = {}
+
+
+def _rest_class(base: type) -> type:
+    """RESTClientObject with default timeouts and one retry after a 401."""
+    if base in _classes:
+        return _classes[base]
+
+    class TimedRest(base):  # type: ignore[misc]
+        def __init__(self, settings: Any, target: Target) -> None:
+            super().__init__(settings)
+            self._target = target
+
+        def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("_request_timeout") is None:
+                kwargs["_request_timeout"] = (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+            try:
+                response = super().request(method, url, *args, **kwargs)
+            except Exception as error:
+                if getattr(error, "status", None) != 401 or not self._retry_401(kwargs):
+                    raise
+                return super().request(method, url, *args, **kwargs)
+            if getattr(response, "status", None) == 401 and self._retry_401(kwargs):
+                raw = getattr(response, "response", response)  # not read yet: let it go
+                with contextlib.suppress(Exception):
+                    raw.drain_conn()
+                return super().request(method, url, *args, **kwargs)
+            return response
+
+        def _retry_401(self, kwargs: dict[str, Any]) -> bool:
+            """Read the token again; whether the request is worth sending again."""
+            credentials = self._target.credentials
+            if not credentials.refresh():
+                return False
+            headers = kwargs.get("headers")
+            value = credentials.authorization()
+            if isinstance(headers, dict) and value is not None:
+                for name in list(headers):
+                    if name.lower() == "authorization":
+                        del headers[name]
+                headers["authorization"] = value
+            return True
+
+    _classes[base] = TimedRest
+    return TimedRest
