@@ -57,10 +57,11 @@ def tls_problem(error: BaseException) -> str | None:
     connection dropped during the handshake, which is transient)."""
     ssl = sys.modules.get("ssl")  # not loaded: no TLS was tried
     for one in chain(error):
-        text = str(getattr(one, "reason", "") or one)
-        if ssl is not None and isinstance(one, ssl.SSLCertVerificationError):
-            detail = one.verify_message or text
+        detail = getattr(one, "verify_message", None)  # ssl's own, deepest in the chain
+        if isinstance(detail, str) and detail:
             return f"the API server's certificate is not trusted ({detail})"
+    for one in chain(error):
+        text = str(getattr(one, "reason", "") or one)
         if any(marker in text for marker in _VERIFY):
             return f"the API server's certificate is not trusted ({_first_line(text)})"
         if ssl is not None and isinstance(one, ssl.SSLError):
@@ -96,6 +97,8 @@ def say(error: BaseException) -> str:
     if tls is not None:
         return f"{tls}: check the kubeconfig's certificate-authority and server"
     status = status_of(error)
+    if status is None:
+        return f"the API server cannot be reached ({reason(error)})"
     message = _message(error)
     if status == 401:
         return (
@@ -106,9 +109,21 @@ def say(error: BaseException) -> str:
         return f"not allowed by the API server (403 Forbidden): {message}"
     if status == 429:
         return f"the API server is overloaded (429 Too Many Requests): {message}"
-    if status is not None:
-        return f"the API server answered {status}: {message}"
-    return f"the API server cannot be reached ({message})"
+    return f"the API server answered {status}: {message}"
+
+
+def reason(error: BaseException) -> str:
+    """Why no answer came, in a few words: 'connection refused', 'timed out'..."""
+    import errno as errnos
+    import os
+
+    for one in chain(error):
+        if isinstance(one, TimeoutError) or type(one).__name__.endswith("TimeoutError"):
+            return "timed out"
+        number = getattr(one, "errno", None)
+        if isinstance(one, OSError) and number in errnos.errorcode:
+            return os.strerror(number).lower()
+    return _message(error)
 
 
 def _message(error: BaseException) -> str:

@@ -18,7 +18,6 @@ from devplug.apiserver.backoff import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
 from devplug.apiserver.credentials import Credentials
 from devplug.apiserver.kubeconfig import Target
 
-URLLIB3_RETRIES = 1  # a connection found closed when reused is tried once more
 
 
 def need_client() -> None:
@@ -51,7 +50,11 @@ def configuration(target: Target) -> Any:
     settings.verify_ssl = not target.insecure
     if target.tls_server_name:
         settings.tls_server_name = target.tls_server_name
-    settings.retries = URLLIB3_RETRIES
+    from urllib3.util.retry import Retry
+
+    # Once more after a failed connect (a connection found closed); never again after
+    # a request was sent: devplug's own retries decide that, with jitter.
+    settings.retries = Retry(total=1, connect=1, read=0, status=0, redirect=0)
     credentials = target.credentials
     if type(credentials) is Credentials:
         return settings  # a client certificate, or anonymous: no header

@@ -206,7 +206,7 @@ def _unreachable(what: str, error: BaseException) -> Exception:
     """Unavailable, or Permanent where waiting cannot help (the certificate)."""
     if failures.kind(error) == failures.PERMANENT:
         return failures.Permanent(f"{what}: {failures.say(error)}")
-    return Unavailable(f"{what}: {type(error).__name__}: {error}")
+    return Unavailable(f"{what}: {failures.reason(error)}")
 
 
 def _error(status: int, raw: bytes) -> ApiError:
@@ -225,7 +225,8 @@ FAILURES = (ApiError, Unavailable, GaveUp, failures.Permanent)
 def explain(error: BaseException) -> str:
     """One line for a command that failed on the API server (one of FAILURES)."""
     if isinstance(error, Unavailable):
-        return f"the API server cannot be reached: {error}"
+        what, _, why = str(error).rpartition(": ")
+        return f"{what}: the API server cannot be reached ({why})"
     if isinstance(error, ApiError):
         return failures.say(error)
     return str(error)
@@ -240,25 +241,48 @@ async def retrying(
     what: str, call: Callable[[], Awaitable[_T]], *, stop: asyncio.Event | None = None
 ) -> _T:
     """`call()` until it succeeds or fails for good; a server that is away or overloaded
-    is waited for with jittered backoff (logged once per outage), however long it takes,
-    or as long as the context's `patience` (then GaveUp)."""
+    is waited for with jittered backoff (said once per outage), however long it takes,
+    or, within `patience(seconds)`, that long at most, the attempts included (GaveUp)."""
     backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
-    deadline: Deadline | None = None
+    seconds = _patience.get()
+    deadline = Deadline(seconds)
+    told = False
+    last: ApiError | Unavailable | None = None
     while True:
+        left = deadline.left()
         try:
-            result = await call()
+            if left is None:
+                result = await call()
+            else:
+                result = await asyncio.wait_for(call(), left)
+        except TimeoutError:  # the attempt itself outlasted the patience
+            raise _gave_up(what, last, seconds) from None
         except (ApiError, Unavailable) as error:
             if not retriable(error) or (stop is not None and stop.is_set()):
                 raise
-            if deadline is None:
-                deadline = Deadline(_patience.get())
-                log.warning("%s: %s; retrying until the API server answers", what, error)
-            elif deadline.passed():
-                raise GaveUp(f"{what}: {failures.say(error)}, for {deadline.seconds:g} s") from None
+            last = error
+            if deadline.passed():
+                raise _gave_up(what, last, seconds) from None
+            if not told:
+                # A command that ends says why when it gives up: until then, info.
+                level = logging.WARNING if seconds is None else logging.INFO
+                log.log(level, "%s: %s; retrying until the API server answers", what, error)
+                told = True
             wait = backoff.next()
             left = deadline.left()
             await asyncio.sleep(wait if left is None else min(wait, left))
+            if deadline.passed():
+                raise _gave_up(what, last, seconds) from None
             continue
-        if deadline is not None:
+        if told:
             log.info("%s: done after the API server came back", what)
         return result
+
+
+def _gave_up(what: str, last: ApiError | Unavailable | None, seconds: float | None) -> GaveUp:
+    """The one line of a wait that ended: the last failure seen, and for how long."""
+    if last is None:
+        return GaveUp(f"{what}: no answer from the API server within {seconds:g} s")
+    if isinstance(last, Unavailable):
+        return GaveUp(f"{explain(last)}, for {seconds:g} s")
+    return GaveUp(f"{what}: {failures.say(last)}, for {seconds:g} s")

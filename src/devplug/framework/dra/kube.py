@@ -37,6 +37,6 @@ def node_labels(api: Any, node: str) -> dict[str, str]:
     from kubernetes import client
 
     core: Any = client.CoreV1Api(api)  # read as JSON, not as models
-    answer = core.read_node(node, _preload_content=False, _request_timeout=30)
+    answer = core.read_node(node, _preload_content=False)
     labels = (json.loads(answer.data).get("metadata") or {}).get("labels") or {}
     return {str(k): str(v) for k, v in labels.items()}
