@@ -19,7 +19,6 @@ from devplug.apiserver.credentials import Credentials
 from devplug.apiserver.kubeconfig import Target
 
 
-
 def need_client() -> None:
     """MissingExtra naming the extra when the `kubernetes` package is not installed
     (checked before the kubeconfig is read: the missing package is the first thing to

@@ -48,6 +48,8 @@ class ApiPodFollower:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
+        from devplug.apiserver.failures import say
+
         selector = f"spec.nodeName={self.node_name}"
         while not self._stopping.is_set():
             watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
@@ -69,11 +71,11 @@ class ApiPodFollower:
                 if error.status in (410, 504):
                     continue
                 if not self._stopping.is_set():
-                    loop.call_soon_threadsafe(queue.put_nowait, ("ERROR", str(error)))
+                    loop.call_soon_threadsafe(queue.put_nowait, ("ERROR", say(error)))
                 return
             except Exception as error:  # the API server went away: stop following
                 if not self._stopping.is_set():
-                    loop.call_soon_threadsafe(queue.put_nowait, ("ERROR", str(error)))
+                    loop.call_soon_threadsafe(queue.put_nowait, ("ERROR", say(error)))
                 return
 
     async def run(self) -> None:

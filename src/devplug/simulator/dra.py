@@ -170,13 +170,15 @@ class NodeSlices:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
+        from devplug.apiserver.failures import Permanent, say
+
         selector = f"spec.nodeName={self.node}" + (f",spec.driver={driver}" if driver else "")
         try:
             await asyncio.to_thread(
                 self._resource.delete_collection_resource_slice, field_selector=selector
             )
-        except (ApiException, HTTPError, OSError) as error:
-            log.warning("deleting ResourceSlices (%s) failed: %s", selector, error)
+        except (ApiException, HTTPError, OSError, Permanent) as error:
+            log.warning("deleting ResourceSlices (%s) failed: %s", selector, say(error))
             return False
         self.wiped += 1
         log.info("deleted ResourceSlices (%s)", selector)
