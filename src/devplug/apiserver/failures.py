@@ -121,7 +121,7 @@ def reason(error: BaseException) -> str:
         if isinstance(one, TimeoutError) or type(one).__name__.endswith("TimeoutError"):
             return "timed out"
         number = getattr(one, "errno", None)
-        if isinstance(one, OSError) and number in errnos.errorcode:
+        if isinstance(one, OSError) and isinstance(number, int) and number in errnos.errorcode:
             return os.strerror(number).lower()
     return _message(error)
 
