@@ -14,7 +14,7 @@ import contextlib
 import logging
 from typing import Any
 
-from devplug.apiserver.backoff import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+from devplug.apiserver import backoff
 from devplug.apiserver.credentials import Credentials
 from devplug.apiserver.kubeconfig import Target
 
@@ -92,7 +92,7 @@ def _rest_class(base: type) -> type:
 
         def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
             if kwargs.get("_request_timeout") is None:
-                kwargs["_request_timeout"] = (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+                kwargs["_request_timeout"] = (backoff.CONNECT_TIMEOUT_S, backoff.READ_TIMEOUT_S)
             try:
                 response = super().request(method, url, *args, **kwargs)
             except Exception as error:

@@ -27,7 +27,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from devplug.apiserver import failures
-from devplug.apiserver.backoff import CONNECT_TIMEOUT_S, WATCH_MARGIN_S, Backoff, Deadline
+from devplug.apiserver import backoff as timeouts
+from devplug.apiserver.backoff import Backoff, Deadline
 from devplug.apiserver.kubeconfig import Target
 
 log = logging.getLogger("devplug.fleet.kube")
@@ -114,7 +115,7 @@ class KubeApi:
             connector=connector,
             headers=self._headers,
             read_bufsize=2**21,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.CONNECT_TIMEOUT_S),
         )
         return self
 
@@ -131,9 +132,11 @@ class KubeApi:
         *,
         params: Mapping[str, str] | None = None,
         content_type: str = JSON,
-        timeout: float = 30.0,
+        timeout: float | None = None,
     ) -> Any:
-        """One request; the decoded answer (None for an empty one)."""
+        """One request (`timeout`: the read timeout of the API server's); the decoded
+        answer (None for an empty one)."""
+        timeout = timeouts.READ_TIMEOUT_S if timeout is None else timeout
         data = None if body is None else msgspec.json.encode(body)
         status, raw = await self._request(method, path, data, params, content_type, timeout)
         if status == 401 and await asyncio.to_thread(self.target.credentials.refresh):
@@ -184,7 +187,7 @@ class KubeApi:
                     path,
                     params=query,
                     headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=timeout + WATCH_MARGIN_S),
+                    timeout=aiohttp.ClientTimeout(total=timeout + timeouts.WATCH_MARGIN_S),
                 ) as response:
                     if (
                         response.status == 401
