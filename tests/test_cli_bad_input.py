@@ -39,6 +39,7 @@ class Case:
     closed_stdout: bool = False
     quiet: bool = False  # a closed stdout: nothing to say
     env: dict[str, str] = field(default_factory=dict)
+    also: list[str] = field(default_factory=list)  # ...and all of these
 
     def job(self) -> dict[str, object]:
         # info lines (what a command starts) aside: the failure is the one line left
@@ -83,6 +84,8 @@ def problems(cases: list[Case]) -> list[str]:
             wrong.append(f"not one line: {shown}")
         elif not any(name in lines[0] for name in case.names):
             wrong.append(f"does not name {' or '.join(case.names)}: {shown}")
+        elif not all(name in lines[0] for name in case.also):
+            wrong.append(f"does not say {' and '.join(case.also)}: {shown}")
     return wrong
 
 
@@ -239,4 +242,161 @@ def test_a_closed_output_pipe_is_no_error(files: Files) -> None:
     """`devplug check | head -1`: the reader went away; nothing to report."""
     cases = [Case(["check", "--config", str(files.config)], [], 1, closed_stdout=True, quiet=True)]
     wrong = problems(cases)
+    assert not wrong, "\n".join(wrong)
+
+
+# -- the API server: kubeconfigs, contexts, servers that do not answer -----------------
+
+FLEET = "name: f\npools:\n  - {name: p, count: 1, cpu: 4, memory: 8Gi,\n"
+FLEET += "     config: {resources: [{name: example.com/a, virtual: 1}]}}\n"
+DRA_CONFIG = "resources:\n  - {name: example.com/a, virtual: 1, mode: dra,\n"
+DRA_CONFIG += "     dra: {driver: a.example.com}}\n"
+GOOD_CLUSTER = "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+GOOD_CONTEXT = "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+# (what is wrong, the kubeconfig's text, words the line must also hold)
+BAD_KUBECONFIGS = [
+    ("not YAML", "clusters: [\n", "not YAML"),
+    ("a list", "- a\n- b\n", "not a kubeconfig"),
+    ("no context", "apiVersion: v1\nkind: Config\n", "current-context"),
+    ("context unknown", GOOD_CLUSTER + "current-context: y\n", "no context 'y'"),
+    ("no server", "clusters: [{name: c, cluster: {}}]\n" + GOOD_CONTEXT, "server: missing"),
+    (
+        "not base64",
+        "clusters: [{name: c, cluster: {server: 'https://h', certificate-authority-data: '%%'}}]\n"
+        + GOOD_CONTEXT,
+        "not base64",
+    ),
+    ("no cluster", "users: []\n" + GOOD_CONTEXT, "no cluster 'c'"),
+    ("entry not a mapping", "clusters: [7]\n" + GOOD_CONTEXT, "clusters[0]"),
+    (
+        "exec without command",
+        GOOD_CLUSTER
+        + "users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1}}}]\n"
+        + GOOD_CONTEXT,
+        "command: missing",
+    ),
+    (
+        "exec of an old API",
+        GOOD_CLUSTER
+        + "users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1alpha1,"
+        + " command: x}}}]\n"
+        + GOOD_CONTEXT,
+        "v1alpha1",
+    ),
+    (
+        "auth-provider",
+        GOOD_CLUSTER + "users: [{name: u, user: {auth-provider: {name: oidc}}}]\n" + GOOD_CONTEXT,
+        "auth-provider",
+    ),
+    (
+        "a certificate without its key",
+        GOOD_CLUSTER + "users: [{name: u, user: {client-certificate-data: YQ==}}]\n" + GOOD_CONTEXT,
+        "key",
+    ),
+    (
+        "a missing CA file",
+        "clusters: [{name: c, cluster: {server: 'https://h',\n"
+        + "  certificate-authority: nothere.crt}}]\n"
+        + GOOD_CONTEXT,
+        "nothere.crt",
+    ),
+]
+
+
+def kube_commands(files: Files) -> dict[tuple[str, ...], list[str]]:
+    """Every command that talks to an API server, with what it needs besides
+    --kubeconfig; the walk checks that none is missing."""
+    scratch = files.scratch
+    fleet, dra, pods = scratch / "fleet.yaml", scratch / "dra.yaml", scratch / "pods.csv"
+    fleet.write_text(FLEET)
+    dra.write_text(DRA_CONFIG)
+    pods.write_text("name,count,cpu,memory,gpus,gpuShare\nweb,1,1,1Gi,,\n")
+    folders = ["--plugin-dir", str(scratch / "dp"), "--registry-dir", str(scratch / "reg")]
+    return {
+        ("fleet", "up"): ["-f", str(fleet)],
+        ("fleet", "down"): ["-f", str(fleet), "--api-timeout", "2"],
+        ("plan",): ["-f", str(fleet), "--workload", str(pods), "--api-timeout", "2"],
+        ("serve",): ["--config", str(dra), *folders, "--node-name", "n",
+                     "--dra-socket-dir", str(scratch / "dra"), "--cdi-dir", str(scratch / "cdi")],
+        ("kubelet",): [*folders, "--node-name", "n"],
+    }  # fmt: skip
+
+
+def test_every_command_with_a_kubeconfig_has_a_context(files: Files) -> None:
+    with_kubeconfig = {
+        tuple(words)
+        for words, parser in leaves()
+        if any("--kubeconfig" in a.option_strings for a in options(parser))
+    }
+    assert with_kubeconfig == set(kube_commands(files)), "a new command: add it to kube_commands"
+    for words, parser in leaves():
+        flags = {flag for a in options(parser) for flag in a.option_strings}
+        if "--kubeconfig" in flags:
+            assert "--context" in flags, words
+
+
+@pytest.mark.timeout(180)
+def test_every_command_refuses_a_bad_kubeconfig_in_one_line(files: Files) -> None:
+    """Every mistake against one command (one reader serves them all), and a few
+    against every command (each goes through that reader)."""
+    cases = []
+    good = files.scratch / "kubeconfig-good"
+    good.write_text(GOOD_CLUSTER + GOOD_CONTEXT)
+    commands = kube_commands(files)
+    for words, rest in commands.items():
+        every = words == ("fleet", "down")
+        for index, (_, text, said) in enumerate(BAD_KUBECONFIGS):
+            if not every and index not in (0, 2, 8):
+                continue
+            kubeconfig = files.scratch / f"kubeconfig-{index}"
+            kubeconfig.write_text(text)
+            argv = [*words, *rest, "--kubeconfig", str(kubeconfig)]
+            cases.append(Case(argv, [f"kubeconfig {kubeconfig}"], 2, also=[said]))
+        argv = [*words, *rest, "--kubeconfig", str(good), "--context", "nowhere"]
+        cases.append(Case(argv, [f"kubeconfig {good}"], 2, also=["no context 'nowhere'"]))
+    wrong = problems(cases)
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.timeout(180)
+def test_commands_that_end_give_up_on_the_api_server_in_one_line(files: Files) -> None:
+    """A server not trusted, refusing the token, failing, refusing connections or
+    silent: `fleet down` and `plan` end within --api-timeout saying which, `fleet up`
+    at once where waiting cannot help; a credential command that fails is named."""
+    from api_servers import answering, closed_port, self_signed, silent_port, write_kubeconfig
+
+    scratch = files.scratch
+    commands = kube_commands(files)
+    ending = [("fleet", "down"), ("plan",)]
+    failing = scratch / "login"
+    failing.write_text("#!/bin/sh\necho 'error: login required' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    with (
+        answering(200, tls=self_signed(scratch)) as untrusted,
+        answering(401) as unauthorized,
+        answering(503) as failed,
+        silent_port() as silent,
+    ):
+        servers = {
+            "untrusted": (f"https://127.0.0.1:{untrusted.port}", "certificate is not trusted"),
+            "401": (f"http://127.0.0.1:{unauthorized.port}", "401 Unauthorized"),
+            "503": (f"http://127.0.0.1:{failed.port}", "for 2 s"),
+            "refused": (f"https://127.0.0.1:{closed_port()}", "connection refused"),
+            "silent": (f"https://127.0.0.1:{silent}", "within 2 s"),
+        }
+        cases = []
+        for name, (url, said) in servers.items():
+            kubeconfig = write_kubeconfig(scratch / f"kubeconfig-{name}", url)
+            permanent = name in ("untrusted", "401")
+            for words in [*ending, ("fleet", "up")] if permanent else ending:
+                argv = [*words, *commands[words], "--kubeconfig", str(kubeconfig)]
+                cases.append(Case(argv, [said], 1))
+        user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(failing)}}
+        kubeconfig = write_kubeconfig(scratch / "kubeconfig-exec", servers["401"][0], user=user)
+        for words in ending:
+            argv = [*words, *commands[words], "--kubeconfig", str(kubeconfig)]
+            cases.append(
+                Case(argv, [str(failing)], 1, also=["exit status 3: error: login required"])
+            )
+        wrong = problems(cases)
     assert not wrong, "\n".join(wrong)
