@@ -6,8 +6,10 @@ with its own stdout, stderr and exit status.
 
 Each case: {"argv": [...], "stdin": text or null, "block": [module, ...] (made
 unimportable, as if not installed), "closed_stdout": bool (stdout a pipe nobody reads),
-"env": {...}, "timeout": seconds}. Each result: {"code": exit status, or null when killed
-at the timeout, "stdout": ..., "stderr": ...}.
+"env": {...}, "timeout": seconds, "term_in": prefix or null (SIGTERM is sent the moment
+the command writes into a temporary folder it made whose name starts with prefix)}.
+Each result: {"code": exit status, or null when killed at the timeout, "stdout": ...,
+"stderr": ...}.
 """
 
 from __future__ import annotations
@@ -18,6 +20,27 @@ import os
 import signal
 import sys
 import tempfile
+
+
+def terminate_when_writing_in(prefix: str) -> None:
+    """SIGTERM to this process at its first write (a file opened, a folder made) in a
+    temporary folder it made whose name starts with `prefix`: its state exists then."""
+    folders: list[str] = []
+    sent: list[bool] = []
+
+    def hook(event: str, args: tuple[object, ...]) -> None:
+        if sent:
+            return
+        if event == "tempfile.mkdtemp" and os.path.basename(str(args[0])).startswith(prefix):
+            folders.append(str(args[0]) + os.sep)
+        elif event in ("open", "os.mkdir") and folders and isinstance(args[0], str | bytes):
+            path = os.fsdecode(args[0])
+            writing = event == "os.mkdir" or "w" in str(args[1]) or "a" in str(args[1])
+            if writing and any(path.startswith(f) for f in folders):
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    sys.addaudithook(hook)
 
 
 def run_case(case: dict[str, object], scratch: str) -> dict[str, object]:
@@ -41,6 +64,9 @@ def run_case(case: dict[str, object], scratch: str) -> dict[str, object]:
                 os.dup2(os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
             os.dup2(os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
             os.environ.update(case.get("env") or {})  # type: ignore[arg-type]
+            tempfile.tempdir = None  # $TMPDIR read again
+            if case.get("term_in"):
+                terminate_when_writing_in(str(case["term_in"]))
             for module in case.get("block") or []:  # type: ignore[attr-defined]
                 sys.modules[module] = None  # type: ignore[assignment]
             sys.argv = ["devplug", *case["argv"]]  # type: ignore[misc]

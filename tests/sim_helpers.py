@@ -189,10 +189,18 @@ def cli_command(*args: str) -> list[str]:
 
 
 def devplug(
-    *args: str, stdin: str | None = None, timeout: float = 30, cwd: Path | None = None
+    *args: str,
+    stdin: str | None = None,
+    timeout: float = 30,
+    cwd: Path | None = None,
+    user: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """`devplug ARGS` (as `user` and its group, nothing more, when given: setpriv)."""
+    become = []
+    if user is not None:
+        become = ["setpriv", f"--reuid={user}", f"--regid={user_group(user)}", "--clear-groups"]
     return subprocess.run(
-        cli_command(*args),
+        [*become, *cli_command(*args)],
         input=stdin,
         capture_output=True,
         text=True,
@@ -200,6 +208,12 @@ def devplug(
         env=dict(os.environ),
         cwd=cwd,
     )
+
+
+def user_group(user: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(user).pw_gid
 
 
 @contextmanager

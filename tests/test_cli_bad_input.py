@@ -40,6 +40,7 @@ class Case:
     quiet: bool = False  # a closed stdout: nothing to say
     env: dict[str, str] = field(default_factory=dict)
     also: list[str] = field(default_factory=list)  # ...and all of these
+    term_in: str | None = None  # SIGTERM at the first write in a temp folder of this prefix
 
     def job(self) -> dict[str, object]:
         # info lines (what a command starts) aside: the failure is the one line left
@@ -50,6 +51,7 @@ class Case:
             "block": self.block,
             "closed_stdout": self.closed_stdout,
             "env": self.env,
+            "term_in": self.term_in,
         }
 
 
@@ -448,3 +450,67 @@ def test_the_real_api_servers_refusals_are_said_and_the_context_chosen(
     ]
     wrong_lines = problems(cases)
     assert not wrong_lines, "\n".join(wrong_lines)
+
+
+# -- signals: SIGTERM (a CI timeout, `kill`) cleans up as Ctrl-C does ---------------------
+
+GPU_FLEET = "name: g\npools:\n  - {name: h, count: 2, cpu: 8, memory: 64Gi,\n"
+GPU_FLEET += "     gpus: {model: H100-SXM5-80GB, count: 2}, config: {resources: [{nvidia: {}}]}}\n"
+
+
+def temp_state_commands(files: Files) -> dict[str, list[str]]:
+    """Each command that keeps state in a temporary folder, by the folder's prefix."""
+    scratch = files.scratch
+    fleet, pods = scratch / "gpus.yaml", scratch / "gpus.csv"
+    fleet.write_text(GPU_FLEET)
+    pods.write_text("name,count,cpu,memory,gpus,gpuShare\ntrain,2,1,1Gi,1,\n")
+    from api_servers import closed_port, write_kubeconfig
+
+    away = write_kubeconfig(scratch / "kc-away", f"https://127.0.0.1:{closed_port()}")
+    return {
+        "devplug-plan-": ["plan", "-f", str(fleet), "--workload", str(pods)],
+        "devplug-fleet-": ["fleet", "check", "-f", str(fleet)],
+        "devplug-fleet-up-": ["fleet", "up", "-f", str(fleet), "--kubeconfig", str(away)],
+        "devplug-cluster-": ["cluster", "--config", str(files.config), "-f", str(files.pods)],
+        "devplug-demo-": ["demo"],
+    }
+
+
+def test_every_temporary_folder_is_known_to_the_signal_test(files: Files) -> None:
+    """A new command that keeps state in a temporary folder joins the test below."""
+    import re
+
+    src = Path(__file__).resolve().parents[1] / "src" / "devplug"
+    made = set()
+    for path in src.rglob("*.py"):
+        if "testing" in path.parts:  # the pytest fixtures' folders: their teardown
+            continue
+        made |= set(re.findall(r"mkdtemp\(prefix=\"([^\"]+)\"", path.read_text()))
+    removed_at_exit = {"devplug-kubeconfig-"}  # credentials' files: atexit, on any stop
+    assert made - removed_at_exit <= set(temp_state_commands(files)), made
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_cleans_up_as_ctrl_c_does_for_every_command(files: Files) -> None:
+    """SIGTERM sent the moment each command writes into its temporary folder: the folder
+    is gone when it exits, with 143 (128 + SIGTERM) and at most one line."""
+    cases, folders = [], []
+    for index, (prefix, argv) in enumerate(temp_state_commands(files).items()):
+        tmp = files.scratch / f"tmp-{index}"
+        tmp.mkdir()
+        folders.append(tmp)
+        case = Case(argv, ["terminated", "SIGTERM"], 143, env={"TMPDIR": str(tmp)})
+        case.term_in = prefix.removesuffix("up-")
+        cases.append(case)
+    results = run_all(cases)
+    wrong = []
+    for case, result, tmp in zip(cases, results, folders, strict=True):
+        err = str(result["stderr"])
+        shown = f"devplug {' '.join(case.argv)} -> {result['code']}: {err.strip()[-300:]!r}"
+        if result["code"] != 143 or "Traceback" in err:
+            wrong.append(f"not ended as by SIGTERM: {shown}")
+        if len([line for line in err.splitlines() if line.strip()]) > 1:
+            wrong.append(f"more than one line: {shown}")
+        if left := sorted(p.name for p in tmp.iterdir()):
+            wrong.append(f"left {left} behind: {shown}")
+    assert not wrong, "\n".join(wrong)

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -434,3 +435,24 @@ def test_the_worked_question_in_the_docs_is_what_plan_answers(tmp_path: Path) ->
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == shown
+
+
+def test_plan_and_fleet_check_run_for_a_user_who_is_not_root() -> None:
+    """The worked question as `nobody` (no mknod: the fake GPU hosts' device nodes are
+    plain files then), the same answer; `fleet check` of the same fleet."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "fleet.md").read_text()
+    worked = page.split("### A worked question", 1)[1]
+    fleet_text, csv_text, shown = re.findall(r"```(?:yaml)?\n(.*?)```", worked, re.S)[:3]
+    user = "nobody" if os.geteuid() == 0 else None  # not root already: as this user
+    with tempfile.TemporaryDirectory(dir="/tmp") as folder:
+        os.chmod(folder, 0o755)
+        (Path(folder) / "fleet.yaml").write_text(fleet_text)
+        (Path(folder) / "pods.csv").write_text(csv_text)
+        varied = ("--vary", "topologyPolicy=none", "--vary", "replicas=2")
+        args = ("plan", "-f", "fleet.yaml", "--workload", "pods.csv", *varied)
+        done = devplug(*args, cwd=Path(folder), user=user)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == shown
+        checked = devplug("fleet", "check", "-f", "fleet.yaml", cwd=Path(folder), user=user)
+        assert checked.returncode == 0, checked.stderr
+        assert "pool h100: 4 nodes" in checked.stdout

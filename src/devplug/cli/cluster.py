@@ -96,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return asyncio.run(_run(cluster, pods, args))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through its path before the loop ran
+        from devplug.framework.signals import received
+
+        if received() == signal.SIGTERM:
+            return style.fail(args, "terminated", EXIT_TERMINATED)
         return style.fail(args, "interrupted", EXIT_INTERRUPTED)
     except asyncio.CancelledError:
         return style.fail(args, "terminated", EXIT_TERMINATED)

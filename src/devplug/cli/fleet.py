@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -205,14 +204,18 @@ def _rss_mib() -> float:
 
 
 async def _up(api: Any, fleet: Fleet, args: argparse.Namespace) -> int:
+    """Run the fleet until SIGINT or SIGTERM."""
+    from devplug.framework.signals import stop_on_signals
+
+    with stop_on_signals() as stop:
+        return await _run_up(api, fleet, args, stop)
+
+
+async def _run_up(api: Any, fleet: Fleet, args: argparse.Namespace, stop: asyncio.Event) -> int:
     from devplug.fleet.runner import FleetError, FleetRunner, Options
 
     own = args.work_dir is None
     folder = Path(tempfile.mkdtemp(prefix="devplug-fleet-")) if own else Path(args.work_dir)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     options = Options(
         lease_duration_s=args.lease_seconds,
         renew_s=args.renew_seconds,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -116,18 +117,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `serve` builds its own parser only: it is on the path of a node's reboot, where
     # every millisecond before registration can fail a pod's admission.
     args = build_parser(only="serve" if _command(argv) == "serve" else None).parse_args(argv)
+    from devplug.framework import signals
     from devplug.logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)
+    signals.terminate_like_interrupt()
     try:
         code: int = args._module.run(args)
     except BrokenPipeError:
         # The reader went away (`devplug check ... | head`): quietly stop writing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except KeyboardInterrupt:  # Ctrl-C in a blocking wait (`devplug node --wait-for`)
-        print(f"{args.prog}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM in a blocking wait (`node --wait-for`)
+        stopped = signals.received() or signal.SIGINT
+        said = "terminated" if stopped == signal.SIGTERM else "interrupted"
+        print(f"{args.prog}: {said}", file=sys.stderr)
+        return 128 + stopped
+    if code == EXIT_INTERRUPTED and signals.received() == signal.SIGTERM:
+        print(f"{args.prog}: terminated", file=sys.stderr)  # through Ctrl-C's path
+        return 128 + signal.SIGTERM
     return code
 
 

@@ -589,9 +589,12 @@ def run_demo(
         view.emit({"event": "begin", "workdir": str(workdir), "keep": keep})
         with _logs_to(workdir / "kubelet.log", log_level):
             code = asyncio.run(_main(view, workdir, plugin_command, log_level, began))
-    except KeyboardInterrupt:
-        view.emit({"event": "interrupted", "signal": "SIGINT"})
-        code = 128 + signal.SIGINT.value
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through its path, before the loop ran
+        from devplug.framework.signals import received
+
+        stopped = received() or signal.SIGINT
+        view.emit({"event": "interrupted", "signal": stopped.name})
+        code = 128 + stopped.value
     except BrokenPipeError:
         code = EXIT_FAILED
     finally:

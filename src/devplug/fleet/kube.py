@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from devplug.apiserver import failures
 from devplug.apiserver import backoff as timeouts
+from devplug.apiserver import failures
 from devplug.apiserver.backoff import Backoff, Deadline
 from devplug.apiserver.kubeconfig import Target
 

@@ -1,4 +1,12 @@
-"""Stopping long-running services on SIGTERM and SIGINT."""
+"""Stopping on SIGTERM as on SIGINT, for every command.
+
+`terminate_like_interrupt()` (installed by `devplug`'s main before any command runs)
+makes SIGTERM, what a CI timeout, `kill` or the kubelet sends, do exactly what Ctrl-C
+does: it calls the SIGINT handler in place, so a command's clean-up for Ctrl-C (its
+`finally` blocks, asyncio.run cancelling its tasks, temporary folders removed) runs
+for SIGTERM too, and none needs a clean-up path of its own. `stop_on_signals()` is
+the same for long-running services, as an event their loop waits on.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +15,32 @@ import contextlib
 import logging
 import signal
 from collections.abc import Iterator
+from types import FrameType
 
 log = logging.getLogger("devplug.signals")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_received: list[signal.Signals] = []
+
+
+def terminate_like_interrupt() -> None:
+    """SIGTERM from now on calls whatever handles SIGINT at that moment (Python's
+    KeyboardInterrupt, asyncio.run's cancellation of its task, a service's stop)."""
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        _received.append(signal.Signals(signum))
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:  # SIGINT ignored or default: end as Ctrl-C would end this process
+            signal.default_int_handler(signal.SIGINT, frame)
+
+    signal.signal(signal.SIGTERM, forward)
+
+
+def received() -> signal.Signals | None:
+    """The first stop signal this process was sent, if any."""
+    return _received[0] if _received else None
 
 
 @contextlib.contextmanager
@@ -21,13 +51,17 @@ def stop_on_signals() -> Iterator[asyncio.Event]:
 
     def on_signal(signum: signal.Signals) -> None:
         log.info("%s received, shutting down", signum.name)
+        _received.append(signum)
         stop.set()
 
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, on_signal, signum)
     try:
         yield stop
     finally:
-        for signum in STOP_SIGNALS:
+        for signum, handler in previous.items():
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(signum)
+                if handler is not None:
+                    signal.signal(signum, handler)  # not the default removal leaves

@@ -360,6 +360,17 @@ def mig_devices(entry: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, A
     return sorted(found, key=lambda pair: (pair[0]["id"], pair[1]["id"]))
 
 
+def device_node(path: Path, major: int, minor: int, mode: int) -> None:
+    """A character device node `path`; where mknod is not allowed (not root, or no
+    CAP_MKNOD), an empty file of that mode stands in: a fake host's nodes are found
+    and passed on, never opened, so `devplug plan` and `fleet` run as any user."""
+    try:
+        os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+    except PermissionError:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+    os.chmod(path, mode)  # past the umask
+
+
 def driver_major(name: str, proc_devices: str = PROC_DEVICES) -> int:
     """The character major the kernel gave the driver `name`, else its stand-in."""
     with contextlib.suppress(OSError), open(proc_devices) as f:
@@ -487,8 +498,7 @@ class FakeGpuHost:
             nodes[f"nvidia-caps/nvidia-cap{number}"] = (caps, int(number), mode)
         for name, (major, minor, mode) in nodes.items():
             if not (dev / name).exists():
-                os.mknod(dev / name, stat.S_IFCHR | mode, os.makedev(major, minor))
-                os.chmod(dev / name, mode)  # past the umask
+                device_node(dev / name, major, minor, mode)
         for entry in self.description["gpus"]:
             bus = entry["busId"].lower()[4:]
             folder = root / "sys/bus/pci/devices" / bus
