@@ -343,3 +343,99 @@ def test_a_kubelet_sock_changed_while_connecting_is_tried_again(short_tmp: Path)
             assert proc.returncode is None
 
     asyncio.run(scenario())
+
+
+def test_a_new_kubelet_sock_not_listening_yet_is_tried_again_soon(short_tmp: Path) -> None:
+    """Under load a kubelet takes seconds to start: devplug tries the dead kubelet.sock
+    meanwhile, and each try waits twice as long as the last. The next kubelet's socket
+    may then be found bound but not listening yet, with no event to come when it is:
+    its first failure must be tried again at the shortest wait, not after the waits the
+    dead one grew (which once left a real kubelet without registrations for 30 s)."""
+    import json
+
+    from devplug.api.v1beta1 import api_pb2 as pb
+    from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
+    from devplug.framework.unixserver import UnixServer
+
+    registered: list[str] = []
+    heard = asyncio.Event()
+    upstream = short_tmp / "registration.sock"
+    plugin_dir = short_tmp / "device-plugins"
+    plugin_dir.mkdir()
+    kubelet_socket = plugin_dir / KUBELET_SOCKET
+    config = short_tmp / "one.yaml"
+    config.write_text(f"resources:\n  - name: {FAKE}\n    virtual: 1\n")
+
+    class Registration(pb_grpc.RegistrationServicer):
+        async def Register(self, request: pb.RegisterRequest, context: object) -> pb.Empty:
+            registered.append(request.resource_name)
+            heard.set()
+            return pb.Empty()
+
+    async def scenario() -> list[dict[str, object]]:
+        server = UnixServer(
+            upstream, lambda s: pb_grpc.add_RegistrationServicer_to_server(Registration(), s)
+        )
+        await server.start()
+        dead_tries = 0
+        tried = asyncio.Event()
+
+        async def dead(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal dead_tries
+            dead_tries += 1
+            tried.set()
+            writer.close()  # a kubelet gone: nothing answers
+
+        new_tries = 0
+
+        async def starting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal new_tries
+            new_tries += 1
+            if new_tries == 1:  # not listening yet, as far as the first try can tell
+                writer.close()
+                return
+            up_reader, up_writer = await asyncio.open_unix_connection(upstream)
+
+            async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+                dst.close()
+
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+        old = await asyncio.start_unix_server(dead, path=os.fspath(kubelet_socket))
+        command = ["serve", "--config", str(config), "--plugin-dir", str(plugin_dir)]
+        proc = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "devplug.cli.main", *command, "--log-format", "json"],
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            async with asyncio.timeout(30):
+                while dead_tries < 6:  # the wait has grown to 1.28 s by now
+                    tried.clear()
+                    await tried.wait()
+            old.close()
+            os.unlink(kubelet_socket)
+            new = await asyncio.start_unix_server(starting, path=os.fspath(kubelet_socket))
+            try:
+                async with asyncio.timeout(30):
+                    while registered != [FAKE]:
+                        heard.clear()
+                        await heard.wait()
+            finally:
+                new.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.stderr is not None
+            err = (await proc.stderr.read()).decode()
+            await proc.wait()
+            await server.stop(0)
+        lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+        return [line for line in lines if line.get("event") == "kubelet_gone"]
+
+    gone = asyncio.run(scenario())
+    # One event per kubelet.sock found silent: the dead one, then the starting one, each
+    # tried again first at the shortest wait.
+    assert [event["retry_s"] for event in gone] == [0.02, 0.02]
+    assert registered == [FAKE]

@@ -140,11 +140,18 @@ class Endpoint:
             return
         except (NotAnswering, TimeoutError):
             if self._silent != kubelet:
+                # A kubelet.sock not tried before: most likely the next kubelet between
+                # bind() and listen(), ready in a moment and with no event to come. Look
+                # again soon, whatever the dead one before it cost (under load a kubelet
+                # takes seconds to start, and the wait had grown meanwhile).
                 self._silent = kubelet
+                self._dial_retry_s = _DIAL_RETRY_FIRST_S
                 observe.emit(
                     observe.KUBELET_GONE,
                     self.name,
-                    "kubelet.sock does not answer (its kubelet stopped): waiting for the next",
+                    "kubelet.sock does not answer (its kubelet stopped, or the next is "
+                    f"starting): trying again in {self._dial_retry_s:.2f} s",
+                    retry_s=self._dial_retry_s,
                 )
             self._schedule_retry(dial=True)
             return
