@@ -53,7 +53,11 @@ def run(args: argparse.Namespace) -> int:
     style.print_result(
         {"sources": reports}, args.output, text=lambda: "\n".join(map(_text, reports))
     )
-    return style.EXIT_OK if all(r["nvml"]["usable"] for r in reports) else EXIT_NO_NVML
+    unusable = [r for r in reports if not r["nvml"]["usable"]]
+    if unusable:  # the report above says what NVML said; the failure in one line too
+        problems = "; ".join(f"{r['resource']}: {r['nvml']['problem']}" for r in unusable)
+        return style.fail(args, f"NVML is not usable ({problems})", EXIT_NO_NVML)
+    return style.EXIT_OK
 
 
 def _source_report(primary: NvidiaPlugin, plugins: list[NvidiaPlugin]) -> dict[str, Any]:

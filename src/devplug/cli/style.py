@@ -93,14 +93,23 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:
-        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+        said = one_line(message)
+        self.exit(EXIT_USAGE, f"{self.prog}: {said} (see '{self.prog} --help')\n")
 
 
 def fail(args: argparse.Namespace | str, message: str, code: int = EXIT_FAILED) -> int:
     """Print `devplug COMMAND: message` on stderr; return `code` for `run` to return."""
     prog = args if isinstance(args, str) else getattr(args, "prog", None) or "devplug"
-    print(f"{prog}: {message}", file=sys.stderr)
+    print(f"{prog}: {one_line(message)}", file=sys.stderr)
     return code
+
+
+def one_line(text: str) -> str:
+    """`text` with its line breaks and other control characters escaped (a file name or
+    value given with a newline must not split an error into two lines)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 # -- options every command spells the same way ---------------------------------------
