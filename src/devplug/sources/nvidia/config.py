@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import msgspec
 
@@ -55,6 +55,9 @@ class NvidiaConfigRef(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
         default_factory=lambda: ["named", "single"]
     )
     node_label: str = NODE_CONFIG_LABEL
+    # NVIDIA's command-line flags and environment (`nvidia-device-plugin`), in the
+    # file's shape: they replace what the file says, as in NVIDIA's plugin.
+    flags: dict[str, Any] = {}
 
 
 class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):

@@ -116,9 +116,10 @@ class NvidiaFile(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     imex: Imex | None = None
 
 
-def parse(text: str, source: str) -> NvidiaFile:
-    """Check NVIDIA config text (YAML or JSON); ConfigError with one line naming
-    `source` and the key when it is not a config NVIDIA's plugin would start with."""
+def parse(text: str, source: str, flags: Mapping[str, Any] | None = None) -> NvidiaFile:
+    """Check NVIDIA config text (YAML or JSON), with NVIDIA's command-line `flags`
+    laid over it; ConfigError with one line naming `source` and the key when it is not
+    a config NVIDIA's plugin would start with."""
     import yaml
 
     from devplug.sources.config import ConfigError, _shape_message, yaml_problem
@@ -134,6 +135,11 @@ def parse(text: str, source: str) -> NvidiaFile:
     data = match(data, NvidiaFile, "", ignored)
     for key in ignored:
         log.warning("%s: %s: unknown key, ignored (as NVIDIA's plugin ignores it)", source, key)
+    if flags and isinstance(data, dict):
+        from devplug.sources.nvidia.nvidiaflags import lay_over
+
+        data = lay_over(data, flags)
+        source = f"{source} (with NVIDIA's flags and environment)"
     try:
         config = msgspec.convert(data, NvidiaFile)
     except msgspec.ValidationError as e:
@@ -403,6 +409,9 @@ def inputs(ref: NvidiaConfigRef) -> list[Path]:
 
 def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> None:
     """Read the file (or every file of the folder, the chosen one applied) into `spec`."""
+    if ref.file is None and ref.folder is None and ref.flags:
+        apply(spec, parse("", "<no config file>", ref.flags), "<no config file>")
+        return
     if (ref.file is None) == (ref.folder is None):
         fail(at, "set one of file (one config) or folder (named configs, one per node)")
     path = ref.file or ref.folder or ""
@@ -410,7 +419,7 @@ def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> N
     if not path.startswith("/"):
         fail(key, f"expected an absolute path, got {path!r}")
     if ref.file:
-        apply(spec, parse(_read(ref.file, key, fail), ref.file), ref.file)
+        apply(spec, parse(_read(ref.file, key, fail), ref.file, ref.flags), ref.file)
         return
     try:
         files = named_configs(Path(path))
@@ -418,7 +427,7 @@ def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> N
         fail(key, f"cannot read {path}: {error.strerror or error}")
     if not files:
         fail(key, f"no configuration files in {path}")
-    parsed = {name: parse(_read(str(p), key, fail), str(p)) for name, p in files.items()}
+    parsed = {name: parse(_read(str(p), key, fail), str(p), ref.flags) for name, p in files.items()}
     label = current_node_labels(ref.node_label).get(ref.node_label, "")
     try:
         name, why = choose(list(parsed), label, ref.default, list(ref.fallback_strategies))
