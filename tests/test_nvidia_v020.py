@@ -8,9 +8,12 @@ and the cases of internal/rm's allocation tests."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -240,3 +243,77 @@ def test_an_imex_channel_reaches_the_container_as_from_nvidias_plugin(
     pod = kubelet.admit({GPU: 2})
     assert pod.env()["NVIDIA_IMEX_CHANNELS"] == "0"
     assert "/dev/nvidia-caps-imex-channels/channel0" in pod.device_nodes()
+
+
+# -- MIG layouts NVIDIA's plugin refuses ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [
+        (
+            "gpus: [{model: H100-SXM5-80GB, mig: [1g.10gb]}, {model: H100-SXM5-80GB}]",
+            "devices with MIG enabled and disabled detected",
+        ),
+        (
+            "gpus: [{model: H100-SXM5-80GB, mig: [3g.40gb, 1g.10gb]}]",
+            "more than one MIG device type present on node",
+        ),
+    ],
+)
+def test_single_on_a_layout_nvidia_refuses_serves_no_gpu(
+    kubelet: KubeletHarness, short_tmp: Path, layout: str, expected: str
+) -> None:
+    host = FakeGpuHost(short_tmp / "gpus", fake_host(layout))
+    nvidia_file = short_tmp / "nvidia.yaml"
+    nvidia_file.write_text("version: v1\nflags: {migStrategy: single, failOnInitError: false}\n")
+    ref = {"file": str(nvidia_file)}
+    block = {"nvidia": {"hostRoot": host.host_root, **FAST, "nvidiaConfig": ref}}
+    process = kubelet.start_serve({"resources": [block]}, env=host.env, wait=False)
+    kubelet.wait_until(lambda: expected in process.output, what="the refusal in the log")
+    kubelet.wait_for_resource(GPU, count=0)
+    assert not kubelet.admit({GPU: 1}).admitted  # a 1g slice is never given as a GPU
+
+
+def test_single_with_fail_on_init_error_does_not_start(short_tmp: Path) -> None:
+    host = FakeGpuHost(
+        short_tmp / "gpus",
+        fake_host("gpus: [{model: H100-SXM5-80GB, mig: [1g.10gb]}, {model: H100-SXM5-80GB}]"),
+    )
+    nvidia_file = short_tmp / "nvidia.yaml"
+    nvidia_file.write_text("version: v1\nflags: {migStrategy: single}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "devplug.cli.nvidia_plugin", "--config-file", str(nvidia_file)],
+        env={
+            **os.environ,
+            **host.env,
+            "DEVPLUG_NVIDIA_OPTIONS": json.dumps({"hostRoot": host.host_root}),
+            "KUBELET_SOCKET": str(short_tmp / "dp" / "kubelet.sock"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "invalid MIG configuration" in done.stderr
+    assert "devices with MIG enabled and disabled detected" in done.stderr
+
+
+def test_mixed_with_a_compute_instance_smaller_than_its_gpu_instance_is_refused(
+    kubelet: KubeletHarness, short_tmp: Path
+) -> None:
+    host = FakeGpuHost(
+        short_tmp / "gpus", fake_host("gpus: [{model: A100-SXM4-40GB, mig: [1c.2g.10gb]}]")
+    )
+    nvidia_file = short_tmp / "nvidia.yaml"
+    nvidia_file.write_text("version: v1\nflags: {migStrategy: mixed, failOnInitError: false}\n")
+    ref = {"file": str(nvidia_file)}
+    block = {"nvidia": {"hostRoot": host.host_root, **FAST, "nvidiaConfig": ref}}
+    process = kubelet.start_serve({"resources": [block]}, env=host.env, wait=False)
+    kubelet.wait_until(
+        lambda: (
+            "MIG profile '1c.2g.10gb' of GPU 0 does not match any resource patterns"
+            in process.output
+        ),
+        what="the refusal in the log",
+    )

@@ -57,6 +57,11 @@ class NvidiaPlugin(Plugin):
                 f"{self.resource_name}: NVML is not usable: {self.source.problem} "
                 "(failOnInitError is set: not waiting for it)"
             )
+        if self.primary and self.nvidia.fail_on_init_error and self.source.layout_problem:
+            return (
+                f"{self.resource_name}: invalid MIG configuration: {self.source.layout_problem} "
+                "(failOnInitError is set)"
+            )
         if self.nvidia.imex_required and (missing := missing_channels(self.nvidia)):
             return (
                 f"{self.resource_name}: requested IMEX channel {missing[0]} does not exist "
