@@ -107,8 +107,8 @@ class NvidiaPlugin(Plugin):
         if self.replicas > 1 and len(devices) > 1 and fails_requests_greater_than_one(nvidia):
             if nvidia.sharing == "mps":
                 why = (
-                    "a container gets one MPS replica (one GPU's control daemon, one share "
-                    "of its memory and SMs), as with NVIDIA's plugin"
+                    "a container gets one MPS replica (one share of a GPU's memory and "
+                    "SMs), as with NVIDIA's plugin unless failRequestsGreaterThanOne is false"
                 )
             else:
                 why = (

@@ -35,7 +35,7 @@ from devplug.sources.nvidia.health import (
     Round,
     WaitFailed,
 )
-from devplug.sources.nvidia.mps import MpsDaemons, mps_gpu
+from devplug.sources.nvidia.mps import MpsDaemons, MpsGpu, mps_resource
 from devplug.sources.nvidia.nvml import ALL_INSTANCES, RECOVERY_NONE, Nvml, NvmlView, XidEvent
 from devplug.sources.nvidia.xids import ignored_xids, xid_action
 
@@ -165,11 +165,11 @@ class GpuSource:
         """Have a running MPS daemon for each GPU served, before the devices are listed."""
         if self.mps is None:
             return
-        await self.mps.update(
-            mps_gpu(self.spec, u.resource, u.uuid, u.gpu.index, u.gpu.memory)
-            for u in self.units
-            if u.mig is None and u.resource == self.name
-        )
+        gpus: dict[str, list[MpsGpu]] = {}
+        for u in self.units:
+            if u.mig is None:
+                gpus.setdefault(u.resource, []).append(MpsGpu(u.uuid, u.gpu.index, u.gpu.memory))
+        await self.mps.update(mps_resource(self.spec, r, found) for r, found in gpus.items())
         if self._mps_task is None:
             self._mps_task = asyncio.create_task(self.mps.supervise(), name=f"mps {self.name}")
 
@@ -458,7 +458,7 @@ class GpuSource:
             return f"Xid {xid}"
         if (action := self._recovery.get(index, RECOVERY_NONE)) != RECOVERY_NONE:
             return f"the driver asks for recovery action {action}"
-        if self.mps is not None and unit.mig is None and not self.mps.healthy(unit.uuid):
+        if self.mps is not None and unit.mig is None and not self.mps.healthy(unit.resource):
             return "MPS control daemon down"
         return ""
 
