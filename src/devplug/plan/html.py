@@ -85,18 +85,35 @@ def _reasons(document: Mapping[str, Any]) -> Any:
     return figure
 
 
-def report_html(document: Mapping[str, Any]) -> str:
-    figures = [_utilisation(document), _stranded(document), _reasons(document)]
+def _page(title: str, engine: str, figures: list[Any], text: str) -> str:
     parts = [
         figure.to_html(full_html=False, include_plotlyjs=index == 0, div_id=f"plot-{index}")
         for index, figure in enumerate(figures)
     ]
-    title = f"Capacity of {document['fleet']} for {document['workload']}"
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title></head><body>"
         f"<h1>{html.escape(title)}</h1>"
-        f"<p>Placement: {html.escape(document['engine'])}.</p>"
+        f"<p>Placement: {html.escape(engine)}.</p>"
         + "".join(parts)
-        + f"<pre>{html.escape(report_text(document))}</pre></body></html>\n"
+        + f"<pre>{html.escape(text)}</pre></body></html>\n"
+    )
+
+
+def report_html(document: Mapping[str, Any]) -> str:
+    figures = [_utilisation(document), _stranded(document), _reasons(document)]
+    title = f"Capacity of {document['fleet']} for {document['workload']}"
+    return _page(title, document["engine"], figures, report_text(document))
+
+
+def trace_html(document: Mapping[str, Any]) -> str:
+    """The trace report as a page (`trace_plots`)."""
+    from devplug.plan.trace_plots import trace_figures
+    from devplug.plan.trace_report import trace_text
+
+    return _page(
+        f"Placement of {document['workload']} on {document['nodes']}",
+        document["engine"],
+        trace_figures(document),
+        trace_text(document),
     )

@@ -14,9 +14,10 @@ import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from devplug.placement import MILLI, Node, Placer, TargetWorkload, make_policy
-from devplug.plan.trace import TracePod
+from devplug.plan.trace import TraceError, TracePod
 
 MARKS = (100,)  # arrived demand (% of GPU capacity) the report reads the run at
 
@@ -195,3 +196,54 @@ def summary(run: Replay, marks: Sequence[int] = MARKS) -> dict[str, object]:
         "models": per_model(run),
         "curve": curve(run),
     }
+
+
+def plan_trace(
+    nodes_path: str,
+    pods_path: str,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    inflate_percent: float,
+) -> dict[str, Any]:
+    """The whole report: the trace read, each policy replayed with each seed (TraceError
+    for a bad trace)."""
+    from devplug.plan import published
+    from devplug.plan.trace import read_nodes, read_pods
+    from devplug.plan.trace_report import trace_document
+
+    nodes = read_nodes(nodes_path)
+    pods = read_pods(pods_path)
+    capacity = sum(n.gpus for n in nodes) * MILLI
+    if not capacity:
+        raise TraceError(f"{nodes_path}: no node has a GPU")
+    target = TargetWorkload.of(p.demand for p in pods)
+    runs = []
+    sizes = []
+    for seed in seeds:
+        order = arrivals(pods, seed, inflate_percent, capacity)
+        sizes.append(len(order))
+        for policy in policies:
+            runs.append(summary(replay(nodes, order, policy, target, seed)))
+    models: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        if node.gpus:
+            row = models.setdefault(node.model, {"nodes": 0, "gpus": 0})
+            row["nodes"] += 1
+            row["gpus"] += node.gpus
+    cluster = {
+        "nodes": len(nodes),
+        "gpus": capacity // MILLI,
+        "models": dict(sorted(models.items())),
+        "cpu_milli": sum(n.cpu for n in nodes),
+        "memory_mib": sum(n.memory for n in nodes),
+    }
+    protocol = {
+        "workload_pods": len(pods),
+        "pods": f"{min(sizes)}-{max(sizes)}" if min(sizes) != max(sizes) else str(sizes[0]),
+        "seeds": list(seeds),
+        "inflate_percent": inflate_percent,
+        "order": "sorted by name, shuffled with the seed",
+        "arrivals_only": True,
+    }
+    openb = published.is_openb_default(nodes, pods)
+    return trace_document(nodes_path, pods_path, cluster, protocol, target.describe(), runs, openb)
