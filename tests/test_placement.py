@@ -195,7 +195,8 @@ def test_the_placer_picks_what_scoring_every_node_picks(policy: str) -> None:
         if not scored:
             assert choice is None
             continue
-        (_points, gpus), index = max(scored, key=lambda s: (s[0][0], -s[1]))
+        _, index = max(scored, key=lambda s: (s[0], -s[1]))
+        gpus = reference.gpus(slow[index], pod)
         assert choice is not None
         assert (choice.node, choice.gpus) == (index, gpus)
         slow[index].take(pod, gpus)

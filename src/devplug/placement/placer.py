@@ -32,7 +32,7 @@ class Choice:
 
 @dataclass(slots=True)
 class _Kind:
-    heap: list[tuple[float, int, int, tuple[int, ...]]] = field(default_factory=list)
+    heap: list[tuple[float, int, int]] = field(default_factory=list)
     seen: int = 0  # position in the change log up to which nodes are scored
     stages: list[int] = field(default_factory=list)
     at_stage: list[int] = field(default_factory=lambda: [0] * (FITS + 1))
@@ -55,8 +55,8 @@ class Placer:
         kind.stages[index] = stage
         kind.at_stage[stage] += 1
         if stage == FITS:
-            points, gpus = self.policy.score(node, demand)
-            heapq.heappush(kind.heap, (-points, index, self._version[index], gpus))
+            points = self.policy.score(node, demand)
+            heapq.heappush(kind.heap, (-points, index, self._version[index]))
 
     def _kind(self, demand: Demand) -> _Kind:
         kind = self._kinds.get(demand)
@@ -80,9 +80,9 @@ class Placer:
         kind = self._kind(demand)
         heap = kind.heap
         while heap:
-            points, index, version, gpus = heap[0]
+            points, index, version = heap[0]
             if version == self._version[index]:
-                return Choice(index, gpus, -points)
+                return Choice(index, self.policy.gpus(self.nodes[index], demand), -points)
             heapq.heappop(heap)
         return None
 

@@ -1,8 +1,8 @@
 """How a node that fits is ranked, and which of its GPUs the pod gets.
 
-A policy scores one node for one pod (higher is better) and names the GPUs it would
-take there; the node with the best score wins, the first of equal nodes in cluster
-order. Each policy is a pure function of the node's state and the pod: no I/O, no
+A policy scores one node for one pod (higher is better); the node with the best score
+wins, the first of equal nodes in cluster order, and the policy names the GPUs the pod
+takes there. Each policy is a pure function of the node's state and the pod: no I/O, no
 clock, no randomness.
 
 - `default`: the scheduler's default, LeastAllocated over CPU and memory (integer
@@ -30,15 +30,16 @@ from devplug.placement.state import MILLI, Demand, Node, first_gpu, tightest_gpu
 
 MAX_NODE_SCORE = 100
 
-Scored = tuple[float, tuple[int, ...]]
-
 
 class Policy(Protocol):
     name: str
 
-    def score(self, node: Node, demand: Demand) -> Scored:
-        """The node's score for the pod (higher wins) and the GPUs it would get; only
-        called for a node the pod fits."""
+    def score(self, node: Node, demand: Demand) -> float:
+        """The node's score for the pod, higher wins; only called for a node the pod fits."""
+        ...
+
+    def gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+        """The GPUs (indices) the pod takes on the node it fits."""
         ...
 
 
@@ -62,13 +63,17 @@ class LeastAllocated:
 
     name = "default"
 
-    def score(self, node: Node, demand: Demand) -> Scored:
-        points = (
-            _least_allocated(node.cpu, node.cpu_free, demand.cpu)
-            + _least_allocated(node.memory, node.memory_free, demand.memory)
-        ) // 2
-        share = first_gpu(node, demand.gpu_milli) if demand.share else -1
-        return float(points), _gpus(node, demand, share)
+    def score(self, node: Node, demand: Demand) -> float:
+        return float(
+            (
+                _least_allocated(node.cpu, node.cpu_free, demand.cpu)
+                + _least_allocated(node.memory, node.memory_free, demand.memory)
+            )
+            // 2
+        )
+
+    def gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+        return _gpus(node, demand, first_gpu(node, demand.gpu_milli) if demand.share else -1)
 
 
 class BestFit:
@@ -80,13 +85,13 @@ class BestFit:
         self.max_cpu = max((n.cpu for n in nodes), default=1) or 1
         self.max_gpu = max((n.gpus for n in nodes), default=1) * MILLI or MILLI
 
-    def score(self, node: Node, demand: Demand) -> Scored:
+    def score(self, node: Node, demand: Demand) -> float:
         left_cpu = node.cpu_free - demand.cpu
         left_gpu = sum(node.gpu_free) - demand.total_milli
-        share = tightest_gpu(node, demand.gpu_milli) if demand.share else -1
-        return -(0.5 * left_cpu / self.max_cpu + 0.5 * left_gpu / self.max_gpu), _gpus(
-            node, demand, share
-        )
+        return -(0.5 * left_cpu / self.max_cpu + 0.5 * left_gpu / self.max_gpu)
+
+    def gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+        return _gpus(node, demand, tightest_gpu(node, demand.gpu_milli) if demand.share else -1)
 
 
 class Packing:
@@ -94,19 +99,21 @@ class Packing:
 
     name = "packing"
 
-    def score(self, node: Node, demand: Demand) -> Scored:
+    def score(self, node: Node, demand: Demand) -> float:
         if not demand.gpus:
-            return -node.cpu_free / max(node.cpu, 1), ()
+            return -node.cpu_free / max(node.cpu, 1)
         whole = node.whole_free()
         if demand.share:
-            partly = [f for f in node.gpu_free if demand.gpu_milli <= f < MILLI]
-            if partly:
-                gpu = tightest_gpu(node, demand.gpu_milli)
-                return 2.0 + (MILLI - node.gpu_free[gpu]) / MILLI, (gpu,)
-        taken = _gpus(node, demand, tightest_gpu(node, demand.gpu_milli) if demand.share else -1)
-        if whole < node.gpus:  # partly used: the fewest whole GPUs left first
-            return 1.0 + (1 - (whole - len(taken)) / node.gpus) / 2, taken
-        return -node.gpus / 100, taken
+            gpu = tightest_gpu(node, demand.gpu_milli)
+            if node.gpu_free[gpu] < MILLI:  # a partly used GPU holds it
+                return 2.0 + (MILLI - node.gpu_free[gpu]) / MILLI
+        if whole < node.gpus:  # a partly used node: the fewest whole GPUs left first
+            taken = 0 if demand.share else demand.gpus
+            return 1.0 + (1 - (whole - taken) / node.gpus) / 2
+        return -node.gpus / 100
+
+    def gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+        return _gpus(node, demand, tightest_gpu(node, demand.gpu_milli) if demand.share else -1)
 
 
 def fgd_points(growth: float) -> int:
@@ -125,27 +132,36 @@ class FragmentationGradientDescent:
     def __init__(self, target: TargetWorkload) -> None:
         self.target = target
 
-    def score(self, node: Node, demand: Demand) -> Scored:
+    def _share(self, node: Node, demand: Demand) -> tuple[int, int]:
+        """The best points of a share on the node, and its GPU."""
         measure = self.target.measure
         before = measure(node.model, node.cpu_free, node.gpu_free)
         cpu_after = node.cpu_free - demand.cpu
+        best_points, best_gpu, tried = -1, -1, set()
+        for index, free in enumerate(node.gpu_free):
+            if free < demand.gpu_milli or free in tried:
+                continue
+            tried.add(free)
+            after_free = list(node.gpu_free)
+            after_free[index] = free - demand.gpu_milli
+            points = fgd_points(measure(node.model, cpu_after, after_free) - before)
+            if points > best_points:
+                best_points, best_gpu = points, index
+        return best_points, best_gpu
+
+    def score(self, node: Node, demand: Demand) -> float:
         if demand.share:
-            best_points, best_gpu, tried = -1, -1, set()
-            for index, free in enumerate(node.gpu_free):
-                if free < demand.gpu_milli or free in tried:
-                    continue
-                tried.add(free)
-                after_free = list(node.gpu_free)
-                after_free[index] = free - demand.gpu_milli
-                points = fgd_points(measure(node.model, cpu_after, after_free) - before)
-                if points > best_points:
-                    best_points, best_gpu = points, index
-            return float(best_points), (best_gpu,)
-        gpus = _gpus(node, demand, -1)
+            return float(self._share(node, demand)[0])
+        measure = self.target.measure
+        before = measure(node.model, node.cpu_free, node.gpu_free)
         after_free = list(node.gpu_free)
-        for index in gpus:
+        for index in _gpus(node, demand, -1):
             after_free[index] = 0
-        return float(fgd_points(measure(node.model, cpu_after, after_free) - before)), gpus
+        after = measure(node.model, node.cpu_free - demand.cpu, after_free)
+        return float(fgd_points(after - before))
+
+    def gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+        return _gpus(node, demand, self._share(node, demand)[1] if demand.share else -1)
 
 
 POLICY_NAMES = ("default", "bestfit", "packing", "fgd")

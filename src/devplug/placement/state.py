@@ -86,18 +86,20 @@ class Node:
         return len(self.gpu_free)
 
     def whole_free(self) -> int:
-        return sum(1 for free in self.gpu_free if free == MILLI)
+        return self.gpu_free.count(MILLI)
 
     def stage(self, demand: Demand) -> int:
         """How far the pod gets on this node: the index in REASONS of the first check it
         fails, FITS when it fits."""
-        if demand.gpus:
-            if not self.gpu_free or (demand.models and self.model not in demand.models):
+        gpus = demand.gpus
+        if gpus:
+            free = self.gpu_free
+            if not free or (demand.models and self.model not in demand.models):
                 return 0
-            if demand.share:
-                if max(self.gpu_free) < demand.gpu_milli:
+            if demand.gpu_milli < MILLI:
+                if max(free) < demand.gpu_milli:
                     return 2
-            elif self.whole_free() < demand.gpus:
+            elif free.count(MILLI) < gpus:
                 return 1
         if self.cpu_free < demand.cpu:
             return 3
