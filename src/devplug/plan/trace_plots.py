@@ -10,6 +10,8 @@ from typing import Any
 
 from devplug.placement import REASONS
 
+ZOOM_FROM = 70  # % arrived where the allocation plot opens
+
 
 def palette(count: int) -> list[str]:
     """`count` distinct colours (up to 48 before any repeats): enough for 30 pools."""
@@ -61,9 +63,12 @@ def _allocation(document: Mapping[str, Any]) -> Any:
                 line={"color": colour},
             )
         )
-    for colour, (name, points) in zip(
-        colours[len(curves) :], paper.get("curves", {}).items(), strict=False
-    ):
+    # a published curve in the colour of devplug's policy of the same name, dotted
+    same = {paper_name: policy for policy, paper_name in paper.get("same_as", {}).items()}
+    mine = dict(zip(curves, colours, strict=False))
+    others = iter(colours[len(curves) :])
+    for name, points in paper.get("curves", {}).items():
+        colour = mine.get(same.get(name, ""), "") or next(others)
         figure.add_trace(
             go.Scatter(
                 x=[p[0] for p in points],
@@ -73,10 +78,17 @@ def _allocation(document: Mapping[str, Any]) -> Any:
                 name=f"paper: {name}",
             )
         )
+    # Below 70 % arrived every policy allocates what arrives: the view opens on the rest
+    # (the toolbar's home button shows it all).
+    end = max((p[0] for points in curves.values() for p in points), default=100)
+    low = min((p[1] for points in curves.values() for p in points if p[0] >= ZOOM_FROM),
+              default=ZOOM_FROM)  # fmt: skip
     figure.update_layout(
         title="GPU capacity allocated against GPU demand arrived (by request)",
         xaxis_title="GPU demand arrived, % of GPU capacity",
         yaxis_title="allocated, % of GPU capacity",
+        xaxis_range=[ZOOM_FROM, max(end, 100) + 1],
+        yaxis_range=[min(low, ZOOM_FROM) - 1, 100],
     )
     legend_below(figure, len(figure.data))
     return figure
