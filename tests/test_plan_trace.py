@@ -187,3 +187,20 @@ def test_the_paper_s_results_on_openb_are_reproduced() -> None:
     [row] = default["policies"]
     assert 0 < row["allocated_percent_at_100"] <= 100
     assert json.dumps(document)  # the report is JSON as it is
+
+
+def test_the_trace_report_draws_its_plots_in_chromium(tmp_path: Path) -> None:
+    from test_plan import open_in_chromium
+
+    from devplug.plan.html import trace_html
+
+    nodes_path, pods_path = small(tmp_path)
+    document = plan_trace(nodes_path, pods_path, ["default", "fgd"], [42], 130)
+    page = tmp_path / "trace.html"
+    page.write_text(trace_html(document))
+    dom, errors = open_in_chromium(page, tmp_path / "profile")
+    assert errors == []
+    for index in range(5):
+        block = dom.split(f'id="plot-{index}"')[1].split('id="plot-')[0]
+        assert 'class="main-svg"' in block, f"plot {index} not drawn"
+    assert dom.count('class="trace bars"') >= 2
