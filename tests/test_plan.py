@@ -211,6 +211,15 @@ def test_time_slicing_and_dra_change_the_answer(tmp_path: Path) -> None:
     sliced = by_run["replicas=4"]
     assert sliced["pools"]["h100"]["devices"]["nvidia.com/gpu"]["capacity"] == 64
     assert sliced["overall"]["pods"]["Failed"] == 0  # 5 replicas fit on one NUMA node
+    # The 64 units are replicas of 16 GPUs: reported as units on devices, not capacity.
+    h100 = sliced["shared"]["h100"]["nvidia.com/gpu"]
+    assert (h100["units"], h100["devices"]) == (64, 16)
+    assert h100["units_used"] == 15
+    assert 3 <= h100["devices_in_use"] <= 15
+    assert "h100" not in by_run["baseline"]["shared"]
+    compared = {c["variant"]: c for c in document["comparison"]}
+    assert compared["replicas=4"]["devices"]["nvidia.com/gpu"]["physical"]["devices"] == 16
+    assert "physical" not in compared["baseline"]["devices"]["nvidia.com/gpu"]
     dra = by_run["mode=dra"]
     assert "dra:gpu.nvidia.com" in dra["pools"]["h100"]["devices"]
     trains = [p for p in dra["pods"] if p["pod"].startswith("train")]

@@ -12,11 +12,32 @@ from typing import Any
 from devplug.plan.report import report_text, scheduler_reasons
 
 
+def palette(count: int) -> list[str]:
+    """`count` distinct colours (up to 48 before any repeats): enough for 30 pools."""
+    from plotly import colors
+
+    colours = list(colors.qualitative.Dark24) + list(colors.qualitative.Light24)
+    return [colours[i % len(colours)] for i in range(count)]
+
+
+def legend_below(figure: Any, entries: int) -> None:
+    """A legend under the plot, in rows, so many entries neither clip nor shrink it."""
+    rows = max(1, (entries + 3) // 4)
+    figure.update_layout(
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
+        height=420 + 22 * rows,
+        margin={"b": 80 + 22 * rows},
+    )
+
+
 def _utilisation(document: Mapping[str, Any]) -> Any:
     import plotly.graph_objects as go
 
     figure = go.Figure()
-    for summary in document["runs"]:
+    pools = list(dict.fromkeys(p for s in document["runs"] for p in s["pools"]))
+    colour = dict(zip(pools, palette(len(pools)), strict=True))
+    dashes = ("solid", "dot", "dash", "longdash", "dashdot", "longdashdot")
+    for number, summary in enumerate(document["runs"]):
         for pool, counts in summary["pools"].items():
             capacity = sum(d["capacity"] for d in counts["devices"].values())
             if not capacity:
@@ -28,6 +49,7 @@ def _utilisation(document: Mapping[str, Any]) -> Any:
                     y=used,
                     mode="lines",
                     name=f"{pool} ({summary['variant']})",
+                    line={"color": colour[pool], "dash": dashes[number % len(dashes)]},
                 )
             )
     figure.update_layout(
@@ -36,6 +58,7 @@ def _utilisation(document: Mapping[str, Any]) -> Any:
         yaxis_title="% of the pool's devices",
         yaxis_range=[0, 100],
     )
+    legend_below(figure, len(figure.data))
     return figure
 
 
@@ -43,10 +66,12 @@ def _stranded(document: Mapping[str, Any]) -> Any:
     import plotly.graph_objects as go
 
     figure = go.Figure()
-    for summary in document["runs"]:
+    runs = document["runs"]
+    for summary, colour in zip(runs, palette(len(runs)), strict=True):
         pools = list(summary["pools"])
         figure.add_trace(
             go.Bar(
+                marker_color=colour,
                 x=pools,
                 y=[
                     sum(d["stranded"] for d in summary["pools"][p]["devices"].values())
@@ -60,6 +85,7 @@ def _stranded(document: Mapping[str, Any]) -> Any:
         barmode="group",
         yaxis_title="devices",
     )
+    legend_below(figure, len(runs))
     return figure
 
 

@@ -9,26 +9,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from devplug.placement import REASONS
+from devplug.plan.html import legend_below, palette
 
 ZOOM_FROM = 70  # % arrived where the allocation plot opens
-
-
-def palette(count: int) -> list[str]:
-    """`count` distinct colours (up to 48 before any repeats): enough for 30 pools."""
-    from plotly import colors
-
-    colours = list(colors.qualitative.Dark24) + list(colors.qualitative.Light24)
-    return [colours[i % len(colours)] for i in range(count)]
-
-
-def legend_below(figure: Any, entries: int) -> None:
-    """A legend under the plot, in rows, so many entries neither clip nor shrink it."""
-    rows = max(1, (entries + 3) // 4)
-    figure.update_layout(
-        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
-        height=420 + 22 * rows,
-        margin={"b": 80 + 22 * rows},
-    )
 
 
 def _mean_curves(runs: Sequence[Mapping[str, Any]], column: int) -> dict[str, list[list[float]]]:
