@@ -190,11 +190,28 @@ def units(
             resource = mig_resource(mig, name, spec)
             nodes = (gpu_node, *caps, *shared)
             found.append(Unit(mig.uuid, gpu, mig, resource, numa, nodes, mig_attributes, kind))
-    if spec.mig_strategy == "single" and (problem := single_problem(view)):
-        warnings.append(
-            f"migStrategy single expects every GPU in MIG mode with one profile: {problem}"
-        )
     return found, warnings
+
+
+_SMALLER_CI = re.compile(r"[0-9]+c\.")
+
+
+def layout_problem(view: NvmlView, spec: NvidiaSpec) -> str:
+    """Why NVIDIA's plugin would not start on this MIG layout ('' when it would): with
+    `single`, GPUs with and without MIG, an empty MIG GPU or two profiles (it would
+    serve a MIG slice as a whole GPU); with `mixed` and NVIDIA's config file, a compute
+    instance smaller than its GPU instance, which no resource of NVIDIA's matches."""
+    if spec.mig_strategy == "single" and (problem := single_problem(view)):
+        return f"migStrategy single needs every GPU in MIG mode with one profile: {problem}"
+    if spec.mig_strategy == "mixed" and spec.nvidia_config is not None:
+        for gpu in view.gpus:
+            for mig in gpu.migs if gpu.mig_enabled else ():
+                if _SMALLER_CI.match(mig.profile):
+                    return (
+                        f"MIG profile {mig.profile!r} of GPU {gpu.index} does not match any "
+                        "resource patterns (a compute instance smaller than its GPU instance)"
+                    )
+    return ""
 
 
 def single_problem(view: NvmlView) -> str:

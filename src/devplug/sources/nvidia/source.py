@@ -26,7 +26,7 @@ from devplug.sources.hardware import DEFAULT_DEV_ROOT
 from devplug.sources.health import check_problem
 from devplug.sources.nvidia import blocking
 from devplug.sources.nvidia.config import NvidiaSpec
-from devplug.sources.nvidia.discovery import Unit, host_path, units
+from devplug.sources.nvidia.discovery import Unit, host_path, layout_problem, units
 from devplug.sources.nvidia.health import (
     HealthThread,
     Probe,
@@ -55,6 +55,7 @@ class GpuSource:
         self.units: list[Unit] = []
         self.warnings: list[str] = []
         self.problem = ""  # why NVML is not usable now; empty when it is
+        self.layout_problem = ""  # why the MIG layout is not served; empty when it is
         self.ready = asyncio.Event()  # the first attempt is over, success or not
         self._generation = 0
         self._changed = asyncio.Event()
@@ -463,10 +464,14 @@ class GpuSource:
 
     def _set_view(self, view: NvmlView | None) -> None:
         self.view = view
+        self.layout_problem = ""
         if view is None:
             self.units, self.warnings = [], []
             return
         self.units, self.warnings = units(view, self.name, self.spec, self.dev_root)
+        if problem := layout_problem(view, self.spec):  # as NVIDIA's plugin: nothing served
+            self.layout_problem = problem
+            self.units, self.warnings = [], [f"invalid MIG configuration: {problem}: serving none"]
 
     def _bump(self) -> None:
         self._generation += 1
