@@ -189,6 +189,13 @@ def test_the_fit_step_run_reports_devices_pods_and_reasons(tmp_path: Path) -> No
     assert baseline["pools"]["a100"]["devices"]["nvidia.com/mig-2g.10gb"]["used"] == 4
     [pending] = [p for p in infer if p["phase"] == "Pending"]
     assert pending["message"] == "0/4 nodes are available: 4 Insufficient nvidia.com/mig-2g.10gb."
+    assert baseline["pending_reasons"] == {
+        "Insufficient nvidia.com/mig-2g.10gb": {
+            "pods": 1,
+            "messages": 1,
+            "example": pending["message"],
+        }
+    }
     web = [p for p in baseline["pods"] if p["pod"].startswith("web")]
     assert {(p["phase"], p["pool"]) for p in web} == {("Running", "cpu")}
     # Without the topology manager two of the three fit (5 of 8 GPUs each); the third
@@ -250,6 +257,15 @@ def test_the_fit_step_sees_the_node_labels_the_api_server_has(tmp_path: Path) ->
     [variant] = parse_vary([])
     run = asyncio.run(run_fit(fleet(), workload, variant, tmp_path))
     assert [(p.phase, p.pool) for p in run.pods] == [("Running", "cpu")]
+
+
+def test_pending_pods_are_classed_by_the_reason_most_nodes_gave() -> None:
+    from devplug.plan.report import reason_class
+
+    assert reason_class("0/9 nodes are available: 2 Insufficient cpu, 7 Too many pods.") == (
+        "Too many pods"
+    )
+    assert reason_class("no message the scheduler writes") == "pending"
 
 
 def test_scheduler_messages_are_read_as_reasons_per_node() -> None:

@@ -9,7 +9,7 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
-from devplug.plan.report import report_text, scheduler_reasons
+from devplug.plan.report import report_text
 
 
 def palette(count: int) -> list[str]:
@@ -95,19 +95,24 @@ def _reasons(document: Mapping[str, Any]) -> Any:
     per_reason: dict[str, dict[str, int]] = {}
     variants = [s["variant"] for s in document["runs"]]
     for summary in document["runs"]:
-        for message, pods in summary["scheduler_reasons"].items():
-            # The scheduler's main reason per pod: the one most nodes gave.
-            found = scheduler_reasons(message)
-            reason = f"scheduler: {found.most_common(1)[0][0]}" if found else "scheduler: pending"
-            per_reason.setdefault(reason, {})
-            per_reason[reason][summary["variant"]] = per_reason[reason].get(summary["variant"], 0)
-            per_reason[reason][summary["variant"]] += pods
+        for reason, info in summary["pending_reasons"].items():
+            per_reason.setdefault(f"scheduler: {reason}", {})[summary["variant"]] = info["pods"]
         for reason, info in summary["kubelet_reasons"].items():
             per_reason.setdefault(f"kubelet: {reason}", {})[summary["variant"]] = info["pods"]
     figure = go.Figure()
-    for reason, counts in sorted(per_reason.items()):
-        figure.add_trace(go.Bar(x=variants, y=[counts.get(v, 0) for v in variants], name=reason))
+    for (reason, counts), colour in zip(
+        sorted(per_reason.items()), palette(len(per_reason)), strict=True
+    ):
+        figure.add_trace(
+            go.Bar(
+                x=variants,
+                y=[counts.get(v, 0) for v in variants],
+                name=reason,
+                marker_color=colour,
+            )
+        )
     figure.update_layout(title="Pods not running, by reason", barmode="stack", yaxis_title="pods")
+    legend_below(figure, len(per_reason))
     return figure
 
 

@@ -50,6 +50,24 @@ def scheduler_reasons(message: str) -> Counter[str]:
     return found
 
 
+def reason_class(message: str) -> str:
+    """A pending pod's reason class: the scheduler's reason most nodes gave."""
+    found = scheduler_reasons(message)
+    return found.most_common(1)[0][0] if found else "pending"
+
+
+def _classes(messages: Counter[str]) -> dict[str, dict[str, Any]]:
+    """Pending pods per reason class, with the message of the most of them (thousands of
+    pods give hundreds of messages, a few classes)."""
+    classes: dict[str, dict[str, Any]] = {}
+    for message, pods in messages.most_common():
+        row = classes.setdefault(reason_class(message), {"pods": 0, "messages": 0})
+        row["pods"] += pods
+        row["messages"] += 1
+        row.setdefault("example", message)
+    return dict(sorted(classes.items(), key=lambda item: -item[1]["pods"]))
+
+
 def summarize(run: Run) -> dict[str, Any]:
     needs = _pending_needs(run)
     pools: dict[str, dict[str, Any]] = {}
@@ -104,6 +122,7 @@ def summarize(run: Run) -> dict[str, Any]:
         # the units are not capacity; the physical devices are
         "shared": shared,
         "scheduler_reasons": dict(pending_reasons.most_common()),
+        "pending_reasons": _classes(pending_reasons),
         "kubelet_reasons": {
             reason: {"pods": count, "message": examples[reason]}
             for reason, count in failed_reasons.most_common()
@@ -191,8 +210,10 @@ def report_text(document: Mapping[str, Any]) -> str:
                 )
         header = ["POOL", "NODES", "DEVICES", "CAPACITY", "USED", "FREE", "STRANDED"]
         lines += table([*header, "RUNNING", "FAILED", "PENDING"], rows, indent="  ")
-        for message, count in summary["scheduler_reasons"].items():
-            lines.append(f"  pending {count}: {message}")
+        for reason, info in summary["pending_reasons"].items():
+            more = info["messages"] - 1
+            also = f" (and {more} other message{'s' * (more > 1)})" if more else ""
+            lines.append(f"  pending {info['pods']}: {reason}: {info['example']}{also}")
         for reason, info in summary["kubelet_reasons"].items():
             lines.append(f"  failed {info['pods']}: {reason}: {info['message']}")
         for pool, resources in summary.get("shared", {}).items():
