@@ -332,6 +332,19 @@ def open_in_chromium(page: Path, profile: Path) -> tuple[str, list[str]]:
     return done.stdout, CONSOLE_ERROR.findall(done.stderr)
 
 
+def test_thirty_pools_get_thirty_colours_and_a_legend_that_grows_below() -> None:
+    import plotly.graph_objects as go
+
+    from devplug.plan.html import legend_below, palette
+
+    assert len(set(palette(30))) == 30
+    assert len(set(palette(48))) == 48
+    figure = go.Figure()
+    legend_below(figure, 60)
+    assert figure.layout.legend.orientation == "h"
+    assert figure.layout.height > 600  # 15 rows of legend below the plot, not over it
+
+
 def test_the_html_report_renders_its_plots_without_console_errors(tmp_path: Path) -> None:
     from devplug.plan.html import report_html
 
