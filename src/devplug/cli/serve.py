@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     log.info(
         "serving %s from %s in %s",
         ", ".join(p.resource_name for p in plugins),
-        args.config or "the packaged default config",
+        source,
         args.plugin_dir,
     )
 
