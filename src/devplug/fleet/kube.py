@@ -83,6 +83,8 @@ class KubeApi:
         self.host: str = target.server
         self._ssl: Any = target.ssl_context() if target.server.startswith("https:") else False
         self._headers = {"Accept": JSON}
+        # The name the server's certificate must carry, where it is not the URL's host.
+        self._sni = {"server_hostname": target.tls_server_name} if target.tls_server_name else {}
         self.concurrency = concurrency
         self._session: Any = None
         self.calls = 0
@@ -168,6 +170,7 @@ class KubeApi:
                 params=params,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout),
+                **self._sni,
             ) as response:
                 return response.status, await response.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
@@ -188,6 +191,7 @@ class KubeApi:
                     params=query,
                     headers=headers,
                     timeout=aiohttp.ClientTimeout(total=timeout + timeouts.WATCH_MARGIN_S),
+                    **self._sni,
                 ) as response:
                     if (
                         response.status == 401
