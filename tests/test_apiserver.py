@@ -282,3 +282,33 @@ def test_every_client_is_made_by_the_one_kubeconfig_reader() -> None:
             if needle in text:
                 found.append(f"{path.relative_to(SRC)}: {needle}")
     assert not found, found
+
+
+@pytest.mark.usefixtures("short_waits")
+def test_a_quiet_watch_is_not_cut_by_the_read_timeout(kubeconfig: str) -> None:
+    """A watch is silent while nothing changes: the official client reads it for its
+    own length (and a margin), not the read timeout of a request (1 s here)."""
+    from kubernetes import client
+    from kubernetes.watch.watch import iter_resp_lines
+
+    from devplug.framework.dra.kube import api_client
+
+    api = api_client(kubeconfig)
+    core = client.CoreV1Api(api)
+    selector = "metadata.name=no-such-node"
+    try:
+        for _ in range(20):  # the watch cache may be behind the list: 504, list again
+            listed = core.list_node(field_selector=selector)
+            response = core.list_node(
+                watch=True,
+                timeout_seconds=3,
+                field_selector=selector,
+                resource_version=listed.metadata.resource_version,
+                _preload_content=False,
+            )
+            lines = list(iter_resp_lines(response))  # not cut after 1 s: ended by the server
+            if not any('"code":504' in line for line in lines):
+                break
+        assert lines == []
+    finally:
+        api.close()

@@ -77,6 +77,21 @@ def api_client(target: Target) -> Any:
     return api
 
 
+def _read_timeout(url: str, params: Any = None) -> float | None:
+    """How long an answer may keep silent: READ_TIMEOUT_S, but a watch's length and
+    WATCH_MARGIN_S for a watch (it is silent while nothing changes), and no limit for
+    a watch of the server's own length (the server ends it)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    query = parse_qs(urlsplit(url).query)
+    for key, value in params or ():  # the older client passes them apart
+        query.setdefault(str(key), []).append(str(value).lower())
+    if query.get("watch", [""])[0].lower() not in ("true", "1"):
+        return backoff.READ_TIMEOUT_S
+    length = query.get("timeoutSeconds", [""])[0]
+    return float(length) + backoff.WATCH_MARGIN_S if length.isdigit() else None
+
+
 _classes: dict[type, type] = {}
 
 
@@ -92,7 +107,10 @@ def _rest_class(base: type) -> type:
 
         def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
             if kwargs.get("_request_timeout") is None:
-                kwargs["_request_timeout"] = (backoff.CONNECT_TIMEOUT_S, backoff.READ_TIMEOUT_S)
+                kwargs["_request_timeout"] = (
+                    backoff.CONNECT_TIMEOUT_S,
+                    _read_timeout(url, kwargs.get("query_params")),
+                )
             try:
                 response = super().request(method, url, *args, **kwargs)
             except Exception as error:
