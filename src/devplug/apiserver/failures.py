@@ -109,7 +109,9 @@ def say(error: BaseException) -> str:
         return f"not allowed by the API server (403 Forbidden): {message}"
     if status == 429:
         return f"the API server is overloaded (429 Too Many Requests): {message}"
-    return f"the API server answered {status}: {message}"
+    phrase = getattr(error, "reason", None)
+    answered = f"{status} {phrase}" if isinstance(phrase, str) and phrase else str(status)
+    return answered if message in ("", phrase) else f"{answered}: {message}"
 
 
 def reason(error: BaseException) -> str:
