@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH
@@ -148,9 +148,9 @@ def run(args: argparse.Namespace) -> int:
         load_config,
         load_default_config,
         parse_config,
-        start_problems,
     )
     from devplug.sources.services import build_services
+    from devplug.sources.validate import CannotStart, plugins_to_serve
 
     def build(config: Config) -> list[SourcePlugin]:
         return build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
@@ -182,17 +182,15 @@ def run(args: argparse.Namespace) -> int:
         if needs_node_labels(config):
             labels = _node_labels(args)
             apply_node_modes(config, labels, node_name(args), source)
-        plugins = build(config)
+        plugins = plugins_to_serve(config, source, build, args.plugin_dir)
         services = build_services(config, feature_file=args.feature_file)
-    except nvidiafile.NodeLabelsUnreadable as error:
+    except (nvidiafile.NodeLabelsUnreadable, CannotStart) as error:
         return style.fail(args, str(error))
     except ConfigError as e:
         print(e, file=sys.stderr)
         return style.EXIT_USAGE
     except ValueError as e:  # no usable kubeconfig for the node's labels
         return style.fail(args, f"nodeModeLabel: {e}", style.EXIT_USAGE)
-    if problems := start_problems(plugins):
-        return style.fail(args, "; ".join(problems))
     from devplug.sources.draconfig import serves_device_plugin, serves_dra
 
     device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
@@ -221,7 +219,10 @@ def run(args: argparse.Namespace) -> int:
             apply_node_modes(config, labels, node_name(args), source)
         return [p for p in build(config) if serves_device_plugin(p.spec.mode)]
 
-    services += reload_and_metrics(args, config, build_device_plugins, text)
+    from devplug.sources.services import config_followers
+
+    followers = config_followers(services, feature_file=args.feature_file)
+    services += reload_and_metrics(args, config, build_device_plugins, text, followers)
     from devplug.extras import MissingExtra
     from devplug.framework.daemon import ServiceFailed
 
@@ -292,16 +293,21 @@ def nvidia_config_text(path: str) -> str:
 
 
 def reload_and_metrics(
-    args: argparse.Namespace, config: Config, build: BuildPlugins, text: str | None = None
+    args: argparse.Namespace,
+    config: Config,
+    build: BuildPlugins,
+    text: str | None = None,
+    followers: Sequence[Callable[[Config], None]] = (),
 ) -> list[Service]:
     """The config reloader (with --config or --nvidia-config, whose `text` it is; `build`
-    as at start-up), the node label watch (when a node label chooses an NVIDIA config)
-    and the metrics server (with --metrics-port), each imported only when used."""
+    as at start-up; `followers` told each applied config), the node label watch (when a
+    node label chooses an NVIDIA config) and the metrics server (with --metrics-port),
+    each imported only when used."""
     services: list[Service] = []
     if args.config or text is not None:
         from devplug.sources.reload import ConfigReloader
 
-        reloader = ConfigReloader(args.config, config, build, text)
+        reloader = ConfigReloader(args.config, config, build, text, followers)
         services.append(reloader)
         if keys := label_keys(config):
             from devplug.sources.nvidia.nodelabel import NodeLabelWatch

@@ -24,6 +24,19 @@ def permissions_problem(permissions: str) -> str | None:
     return f"permissions {permissions!r} must combine r, w and m, each at most once"
 
 
+def env_problem(name: str, value: str) -> str | None:
+    """Why a container cannot get the variable `name=value`: the runtime hands env to
+    execve as 'NAME=VALUE' C strings, so a NUL cuts it and '=' in the name moves the
+    split (containerd then drops or mangles it)."""
+    if not name:
+        return "an env variable needs a name"
+    if "=" in name or "\0" in name:
+        return f"bad env variable name {name!r}: no '=' or NUL character"
+    if "\0" in value:
+        return f"env variable {name!r}: its value contains a NUL character"
+    return None
+
+
 def cdi_name_problem(name: str) -> str | None:
     if _CDI_NAME.match(name):
         return None
@@ -110,6 +123,9 @@ class Device:
         for name in self.cdi_devices:
             if problem := cdi_name_problem(name):
                 raise ValueError(problem)
+        for key, value in self.env.items():
+            if problem := env_problem(key, value):
+                raise ValueError(f"device {self.id!r}: {problem}")
         if any(n < 0 for n in self.numa_nodes):
             raise ValueError(f"device {self.id!r}: NUMA node IDs must be >= 0")
 

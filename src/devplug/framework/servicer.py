@@ -159,11 +159,16 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             )
         response = pb.PreferredAllocationResponse()
         try:
+            # The kubelet offers every free device, to each container again: a request
+            # as large as the published list allows is the kubelet's own, whatever
+            # limits.maxIdsPerRequest says (below the device count it would fail every pod).
+            containers = len(request.container_requests)
             self._check_id_count(
                 sum(
                     len(c.available_deviceIDs) + len(c.must_include_deviceIDs)
                     for c in request.container_requests
-                )
+                ),
+                at_least=2 * containers * len(self.plugin.devices),
             )
             for index, creq in enumerate(request.container_requests):
                 ids = await self._preferred_one(index, creq)
@@ -267,8 +272,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             )
         return pb.PreStartContainerResponse()
 
-    def _check_id_count(self, count: int) -> None:
-        limit = self.plugin.limits.max_ids_per_request
+    def _check_id_count(self, count: int, at_least: int = 0) -> None:
+        limit = max(self.plugin.limits.max_ids_per_request, at_least)
         if count > limit:
             raise AllocationError(
                 f"{count} device IDs in one request, the limit "
