@@ -102,6 +102,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if _command(argv) == "serve":
+        # First of all: SIGHUP asks a running daemon to reload, it must never end one
+        # that is still starting.
+        from devplug.framework.signals import hold_reload_signal
+
+        hold_reload_signal()
     # gRPC's core logs (absl) bypass Python logging and would break the log format;
     # devplug reports each failure itself, so unless asked for (GRPC_VERBOSITY=debug to
     # see them) they are off. Read when grpc loads, so before any import of it.

@@ -140,6 +140,9 @@ def node_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import os
+
+    log.debug("starting, pid %d", os.getpid())
 
     from devplug.framework.daemon import serve
     from devplug.sources import (

@@ -11,6 +11,28 @@ from collections.abc import Iterator
 log = logging.getLogger("devplug.signals")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# Asks a daemon to read its config again (devplug.sources.reload).
+RELOAD_SIGNAL = signal.SIGHUP
+_reload_held = False
+
+
+def hold_reload_signal() -> None:
+    """Catch SIGHUP from the daemon's first moment, before its config reloader listens
+    (the signal's default ends the process); one received meanwhile is kept, and
+    `take_held_reload` hands it to the reloader."""
+
+    def hold(_signum: int, _frame: object) -> None:
+        global _reload_held
+        _reload_held = True
+
+    signal.signal(RELOAD_SIGNAL, hold)
+
+
+def take_held_reload() -> bool:
+    """Whether SIGHUP came while held (cleared by the call)."""
+    global _reload_held
+    held, _reload_held = _reload_held, False
+    return held
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +24,7 @@ from asyncinotify import Mask
 
 from devplug.framework import observe
 from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
+from devplug.framework.signals import RELOAD_SIGNAL, hold_reload_signal, take_held_reload
 from devplug.sources import Config, ConfigError, build_plugins, parse_config
 from devplug.sources.validate import plugins_to_serve
 
@@ -114,7 +114,9 @@ class ConfigReloader:
         watch()
         events = asyncio.create_task(watcher.run(), name="watch config")
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, self.request)
+        loop.add_signal_handler(RELOAD_SIGNAL, self.request)
+        if take_held_reload():  # came during the start: the file may have changed since
+            self.request()
         try:
             while True:
                 await wake.wait()
@@ -133,7 +135,8 @@ class ConfigReloader:
                 watch()
         finally:
             with contextlib.suppress(Exception):
-                loop.remove_signal_handler(signal.SIGHUP)
+                loop.remove_signal_handler(RELOAD_SIGNAL)
+            hold_reload_signal()  # and not the default, which would end the process
             events.cancel()
             await asyncio.gather(events, return_exceptions=True)
             watcher.close()
