@@ -12,6 +12,8 @@ from devplug.api.constants import DEVICE_PLUGIN_PATH
 from devplug.cli import style
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from devplug.framework.daemon import Service
     from devplug.sources import Config, SourcePlugin
     from devplug.sources.reload import BuildPlugins
@@ -97,17 +99,17 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--registry-dir",
-        default=dra.PLUGINS_REGISTRY_PATH,
         type=style.folder,
         metavar="DIR",
-        help="the kubelet's plugin registration folder",
+        help="the kubelet's plugin registration folder (default: plugins_registry beside "
+        f"--plugin-dir, {dra.PLUGINS_REGISTRY_PATH})",
     )
     group.add_argument(
         "--dra-socket-dir",
-        default=dra.PLUGINS_PATH,
         type=style.folder,
         metavar="DIR",
-        help="the folder of each DRA driver's own folder and dra.sock (the kubelet's plugins)",
+        help="the folder of each DRA driver's own folder and dra.sock, the kubelet's plugins "
+        f"(default: plugins beside the registration folder, {dra.PLUGINS_PATH})",
     )
     group.add_argument(
         "--cdi-dir",
@@ -346,16 +348,35 @@ def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
     from devplug.sources.draconfig import config_driver, serves_dra
 
     drivers = [config_driver(plugin) for plugin in plugins if serves_dra(plugin.spec.mode)]
+    registry, sockets = dra_dirs(args)
     settings = DraSettings(
         node_name=node_name(args),
-        registry_dir=Path(args.registry_dir),
-        plugins_dir=Path(args.dra_socket_dir),
+        registry_dir=registry,
+        plugins_dir=sockets,
         cdi_dir=Path(args.cdi_dir),
         kubeconfig=args.kubeconfig,
         claims_dir=Path(args.claims_dir) if args.claims_dir else None,
         pod_uid=args.pod_uid or os.environ.get("POD_UID", ""),
     )
+    from devplug.framework.dra.nodeplugin import driver_sockets
+    from devplug.framework.unixserver import socket_path_problem
+
+    for driver in drivers:  # before anything is made: one line, a usage error
+        for path in driver_sockets(driver.name, registry, sockets, settings.pod_uid):
+            if problem := socket_path_problem(path):
+                raise ValueError(f"driver {driver.name}: {problem}")
     return DraService(drivers, settings)
+
+
+def dra_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The kubelet's registration folder and DRA plugins folder: those given, else
+    derived from the folders given (a moved --plugin-dir moves both), so that a
+    serve on other folders never makes one on the real kubelet's."""
+    from pathlib import Path
+
+    registry = Path(args.registry_dir or Path(args.plugin_dir).parent / "plugins_registry")
+    sockets = Path(args.dra_socket_dir or registry.parent / "plugins")
+    return registry, sockets
 
 
 def _debug_services() -> list[Service]:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from devplug.api.constants import KUBELET_SOCKET
 from devplug.framework.limits import Limits, device_limit_problem
 from devplug.framework.unixserver import socket_path_problem
 from devplug.sources.config import Config, ConfigError
@@ -41,6 +42,8 @@ def plugins_to_serve(
     problems = [p for p in (getattr(plugin, "start_problem", "") for plugin in plugins) if p]
     if problems:
         raise CannotStart("; ".join(problems))
+    if problem := socket_path_problem(Path(plugin_dir) / KUBELET_SOCKET):
+        raise ConfigError(f"--plugin-dir: {problem}")
     for plugin in plugins:
         spec = getattr(plugin, "spec", None)
         if spec is not None and not serves_device_plugin(spec.mode):

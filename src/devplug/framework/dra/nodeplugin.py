@@ -226,6 +226,16 @@ class RegistrationServicer:
         return reg.RegistrationStatusResponse()
 
 
+def driver_sockets(
+    name: str, registry_dir: Path | str, plugins_dir: Path | str, pod_uid: str = ""
+) -> tuple[Path, Path]:
+    """A driver's registration socket and its DRA socket. With the pod's UID in both
+    names, two devplug pods of a rolling update serve side by side: the kubelet
+    registers both and calls the newer."""
+    uid = f"-{pod_uid}" if pod_uid else ""
+    return Path(registry_dir) / f"{name}{uid}-reg.sock", Path(plugins_dir) / name / f"dra{uid}.sock"
+
+
 class NodePlugin:
     """Serves one driver's sockets and keeps them served until cancelled."""
 
@@ -241,11 +251,9 @@ class NodePlugin:
         self.preparer = preparer
         self.status = status
         name = preparer.driver.name
-        # With the pod's UID in both socket names, two devplug pods of a rolling update
-        # serve side by side: the kubelet registers both and calls the newer.
-        uid = f"-{pod_uid}" if pod_uid else ""
-        self.registration_socket = Path(registry_dir) / f"{name}{uid}-reg.sock"
-        self.dra_socket = Path(plugins_dir) / name / f"dra{uid}.sock"
+        self.registration_socket, self.dra_socket = driver_sockets(
+            name, registry_dir, plugins_dir, pod_uid
+        )
         self.registration = RegistrationServicer(name, self.dra_socket)
         self._closing = asyncio.Event()
         self._dra = UnixServer(self.dra_socket, self._add_dra_services)
