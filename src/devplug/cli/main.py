@@ -125,8 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from devplug.logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)
+    from devplug.extras import MissingExtra
+
     try:
         code: int = args._module.run(args)
+    except MissingExtra as error:  # any command: one line naming the extra to install
+        return style.fail(args, str(error))
     except BrokenPipeError:
         # The reader went away (`devplug check ... | head`): quietly stop writing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

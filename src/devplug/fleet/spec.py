@@ -19,7 +19,7 @@ from typing import Any, Literal, NoReturn
 import msgspec
 import yaml
 
-from devplug.simulator.pods import QuantityError, parse_quantity
+from devplug.kube.quantity import QuantityError, parse_quantity
 from devplug.simulator.topology import MAX_NUMA_NODES, POLICIES
 from devplug.sources.config import Config, ConfigError, convert, parse_config, yaml_problem
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from devplug.simulator.pods import QuantityError, parse_quantity
+from devplug.kube.quantity import QuantityError, parse_quantity
 
 COUNT_ANNOTATION = "devplug.io/count"
 GPU = "nvidia.com/gpu"
