@@ -184,6 +184,32 @@ class ContainerEdits:
     cdi_devices: list[str] = field(default_factory=list)
 
 
+def edits_problem(edits: object) -> str | None:
+    """Why `edits`, as returned by a plugin's allocate hook, cannot go to the kubelet:
+    not ContainerEdits, or parts of the wrong type, or env a container cannot take."""
+    if not isinstance(edits, ContainerEdits):
+        return f"returned {type(edits).__name__}, expected ContainerEdits"
+    parts = (
+        ("env", edits.env, dict, str),
+        ("annotations", edits.annotations, dict, str),
+        ("mounts", edits.mounts, list, Mount),
+        ("nodes", edits.nodes, list, DeviceNode),
+        ("cdi_devices", edits.cdi_devices, list, str),
+    )
+    for name, value, kind, item in parts:
+        if not isinstance(value, kind):
+            want = kind.__name__
+            return f"returned ContainerEdits.{name} of {type(value).__name__}, expected {want}"
+        every = [*value, *value.values()] if isinstance(value, dict) else value
+        if wrong := next((v for v in every if not isinstance(v, item)), None):
+            want = item.__name__
+            return f"returned ContainerEdits.{name} holding {type(wrong).__name__}, expected {want}"
+    for key, text in edits.env.items():
+        if problem := env_problem(key, text):
+            return f"returned {problem}"
+    return None
+
+
 def merge_edits(devices: Iterable[Device]) -> ContainerEdits:
     """Combine the edits of several devices into one container's edits.
 
