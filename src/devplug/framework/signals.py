@@ -1,12 +1,17 @@
-"""Stopping long-running services on SIGTERM and SIGINT."""
+"""Stopping long-running services on SIGTERM and SIGINT; SIGHUP held for the config
+reloader. Light to import (asyncio loads only when a stop is awaited): `devplug serve`
+imports it first of all, before it keeps the ssl module out."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import signal
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("devplug.signals")
 
@@ -38,6 +43,8 @@ def take_held_reload() -> bool:
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[asyncio.Event]:
     """An event set by SIGTERM or SIGINT while the block runs (inside an event loop)."""
+    import asyncio
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
