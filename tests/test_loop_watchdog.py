@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
+import pytest
 from serve_helpers import wait_for_output
 
 from devplug import ContainerEdits, Device, Plugin
@@ -116,3 +118,44 @@ def test_an_allocate_hook_returning_none_is_named() -> None:
         assert "'NoneType' object has no attribute" not in process.output
         assert kubelet.admit({"example.com/fine": 1}).admitted
         assert process.stop() == 0
+
+
+class Unlabelled(Plugin):
+    def node_labels(self) -> dict[str, str]:
+        return None  # type: ignore[return-value]  # the mistake
+
+
+def test_a_node_labels_hook_returning_the_wrong_type_is_named(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from hw_helpers import wait_for_file
+
+    from devplug.framework.daemon import Daemon
+    from devplug.outputs.nfd import HEADER, FeatureFile
+
+    features = short_tmp / "features"
+    plugins = [Unlabelled("example.com/unlabelled", devices(1)), Labelled()]
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        daemon = Daemon(plugins, short_tmp / "plugins", services=[FeatureFile(features)])
+        task = asyncio.create_task(daemon.run(stop))
+        # The other resource's labels are written; the daemon keeps serving.
+        await wait_for_file(features, lambda t: t == HEADER + "example.com/labelled.count=1\n")
+        assert not task.done()
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    assert (
+        "example.com/unlabelled: Unlabelled.node_labels returned NoneType, expected a mapping "
+        "of strings" in caplog.text
+    )
+
+
+class Labelled(Plugin):
+    def __init__(self) -> None:
+        super().__init__("example.com/labelled", devices(1))
+
+    def node_labels(self) -> dict[str, str]:
+        return {"example.com/labelled.count": str(len(self.devices))}

@@ -79,7 +79,19 @@ def feature_labels(plugins: Sequence[Plugin]) -> dict[str, str]:
     """Every plugin's `node_labels()`, sorted by name."""
     labels: dict[str, str] = {}
     for plugin in plugins:
-        labels.update(plugin.node_labels())
+        found = plugin.node_labels()
+        if not isinstance(found, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in found.items()
+        ):
+            log.error(
+                "%s: %s.node_labels returned %s, expected a mapping of strings: its labels "
+                "are left out",
+                plugin.resource_name,
+                type(plugin).__name__,
+                type(found).__name__,
+            )
+            continue
+        labels.update(found)
     return dict(sorted(labels.items()))
 
 
