@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 from devplug.api.constants import KUBELET_SOCKET
 from devplug.framework.limits import Limits, device_limit_problem
 from devplug.framework.unixserver import socket_path_problem
+from devplug.sources import start_problems
 from devplug.sources.config import Config, ConfigError
 from devplug.sources.draconfig import serves_device_plugin
 
@@ -39,8 +40,7 @@ def plugins_to_serve(
     """The plugins `build` makes of a checked `config`, or a ConfigError (one line,
     naming `source`) saying why they cannot be served from `plugin_dir`."""
     plugins = list(build(config))
-    problems = [p for p in (getattr(plugin, "start_problem", "") for plugin in plugins) if p]
-    if problems:
+    if problems := start_problems(plugins):
         raise CannotStart("; ".join(problems))
     if problem := socket_path_problem(Path(plugin_dir) / KUBELET_SOCKET):
         raise ConfigError(f"--plugin-dir: {problem}")
