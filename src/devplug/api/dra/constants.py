@@ -12,10 +12,13 @@ DRA_SOCKET: Final = "dra.sock"
 DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 V1: Final = "v1.DRAPlugin"
 V1BETA1: Final = "v1beta1.DRAPlugin"
-# The device health service: v1alpha1 is the only version in Kubernetes 1.36.
+# The device health service: v1 since Kubernetes 1.37, which a kubelet that knows it
+# prefers; v1alpha1, the only version in 1.36, served beside it (the same messages)
+# until the kubelets that know only v1alpha1 are gone (upstream drops it around 1.40).
+HEALTH_V1: Final = "v1.DRAResourceHealth"
 HEALTH_V1ALPHA1: Final = "v1alpha1.DRAResourceHealth"
 # The kubelet takes the first DRA service of this list that it knows: v1 first.
-SUPPORTED_VERSIONS: Final = (V1, V1BETA1, HEALTH_V1ALPHA1)
+SUPPORTED_VERSIONS: Final = (V1, V1BETA1, HEALTH_V1, HEALTH_V1ALPHA1)
 # The resource.k8s.io API group and the limits of its objects.
 RESOURCE_GROUP: Final = "resource.k8s.io"
 RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"
