@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+import yaml
 
 from devplug.api.drahealth.v1 import api_pb2 as health_v1
 from devplug.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
@@ -72,3 +74,92 @@ def test_both_health_versions_stream_the_same_devices_with_the_message(dirs: Nod
             )
 
     run(scenario())
+
+
+def numa_bodies(dra: dict[str, object], numa: list[int | None]) -> list[dict[str, Any]]:
+    """The slices a config entry publishes, one device per entry of `numa` (its NUMA
+    node, or None for none)."""
+    from devplug.framework.dra.slices import slice_bodies
+    from devplug.sources import build_plugins, parse_config
+    from devplug.sources.draconfig import config_driver
+
+    groups = [
+        {
+            "id": f"card{i}",
+            "paths": [{"path": "/dev/null"}],
+            **({} if n is None else {"numaNode": n}),
+        }
+        for i, n in enumerate(numa)
+    ]
+    entry = {"name": "example.com/card", "mode": "dra", "dra": dra, "groups": groups}
+    [plugin] = build_plugins(parse_config(yaml.safe_dump({"resources": [entry]})))
+    plugin.publish(plugin.discover())
+    return slice_bodies(config_driver(plugin), "api-check", 1)
+
+
+def test_a_device_on_one_numa_node_carries_the_standard_attribute_beside_its_own() -> None:
+    [body] = numa_bodies({}, [1, None])
+    devices = {d["name"]: d.get("attributes", {}) for d in body["spec"]["devices"]}
+    assert devices["card0"]["numaNode"] == {"int": 1}
+    assert devices["card0"]["resource.kubernetes.io/numaNode"] == {"int": 1}
+    assert "numaNode" not in devices["card1"]
+    assert "resource.kubernetes.io/numaNode" not in devices["card1"]
+
+
+def test_the_api_server_accepts_the_standard_numa_attribute(kubeconfig: str) -> None:
+    """The real v1.36.2 API server takes the qualified name (1.37 made it standard,
+    1.36 already accepts any '<domain>/<name>')."""
+    from devplug.framework.dra.kube import api_client
+
+    with api_client(kubeconfig) as api:
+        from kubernetes import client
+
+        resource = client.ResourceV1Api(api)
+        for body in numa_bodies({}, [0, 1]):
+            created = resource.create_resource_slice(body, dry_run="All")
+            attributes = created.spec.devices[0].attributes
+            assert attributes["resource.kubernetes.io/numaNode"].int == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("example.com/a/b", "with one '/' and both parts set"),
+        ("/numaNode", "with one '/' and both parts set"),
+        ("example.com//x", "with one '/' and both parts set"),
+        ("Example.com/x", "the domain must be a lower-case DNS subdomain"),
+        ("example.com/" + "x" * 33, "C identifier of at most 32 characters after the domain"),
+        ("9lives", "C identifier of at most 32 characters"),
+    ],
+)
+def test_attribute_names_that_1_38_refuses_stop_the_config_with_one_line(
+    name: str, problem: str
+) -> None:
+    from devplug.sources import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        numa_bodies({"attributes": {name: "x"}}, [0])
+    said = str(caught.value)
+    assert problem in said
+    assert "dra.attributes" in said
+    assert "\n" not in said
+
+
+def test_qualified_attribute_names_are_published() -> None:
+    [body] = numa_bodies({"attributes": {"resource.kubernetes.io/pcieRoot": "pci0000:00"}}, [0])
+    [device] = body["spec"]["devices"]
+    assert device["attributes"]["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:00"}
+
+
+def test_the_1_36_api_server_lets_through_a_name_that_1_38_refuses(kubeconfig: str) -> None:
+    """Why devplug checks names itself: v1.36.2 stores 'example.com/a/b' (its check
+    handles one '/' only), which 1.38 refuses; devplug never publishes it."""
+    from devplug.framework.dra.kube import api_client
+
+    [body] = numa_bodies({}, [0])
+    body["spec"]["devices"][0]["attributes"]["example.com/a/b"] = {"string": "x"}
+    with api_client(kubeconfig) as api:
+        from kubernetes import client
+
+        created = client.ResourceV1Api(api).create_resource_slice(body, dry_run="All")
+    assert "example.com/a/b" in created.spec.devices[0].attributes

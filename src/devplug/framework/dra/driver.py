@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Protocol
 
+from devplug.api.dra.constants import NUMA_NODE_ATTRIBUTE
 from devplug.framework.device import Attribute, ContainerEdits, Device
 from devplug.framework.dra.layout import Layout, Partition, partition_device
 from devplug.framework.dra.names import default_driver_name, device_name, driver_name_problem
@@ -205,7 +206,9 @@ class Driver:
         attributes: dict[str, Attribute] = {}
         capacity: dict[str, int] = {}
         if len(device.numa_nodes) == 1:
+            # The driver's own name, as before, and the standard one beside it.
             attributes["numaNode"] = device.numa_nodes[0]
+            attributes[NUMA_NODE_ATTRIBUTE] = device.numa_nodes[0]
         for key, value in {**device.attributes, **self.attributes}.items():
             name = self.attribute_names.get(key, key)
             if key in CAPACITY_ATTRIBUTES and isinstance(value, int):
