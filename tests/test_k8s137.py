@@ -163,3 +163,80 @@ def test_the_1_36_api_server_lets_through_a_name_that_1_38_refuses(kubeconfig: s
 
         created = client.ResourceV1Api(api).create_resource_slice(body, dry_run="All")
     assert "example.com/a/b" in created.spec.devices[0].attributes
+
+
+UID = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+LONGEST_DRIVER = "d" * 30 + "." + "e" * 32  # 63 characters, a valid driver name
+
+
+def test_socket_paths_fit_af_unix_for_the_longest_driver_name_and_a_pod_uid() -> None:
+    from devplug.api.dra.constants import PLUGINS_PATH, PLUGINS_REGISTRY_PATH
+    from devplug.framework.dra.sockets import MAX_SOCKET_PATH, socket_path
+
+    registry, plugins = Path(PLUGINS_REGISTRY_PATH), Path(PLUGINS_PATH) / LONGEST_DRIVER
+    seen = set()
+    for uid in (UID, UID.replace("0", "1")):
+        for path in (
+            socket_path(registry, LONGEST_DRIVER, uid, "-reg.sock"),
+            socket_path(plugins, "dra", uid, ".sock"),
+        ):
+            assert len(bytes(path)) <= MAX_SOCKET_PATH, path
+            assert path.name.endswith(".sock")
+            seen.add(path)
+    assert len(seen) == 4  # two pods of a rolling update never share a socket
+    # A short name keeps the UID whole, as before; without a UID, the plain names.
+    short = socket_path(registry, "acc.example.com", UID, "-reg.sock")
+    assert short.name == f"acc.example.com-{UID}-reg.sock"
+    assert socket_path(plugins, "dra", "", ".sock").name == "dra.sock"
+
+
+def test_a_folder_too_long_for_any_socket_is_refused_with_one_line(short_tmp: Path) -> None:
+    from devplug.framework.dra.sockets import socket_path
+
+    folder = short_tmp / ("f" * 100)
+    with pytest.raises(ValueError, match="more than the 107 a unix socket path may have") as e:
+        socket_path(folder, "acc.example.com", UID, "-reg.sock")
+    assert "\n" not in str(e.value)
+    assert str(folder) in str(e.value)
+
+
+def test_a_driver_whose_registration_socket_would_pass_the_limit_registers(
+    short_tmp: Path,
+) -> None:
+    """The node's folders chosen so that '<driver>-<pod UID>-reg.sock' is over 107
+    bytes (bind would fail): the daemon serves a shortened name, says so once, and the
+    kubelet's plugin watcher registers the driver through it and calls its dra.sock."""
+    from tests.dra_helpers import Daemon, kubelet_for, serve_command
+
+    root = short_tmp / ("p" * (45 - len(str(short_tmp)) - 1))
+    dirs = NodeDirs(root)
+    root.mkdir()
+    full = dirs.registry / f"{DRIVER}-{UID}-reg.sock"
+    assert len(bytes(full)) > 107
+    config = accelerator_config(dirs, MODELS)
+
+    async def scenario() -> None:
+        async with kubelet_for(dirs) as kubelet:
+            daemon = Daemon(
+                serve_command(dirs, config), dirs.root / "daemon.log", env={"POD_UID": UID}
+            )
+            try:
+                await kubelet.wait_for_registration(DRIVER)
+                [socket] = [p for p in dirs.registry.iterdir() if p.is_socket()]
+                assert socket != full
+                assert len(bytes(socket)) <= 107
+                dra = kubelet.dra
+                assert dra is not None
+                await kubelet.wait_for(
+                    lambda: (DRIVER, "node-a", "acc0") in dra.device_health,
+                    what="the health stream read on the shortened dra.sock",
+                )
+            finally:
+                daemon.stop()
+            # One line for each socket shortened (dra.sock passes the limit here too).
+            said = [line for line in daemon.output().splitlines() if "shortened" in line]
+            assert len(said) == 2, said
+            assert f"{DRIVER}-{UID}-reg.sock shortened to {socket}" in said[0]
+            assert f"dra-{UID}.sock shortened to" in said[1]
+
+    run(scenario())

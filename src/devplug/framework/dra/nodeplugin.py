@@ -37,6 +37,7 @@ from devplug.framework.dra.claims import ClaimError
 from devplug.framework.dra.claimstatus import ClaimStatusWriter, device_data, status_entry
 from devplug.framework.dra.driver import ClaimRef
 from devplug.framework.dra.prepare import PreparedDevice, Preparer
+from devplug.framework.dra.sockets import socket_path
 from devplug.framework.unixserver import UnixServer
 
 log = logging.getLogger("devplug.dra.nodeplugin")
@@ -245,9 +246,16 @@ class NodePlugin:
         name = preparer.driver.name
         # With the pod's UID in both socket names, two devplug pods of a rolling update
         # serve side by side: the kubelet registers both and calls the newer.
-        uid = f"-{pod_uid}" if pod_uid else ""
-        self.registration_socket = Path(registry_dir) / f"{name}{uid}-reg.sock"
-        self.dra_socket = Path(plugins_dir) / name / f"dra{uid}.sock"
+        # Where a long driver name and the UID pass the AF_UNIX limit, the UID is
+        # shortened to a hash (said once here); a folder too long for any name fails.
+        self.registration_socket = socket_path(Path(registry_dir), name, pod_uid, "-reg.sock")
+        self.dra_socket = socket_path(Path(plugins_dir) / name, "dra", pod_uid, ".sock")
+        for path, full in (
+            (self.registration_socket, f"{name}-{pod_uid}-reg.sock"),
+            (self.dra_socket, f"dra-{pod_uid}.sock"),
+        ):
+            if pod_uid and path.name != full:
+                log.info("%s: socket %s shortened to %s (AF_UNIX limit)", name, full, path)
         self.registration = RegistrationServicer(name, self.dra_socket)
         self._closing = asyncio.Event()
         self._dra = UnixServer(self.dra_socket, self._add_dra_services)
