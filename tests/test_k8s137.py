@@ -240,3 +240,310 @@ def test_a_driver_whose_registration_socket_would_pass_the_limit_registers(
             assert f"dra-{UID}.sock shortened to" in said[1]
 
     run(scenario())
+
+
+def slice_with(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": "rules-check"},
+        "spec": {
+            "driver": "card.example.com",
+            "pool": {"name": "rules-check", "generation": 1, "resourceSliceCount": 1},
+            **spec,
+        },
+    }
+    return body
+
+
+def term(node: str) -> dict[str, Any]:
+    return {
+        "matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}],
+    }
+
+
+TWO_TERMS = {"nodeSelectorTerms": [term("a"), term("b")]}
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (
+            slice_with(nodeSelector=TWO_TERMS, devices=[]),
+            "spec.nodeSelector: 2 terms, the API allows exactly one",
+        ),
+        (
+            slice_with(
+                perDeviceNodeSelection=True,
+                devices=[{"name": "card0", "nodeSelector": TWO_TERMS}],
+            ),
+            "spec.devices[0].nodeSelector: 2 terms, the API allows exactly one",
+        ),
+        (
+            slice_with(
+                nodeName="n", devices=[{"name": "card0", "attributes": {"a.io/b/c": {"int": 1}}}]
+            ),
+            "spec.devices[0].attributes: attribute name 'a.io/b/c' must be '<domain>/<name>'",
+        ),
+        (
+            slice_with(nodeName="n", devices=[], skipNodeOperations=["NodePrepareResources"]),
+            "NodePrepareResources without NodeUnprepareResources",
+        ),
+        (
+            slice_with(nodeName="n", devices=[], skipNodeOperations=["Everything"]),
+            "spec.skipNodeOperations: unknown ['Everything']",
+        ),
+    ],
+)
+def test_what_1_38_refuses_in_a_slice_is_named_in_one_line(
+    body: dict[str, Any], problem: str
+) -> None:
+    from devplug.framework.dra.rules import slice_problems
+
+    [said] = slice_problems(body)
+    assert said.startswith("ResourceSlice rules-check: ")
+    assert problem in said
+
+
+def test_a_slice_within_the_rules_has_no_problem() -> None:
+    from devplug.framework.dra.rules import slice_problems
+
+    one = {"nodeSelectorTerms": [term("a")]}
+    body = slice_with(
+        perDeviceNodeSelection=True,
+        skipNodeOperations=["NodePrepareResources", "NodeUnprepareResources"],
+        devices=[
+            {
+                "name": "card0",
+                "nodeSelector": one,
+                "attributes": {
+                    "resource.kubernetes.io/numaNode": {"int": 0},
+                    "model": {"string": "x"},
+                },
+            }
+        ],
+    )
+    assert slice_problems(body) == []
+    assert slice_problems(slice_with(nodeSelector=one, devices=[])) == []
+
+
+def test_the_1_36_api_server_stores_a_device_selector_that_1_38_refuses(kubeconfig: str) -> None:
+    """v1.36.2 enforces one term on the slice's selector only; a device's two-term
+    selector is stored (1.38 refuses it), which is why the rules check both."""
+    from devplug.framework.dra.kube import api_client
+    from devplug.framework.dra.rules import slice_problems
+
+    body = slice_with(
+        perDeviceNodeSelection=True, devices=[{"name": "card0", "nodeSelector": TWO_TERMS}]
+    )
+    with api_client(kubeconfig) as api:
+        from kubernetes import client
+
+        created = client.ResourceV1Api(api).create_resource_slice(body, dry_run="All")
+    assert len(created.spec.devices[0].node_selector.node_selector_terms) == 2
+    assert slice_problems(body)
+
+
+def skip_config(tmp: Path, **entry: Any) -> Path:
+    resource = {
+        "name": "example.com/seat",
+        "mode": "dra",
+        "virtual": 2,
+        "dra": {"skipNodeOperations": True},
+        **entry,
+    }
+    config = tmp / "skip.yaml"
+    config.write_text(yaml.safe_dump({"resources": [resource]}))
+    return config
+
+
+def test_devices_that_need_nothing_on_the_node_say_so_in_their_slices(tmp_path: Path) -> None:
+    import json
+
+    from tests.sim_helpers import devplug
+
+    done = devplug(
+        "check", "--config", str(skip_config(tmp_path)), "--node-name", "n1", "-o", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    [resource] = json.loads(done.stdout)["resources"]
+    [body] = resource["slices"]
+    assert body["spec"]["skipNodeOperations"] == ["*"]
+    assert len(body["spec"]["devices"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        (
+            {"virtual": None, "groups": [{"paths": [{"path": "/dev/null"}]}]},
+            "groups[0] gives containers paths",
+        ),
+        (
+            {"virtual": None, "groups": [{"env": {"A": "1"}}]},
+            "groups[0] gives containers env",
+        ),
+        (
+            {"dra": {"skipNodeOperations": True, "deviceMetadata": True}},
+            "not with 'deviceMetadata'",
+        ),
+        (
+            {"dra": {"skipNodeOperations": True, "consumableCapacity": {"memory": {}}}},
+            "not with 'partitions' or 'consumableCapacity'",
+        ),
+    ],
+)
+def test_skip_node_operations_where_containers_need_the_node_stops_the_config(
+    tmp_path: Path, entry: dict[str, Any], problem: str
+) -> None:
+    from tests.sim_helpers import devplug
+
+    config = skip_config(tmp_path, **entry)
+    text = config.read_text().replace("virtual: null\n", "")
+    config.write_text(text)
+    done = devplug("check", "--config", str(config))
+    assert done.returncode == 2, done.stdout
+    [line] = done.stderr.strip().splitlines()
+    assert "dra.skipNodeOperations" in line
+    assert problem in line
+
+
+def test_the_1_36_api_server_drops_skip_node_operations(kubeconfig: str, tmp_path: Path) -> None:
+    """An API server without the alpha field (v1.36.2; 1.37 with the gate off) drops it
+    and stores the slice: the kubelet then calls prepare, which devplug answers."""
+    from devplug.framework.dra.kube import api_client
+    from devplug.framework.dra.slices import slice_bodies
+    from devplug.sources import build_plugins, load_config
+    from devplug.sources.draconfig import config_driver
+
+    [plugin] = build_plugins(load_config(str(skip_config(tmp_path))))
+    plugin.publish(plugin.discover())
+    [body] = slice_bodies(config_driver(plugin), "api-check", 1)
+    assert body["spec"]["skipNodeOperations"] == ["*"]
+    with api_client(kubeconfig) as api:
+        from kubernetes import client
+
+        created = client.ResourceV1Api(api).create_resource_slice(
+            body, dry_run="All", _preload_content=False
+        )
+    import json
+
+    stored = json.loads(created.data)
+    assert "skipNodeOperations" not in stored["spec"]
+    assert [d["name"] for d in stored["spec"]["devices"]] == [
+        d["name"] for d in body["spec"]["devices"]
+    ]
+
+
+def metadata_config(dirs: NodeDirs, on: bool = True) -> Path:
+    dra = {"driver": DRIVER, "attributes": {"vendor": "xilinx"}, "deviceMetadata": on}
+    return accelerator_config(dirs, MODELS, dra=dra)
+
+
+def assert_metadata(dirs: NodeDirs, uid: str, device: str, where: str) -> dict[str, Any]:
+    """The claim's CDI spec mounts its request's metadata file read-only at `where`,
+    and the file describes `device`: the document (of the one version written)."""
+    import json
+
+    from tests.hw_helpers import validate_cdi
+
+    spec = json.loads((dirs.cdi / f"{DRIVER}-{uid}.json").read_text())
+    validate_cdi(spec)
+    [meta] = [d for d in spec["devices"] if d["name"] == f"{uid}-metadata-fpga"]
+    [mount] = meta["containerEdits"]["mounts"]
+    assert mount["containerPath"] == f"{where}/{DRIVER}-metadata.json"
+    assert "ro" in mount["options"]
+    lines = Path(mount["hostPath"]).read_text().splitlines()
+    [doc] = [json.loads(line) for line in lines]
+    assert doc["apiVersion"] == "metadata.resource.k8s.io/v1alpha1"
+    assert doc["kind"] == "DeviceMetadata"
+    assert doc["metadata"]["uid"] == uid
+    [request] = doc["requests"]
+    assert request["name"] == "fpga"
+    [described] = request["devices"]
+    assert described["driver"] == DRIVER
+    assert described["pool"] == "node-a"
+    assert described["name"] == device
+    assert described["attributes"]["vendor"] == {"string": "xilinx"}
+    assert described["attributes"]["model"] == {"string": MODELS[device]}
+    return {"host": mount["hostPath"], **doc}
+
+
+def test_each_request_of_a_claim_gets_its_device_metadata_file(dirs: NodeDirs) -> None:
+    """KEP-5304's file: one per request, its devices with the slices' attributes, at
+    the path the pod spec names, bind-mounted read-only through the claim's CDI spec;
+    gone at unprepare. A claim made from a template is found under the pod's name."""
+    from devplug.api.dra.v1 import api_pb2 as drapb
+    from devplug.api.dra.v1 import api_pb2_grpc as dragrpc
+    from tests.dra_helpers import allocated_claim
+
+    config = metadata_config(dirs)
+    dirs.claims.mkdir(exist_ok=True)
+    direct = allocated_claim("claim-a", "uid-a", ["acc0"], request="fpga")
+    made = allocated_claim("pod-x-acc-7k2x9", "uid-b", ["acc1"], request="fpga")
+    made["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "acc"}
+    for claim in (direct, made):
+        name = claim["metadata"]["name"]
+        (dirs.claims / f"{name}.yaml").write_text(yaml.safe_dump(claim))
+    base = "/var/run/kubernetes.io/dra-device-attributes"
+    docs: list[dict[str, Any]] = []
+
+    async def scenario() -> None:
+        async with (
+            serving(dirs, config),
+            unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel,
+        ):
+            stub = dragrpc.DRAPluginStub(channel)
+            claims = [
+                drapb.Claim(namespace="default", uid="uid-a", name="claim-a"),
+                drapb.Claim(namespace="default", uid="uid-b", name="pod-x-acc-7k2x9"),
+            ]
+            answer = await stub.NodePrepareResources(
+                drapb.NodePrepareResourcesRequest(claims=claims), timeout=10
+            )
+            for uid, device, where in (
+                ("uid-a", "acc0", f"{base}/resourceclaims/claim-a/fpga"),
+                ("uid-b", "acc1", f"{base}/resourceclaimtemplates/acc/fpga"),
+            ):
+                entry = answer.claims[uid]
+                assert entry.error == ""
+                [prepared] = entry.devices
+                ids = list(prepared.cdi_device_ids)
+                assert ids[-1] == f"{DRIVER}/claim={uid}-metadata-fpga", ids
+                docs.append(assert_metadata(dirs, uid, device, where))
+            await stub.NodeUnprepareResources(
+                drapb.NodeUnprepareResourcesRequest(claims=claims), timeout=10
+            )
+
+    run(scenario())
+    assert "podClaimName" not in docs[0]
+    assert docs[1]["podClaimName"] == "acc"
+    for doc in docs:
+        assert not Path(doc["host"]).exists()
+        assert not Path(doc["host"]).parent.parent.exists()
+
+
+def test_without_device_metadata_a_claim_gets_no_file(dirs: NodeDirs) -> None:
+    from devplug.api.dra.v1 import api_pb2 as drapb
+    from devplug.api.dra.v1 import api_pb2_grpc as dragrpc
+    from tests.dra_helpers import write_claim
+
+    config = metadata_config(dirs, on=False)
+    write_claim(dirs, "claim-a", "uid-a", ["acc0"])
+
+    async def scenario() -> None:
+        async with (
+            serving(dirs, config),
+            unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel,
+        ):
+            answer = await dragrpc.DRAPluginStub(channel).NodePrepareResources(
+                drapb.NodePrepareResourcesRequest(
+                    claims=[drapb.Claim(namespace="default", uid="uid-a", name="claim-a")]
+                ),
+                timeout=10,
+            )
+            [device] = answer.claims["uid-a"].devices
+            assert not any("metadata" in i for i in device.cdi_device_ids)
+            assert not list(dirs.plugins.glob("**/dra-device-metadata"))
+
+    run(scenario())

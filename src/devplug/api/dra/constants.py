@@ -35,5 +35,8 @@ MAX_STRING_ATTRIBUTE_LENGTH: Final = 64
 # The standard attribute of a device's NUMA node (Kubernetes 1.37, KEP-6072): one name
 # for every driver, so that `matchAttribute` aligns a GPU and a NIC of two drivers.
 NUMA_NODE_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"
+# ResourceSliceSpec.skipNodeOperations (1.37, alpha): "NodePrepareResources" (only with
+# the next), "NodeUnprepareResources", or "*" for both.
+SKIP_ALL_NODE_OPERATIONS: Final = "*"
 HEALTHY: Final = "Healthy"
 UNHEALTHY: Final = "Unhealthy"

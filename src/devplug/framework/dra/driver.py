@@ -148,6 +148,10 @@ class Driver:
     # The effect of an unhealthy device's taint: NoSchedule, NoExecute or None.
     taint_effect: str = "NoSchedule"
     hooks: DraHooks | None = None
+    # The devices need nothing done on the node: the slices say so (skipNodeOperations).
+    skip_node_operations: bool = False
+    # Write each claim's device metadata file for its containers (KEP-5304).
+    device_metadata: bool = False
     # The names of the devices prepared for a claim on this node (the Preparer keeps it).
     held: set[str] = field(default_factory=set)
     _offers: tuple[int, dict[str, Offer]] = field(
