@@ -547,3 +547,40 @@ def test_without_device_metadata_a_claim_gets_no_file(dirs: NodeDirs) -> None:
             assert not list(dirs.plugins.glob("**/dra-device-metadata"))
 
     run(scenario())
+
+
+def test_the_simulated_kubelet_skips_the_calls_an_allocation_says_to_skip(dirs: NodeDirs) -> None:
+    """As a 1.37 kubelet with DRAOptionalNodeOperations: a claim whose devices of a
+    driver all skip the node operations is ready without that driver (not even
+    registered); without the field the kubelet needs the driver."""
+    from devplug.simulator.dra import PrepareError
+    from devplug.simulator.pods import PodSpec, parse_pod
+    from tests.dra_helpers import allocated_claim, claim_pod, kubelet_for
+
+    dirs.claims.mkdir(parents=True, exist_ok=True)
+    skipped = allocated_claim("seat-claim", "uid-s", ["seat0"])
+    for result in skipped["status"]["allocation"]["devices"]["results"]:
+        result["skipNodeOperations"] = ["*"]
+    plain = allocated_claim("plain-claim", "uid-p", ["seat1"])
+    for claim in (skipped, plain):
+        (dirs.claims / f"{claim['metadata']['name']}.yaml").write_text(yaml.safe_dump(claim))
+    seats = slice_with(
+        nodeName="node-a", devices=[{"name": "seat0"}, {"name": "seat1"}], driver=DRIVER
+    )
+    seats["spec"]["pool"]["name"] = "node-a"
+    (dirs.claims / "seats.yaml").write_text(yaml.safe_dump(seats))
+
+    async def scenario() -> None:
+        async with kubelet_for(dirs) as kubelet:
+            dra = kubelet.dra
+            assert dra is not None
+            assert DRIVER not in dra.drivers
+            seat = parse_pod(claim_pod("seat", "seat-claim"))
+            assert isinstance(seat, PodSpec)
+            assert await dra.prepare_pod(seat) == {}
+            other = parse_pod(claim_pod("other", "plain-claim"))
+            assert isinstance(other, PodSpec)
+            with pytest.raises(PrepareError, match=f"DRA driver {DRIVER} is not registered"):
+                await dra.prepare_pod(other)
+
+    run(scenario())

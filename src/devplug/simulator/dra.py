@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import stat
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,16 @@ DRIVER_REFUSED = "dra_driver_refused"
 DRIVER_REMOVED = "dra_driver_removed"
 DEVICE_HEALTH = "dra_device_health"
 SLICES_WIPED = "dra_slices_wiped"  # driver: the one wiped ("" at start: all), detail: how
+
+
+def skips(results: Sequence[Mapping[str, Any]], driver: str, operation: str) -> bool:
+    """Whether every allocated device of `driver` skips `operation` (its slice's
+    `skipNodeOperations`, copied into the allocation: Kubernetes 1.37, alpha), so that
+    the kubelet makes no call to the driver for it."""
+    mine = [r for r in results if r.get("driver") == driver]
+    return bool(mine) and all(
+        {operation, "*"} & set(r.get("skipNodeOperations") or ()) for r in mine
+    )
 
 
 class PrepareError(Exception):
@@ -498,6 +508,8 @@ class DraManager:
             pod.namespace, claim_name, uid, pods=[pod.uid], results=list(results)
         )
         for name in drivers:
+            if skips(results, name, "NodePrepareResources"):
+                continue  # as a 1.37 kubelet with DRAOptionalNodeOperations: not even looked up
             driver = self.drivers.get(name)
             if driver is None:
                 raise PrepareError(f"DRA driver {name} is not registered")
@@ -548,6 +560,8 @@ class DraManager:
 
     async def _unprepare(self, state: PreparedClaimState) -> None:
         for name in state.cdi:
+            if skips(state.results, name, "NodeUnprepareResources"):
+                continue
             driver = self.drivers.get(name)
             if driver is None:
                 log.warning(
