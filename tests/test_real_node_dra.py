@@ -141,7 +141,9 @@ def dra(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     with log.open("wb") as out:
         process = real_node.popen(*command, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for_log(log, f"{DRIVER}: registered with the kubelet")
+        # A Python daemon entering the node's namespace and importing the Kubernetes
+        # client takes more than 10 s on a busy machine (seen at a load of 20 on 2 cores).
+        wait_for_log(log, f"{DRIVER}: registered with the kubelet", timeout=90)
         yield DraNode(real_node, log, process)
     finally:
         process.terminate()
