@@ -138,6 +138,12 @@ def _add_dra_reports(
         plugin.publish(plugin.discover())
         entry["draDriver"] = driver.name
         entry["slices"] = slice_bodies(driver, node_name(args), generation=1)
+        from devplug.framework.dra.rules import slice_problems
+
+        # What a Kubernetes 1.38 API server would refuse stops here, not on a cluster.
+        if problems := [p for body in entry["slices"] for p in slice_problems(body)]:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ValueError(f"{problems[0]}{more}")
 
 
 def _slices_lines(resource: dict[str, Any]) -> list[str]:

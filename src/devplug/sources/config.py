@@ -30,6 +30,7 @@ from devplug.sources.draconfig import (
     Mode,
     check_attributes,
     check_dra,
+    check_node_work,
     driver_name,
     served_twice,
     serves_dra,
@@ -289,6 +290,7 @@ def _check(config: Config, source: str) -> None:
                 count=resource.nvidia.replicas if resource.nvidia else resource.count,
                 nvidia=nvidia,
             )
+            check_node_work(resource, f"{at}.dra", fail)
         if resource.nvidia is not None:
             if resource.groups is not None or resource.virtual is not None:
                 fail(at, "'nvidia' is set with 'groups' or 'virtual': a resource has one of them")
