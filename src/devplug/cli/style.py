@@ -60,6 +60,8 @@ OUTPUTS = ("text", "json", "yaml")
 DEFAULT_OUTPUT = "text"
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Other spellings accepted (the generic device plugin's levels).
+LOG_LEVEL_ALIASES = {"all": "debug", "warn": "warning", "none": "error"}
 LOG_FORMATS = ("text", "json")
 
 
@@ -163,6 +165,7 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
+        type=log_level,
         default="info" if top else argparse.SUPPRESS,
         help="the lowest level of log lines shown on stderr (default: info)",
     )
@@ -172,6 +175,11 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         default="text" if top else argparse.SUPPRESS,
         help="text: for people; json: one JSON object per log line (default: text)",
     )
+
+
+def log_level(text: str) -> str:
+    """A log level, its other spellings (`warn`, `all`, `none`) as devplug names them."""
+    return LOG_LEVEL_ALIASES.get(text, text)
 
 
 def read_inputs(names: list[str]) -> list[tuple[str, str]]:
