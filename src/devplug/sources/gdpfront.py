@@ -295,7 +295,7 @@ def _resource(
     name = spec.get("name", str, "").strip()
     if not _NAME.match(name):
         _fail(spec.at("name"), f"{name!r} must match {_NAME.pattern} (lower case, 2+ characters)")
-    where = f"{where} ({name})"
+    where = spec.origin = f"{where} ({name})"
     groups: list[dict[str, Any]] = []
     counts: list[int] = []
     any_path = False
