@@ -82,6 +82,7 @@ def add_gdp_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--plugin-directory",
+        type=style.folder,
         metavar="DIR",
         help="the kubelet's device-plugins folder (as --plugin-dir)",
     )

@@ -165,7 +165,7 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
-        type=log_level,
+        type=LogLevel(),
         default="info" if top else argparse.SUPPRESS,
         help="the lowest level of log lines shown on stderr (default: info)",
     )
@@ -175,11 +175,6 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         default="text" if top else argparse.SUPPRESS,
         help="text: for people; json: one JSON object per log line (default: text)",
     )
-
-
-def log_level(text: str) -> str:
-    """A log level, its other spellings (`warn`, `all`, `none`) as devplug names them."""
-    return LOG_LEVEL_ALIASES.get(text, text)
 
 
 def read_inputs(names: list[str]) -> list[tuple[str, str]]:
@@ -279,6 +274,23 @@ class Number(OptionType):
         if math.isfinite(self.high):
             examples.append(str(self.kind(self.high) + 1))
         return examples
+
+
+class LogLevel(OptionType):
+    """A log level; its other spellings (`warn`, `all`, `none`) as devplug names them."""
+
+    __name__ = "log level"
+
+    def __call__(self, text: str) -> str:
+        level = LOG_LEVEL_ALIASES.get(text, text)
+        if level not in LOG_LEVELS:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is no log level: expected one of {', '.join(LOG_LEVELS)}"
+            )
+        return level
+
+    def bad_examples(self, scratch: Path) -> list[str]:
+        return ["loud", ""]
 
 
 seconds = Number(float, 0, "a number of seconds above 0", open_low=True)
