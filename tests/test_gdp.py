@@ -403,3 +403,23 @@ def test_its_flags_serve_real_nodes_and_mounts_to_the_kubelet(tmp_path: Path) ->
         refused = kubelet.admit({"example.com/fuse": 1})
         assert not refused.admitted
         assert refused.reason == "UnexpectedAdmissionError"
+
+
+def test_its_file_alone_is_told_from_devplug_s_by_its_keys(tmp_path: Path) -> None:
+    file = tmp_path / "config.yaml"
+    file.write_text("devices:\n  - name: fuse\n    groups: [{paths: [{path: /dev/fuse}]}]\n")
+    shown = devplug("check", "--config", str(file), "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    result = json.loads(shown.stdout)
+    assert result["config"] == str(file)
+    assert result["devplugConfig"] == {
+        "resources": [{"name": "squat.ai/fuse", "groups": [paths("/dev/fuse")]}]
+    }
+    file.write_text(
+        "devices:\n  - name: fuse\n    groups: [{paths: [{path: /dev/fuse, limit: -1}]}]\n"
+    )
+    refused = devplug("check", "--config", str(file))
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"{file}: devices[0] (fuse): groups[0].paths[0].limit: expected an integer >= 0, got -1\n"
+    )
