@@ -36,6 +36,8 @@ from dra import bench_dra
 from fleet import bench_fleet
 from gdp import bench_gdp
 from nvidia import bench_nvidia
+from placement import bench_placement
+from placement import summary as placement_summary
 from realnode import bench_real_node
 from simulator import bench_admission
 from simulator import summary as admission_summary
@@ -207,6 +209,7 @@ def main() -> int:
         report["gdp"] = bench_gdp(root)
     report["deploy"] = bench_deploy()
     report["nvidia"] = bench_nvidia()
+    report["placement"] = bench_placement()
     report["real_node"] = bench_real_node()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
@@ -296,6 +299,8 @@ def summary(report: dict[str, Any]) -> str:
             f"{ours['allocate']['p50_ms']} vs {theirs['allocate']['p50_ms']} ms, rss "
             f"{ours['rss_mib']['after_allocate']} vs {theirs['rss_mib']['after_allocate']} MiB"
         )
+    if "placement" in report:
+        parts.append(placement_summary(report["placement"]))
     real = report.get("real_node", {})
     if "kubelet_sigkill" in real:
         kill, pod = real["kubelet_sigkill"], real["plugin_pod_deleted"]
