@@ -259,8 +259,10 @@ class HostDevicePlugin(Plugin):
         for group in self.groups:
             if is_selector(group):
                 continue
-            for spec in group.paths:
-                for folder, pattern in _folders_of(spec.path):
+            # The mounts whose presence matters (required or optional) too.
+            mounts = [m.host_path for m in group.mounts if m.required or m.optional]
+            for path in [*(spec.path for spec in group.paths), *mounts]:
+                for folder, pattern in _folders_of(path):
                     interest.setdefault(Path(folder), set()).add(pattern)
         if self.uses_sysfs:
             # The bus folders (a device's link comes and goes), /dev and the folders of
