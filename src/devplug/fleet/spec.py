@@ -271,6 +271,8 @@ def _check_gpus(
         gpu_description(gpus)
     except KeyError as error:
         fail(f"{where}.model" if "model" in str(error) else f"{where}.mig", str(error.args[0]))
+    except inputs.InputError as error:
+        fail(f"{where}.description", str(error))
     except ValueError as error:
         fail(f"{where}.mig", str(error))
 

@@ -36,6 +36,8 @@ def configuration(kubeconfig: str | None = None) -> Any:
 
     path = kubeconfig or os.environ.get("KUBECONFIG")
     settings = client.Configuration()
+    if path:
+        _check_kubeconfigs(path)
     try:
         if path:
             config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -49,6 +51,20 @@ def configuration(kubeconfig: str | None = None) -> Any:
         where = f"kubeconfig {path}" if path else "in-cluster config (no --kubeconfig)"
         raise ValueError(f"cannot use the {where}: {error}") from None
     return settings
+
+
+def _check_kubeconfigs(path: str) -> None:
+    """Each file of a kubeconfig path read through devplug.inputs (size, nesting, YAML
+    aliases) before the client parses it; ValueError with one line."""
+    from devplug import inputs
+
+    for file in filter(None, path.split(os.pathsep)):
+        if not os.path.exists(file):
+            continue  # the client names a missing file
+        try:
+            inputs.load_yaml(inputs.read_text(file, what="the kubeconfig"), file)
+        except inputs.InputError as error:
+            raise ValueError(f"cannot use the kubeconfig {error.name}: {error.problem}") from None
 
 
 def node_labels(api: Any, node: str) -> dict[str, str]:
