@@ -326,18 +326,10 @@ class Served:
 
     def wait_log(self, text: str) -> str:
         """The log once it holds `text`, woken by inotify on it."""
-        from asyncinotify import Inotify, Mask
+        from serve_helpers import wait_for_log
 
-        async def wait() -> str:
-            with Inotify() as inotify:
-                inotify.add_watch(self.log, Mask.MODIFY)
-                async with asyncio.timeout(WAIT_S):
-                    while text not in (output := self.log.read_text(errors="replace")):
-                        assert self.proc.poll() is None, output
-                        await inotify.get()
-                return output
-
-        return asyncio.run(wait())
+        assert self.proc.poll() is None, self.log.read_text()
+        return wait_for_log(self.log, text, timeout=WAIT_S)
 
     def stop(self, sig: int = 15) -> None:
         if self.proc.poll() is None:

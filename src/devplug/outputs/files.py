@@ -278,8 +278,10 @@ class FileKeeper:
                     try:
                         if f.restore():
                             log.info("%s written again (removed, replaced or freed)", f.path)
-                    except OSError as error:  # NotOurs included: never replaced, said once
+                    except NotOurs as error:  # never replaced: said (once per file found)
                         log.warning("%s", error)
+                    except OSError as error:  # the writer said it: the next change tries
+                        log.debug("%s: %s", f.path, error)
                 await self._wake.wait()
         finally:
             task.cancel()
