@@ -138,6 +138,8 @@ def load_yaml_all(
         return list(yaml.load_all(text, Loader=loader))
     except yaml.YAMLError as error:
         where, _, problem = yaml_problem(error, name).partition(": invalid YAML: ")
+        if "nesting depth" in problem:  # libyaml's own limit, met scanning ahead of ours
+            raise InputError(where, _too_deep(limits)) from None
         raise InputError(where, f"invalid YAML: {problem}") from None
     except RecursionError:  # a constructor's own recursion, below max_depth
         raise InputError(name, "nested too deep to read") from None
@@ -158,10 +160,7 @@ def _measure(events: Any, name: str, limits: Limits, length: int) -> None:
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > limits.max_depth:
-                raise InputError(
-                    _at(name, event),
-                    f"nested deeper than {limits.max_depth} mappings and lists (the limit)",
-                )
+                raise InputError(_at(name, event), _too_deep(limits))
             open_nodes.append((event.anchor, expanded))
             grown = 1
         elif isinstance(event, yaml.CollectionEndEvent):
@@ -191,6 +190,10 @@ def _measure(events: Any, name: str, limits: Limits, length: int) -> None:
                 f"YAML aliases expand it to more than {_size(allowed)}: the limit is "
                 f"{limits.alias_ratio}x the file or {_size(limits.max_expanded)}",
             )
+
+
+def _too_deep(limits: Limits) -> str:
+    return f"nested deeper than {limits.max_depth} mappings and lists (the limit)"
 
 
 def _at(name: str, event: Any) -> str:
