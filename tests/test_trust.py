@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -221,3 +222,30 @@ def test_a_reload_of_a_config_others_can_write_is_refused_and_the_old_one_serves
         wait_for_log(serve.log_path, "config reloaded from", timeout=WAIT_S)
         kubelet.wait_for_resource("example.com/fake", count=3)
         assert serve.stop() == 0
+
+
+def test_a_configmap_like_folder_of_mode_777_on_a_read_only_mount_is_fine(tmp_path: Path) -> None:
+    """A ConfigMap volume's folder is 0777, but its mount is read-only: nobody writes
+    there, so its config is accepted; the same folder mounted read-write is refused."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "mode=0777,size=1m", "devplug-test", str(volume)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        config = volume / "config.yaml"
+        config.write_text(GOOD)
+        config.chmod(0o644)
+        assert f"{volume} is writable by its group and others (mode 0777)" in (
+            write_problem(config) or ""
+        )
+        subprocess.run(["mount", "-o", "remount,ro", str(volume)], check=True)
+        assert write_problem(config) is None
+        done = devplug("check", "--config", str(config), timeout=WAIT_S)
+        assert done.returncode == 0, done.stderr
+    finally:
+        subprocess.run(["umount", str(volume)], check=False)
