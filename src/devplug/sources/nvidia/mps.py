@@ -24,6 +24,7 @@ from pathlib import Path
 
 from devplug.framework.device import Mount
 from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
+from devplug.trust import program_problem
 
 log = logging.getLogger("devplug.sources.nvidia.mps")
 
@@ -201,6 +202,8 @@ class MpsDaemons:
             "CUDA_MPS_LOG_DIRECTORY": str(gpu.log),
             "CUDA_VISIBLE_DEVICES": gpu.uuid,
         }
+        if problem := program_problem(self.spec.mps.control):  # changed since load?
+            return 126, f"not run: {problem}"
         try:
             process = await asyncio.create_subprocess_exec(
                 self.spec.mps.control,
