@@ -186,7 +186,7 @@ def mps(root: Path) -> dict[str, Any]:
             timed_calls(lambda: stub.Allocate(request), 200)
             samples = timed_calls(lambda: stub.Allocate(request), ALLOCATE_CALLS)
             restarts = []
-            pid_file = mps_root / "nvidia.com_gpu" / gpu_uuid(1) / "pipe" / PID_FILE
+            pid_file = mps_root / "nvidia.com" / "gpu" / "pipe" / PID_FILE
             for _ in range(MPS_ROUNDS):
                 began = time.perf_counter()
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)

@@ -187,12 +187,27 @@ def _load_kubeconfig(path: Path) -> object:
     return configuration(str(path))
 
 
+def _load_trace_nodes(path: Path) -> object:
+    from devplug.plan.trace import read_nodes
+
+    return read_nodes(str(path))
+
+
+def _load_trace_pods(path: Path) -> object:
+    from devplug.plan.trace import is_pod_list, read_pods
+
+    is_pod_list(str(path))
+    return read_pods(str(path))
+
+
 FILE_READERS: dict[str, tuple[Callable[[Path], object], str]] = {
     "config": (_load_config, ".yaml"),
     "fleet": (_load_fleet, ".yaml"),
     "workload YAML": (_load_workload, ".yaml"),
     "workload CSV": (_load_workload, ".csv"),
     "kubeconfig": (_load_kubeconfig, ""),
+    "trace node list": (_load_trace_nodes, ".csv"),
+    "trace pod list": (_load_trace_pods, ".csv"),
 }
 BOMS = [b"", b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff"]
 
@@ -208,6 +223,7 @@ BOMS = [b"", b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff"]
 def test_every_file_reader_takes_any_bytes_in_one_line(
     tmp_path: Path, reader: str, bom: bytes, body: bytes
 ) -> None:
+    from devplug.plan.trace import TraceError
     from devplug.plan.workload import WorkloadError
     from devplug.sources.config import ConfigError
 
@@ -216,7 +232,12 @@ def test_every_file_reader_takes_any_bytes_in_one_line(
     path.write_bytes(bom + body)
     try:
         load(path)
-    except (ConfigError, WorkloadError, ValueError) as refused:  # kubeconfig: ValueError
+    except (
+        ConfigError,
+        WorkloadError,
+        TraceError,
+        ValueError,
+    ) as refused:  # kubeconfig: ValueError
         message = str(refused)
         assert "\n" not in message, message
         assert str(path) in message, message

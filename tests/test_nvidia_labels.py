@@ -115,3 +115,33 @@ def test_sharing_and_mode_labels(short_tmp: Path) -> None:
     assert sliced["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     assert sliced["nvidia.com/mps.capable"] == "false"
     assert sliced["nvidia.com/gpu.machine"] == "unknown"  # no DMI product name here
+
+
+def test_mig_enabled_gpus_are_labelled_without_sharing_as_gfd_does(short_tmp: Path) -> None:
+    """GFD labels MIG-enabled GPUs without their sharing: replicas 0, strategy none, no
+    -SHARED, even where time-slicing is configured (internal/lm: newGPULabelers)."""
+    labels = labels_of(
+        short_tmp / "mig",
+        "gpus: [{model: A100-SXM4-40GB, count: 2, mig: [3g.20gb]}]",
+        migStrategy="mixed",
+        replicas=4,
+    )
+    assert labels["nvidia.com/gpu.replicas"] == "0"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    assert labels["nvidia.com/gpu.count"] == "2"
+    # A GPU without MIG wins over the MIG-enabled ones, with its sharing.
+    mixed = labels_of(
+        short_tmp / "some",
+        "gpus: [{model: A100-SXM4-40GB, mig: [3g.20gb]}, {model: A100-SXM4-40GB}]",
+        migStrategy="mixed",
+        replicas=4,
+    )
+    assert mixed["nvidia.com/gpu.replicas"] == "4"
+    assert mixed["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED"
+
+
+def test_gpu_count_is_of_one_model_on_a_mixed_node(short_tmp: Path) -> None:
+    labels = labels_of(short_tmp / "two", "gpus: [{model: L4, count: 2}, {model: H100-SXM5-80GB}]")
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    assert labels["nvidia.com/gpu.count"] == "2"  # GFD counts the labelled model's GPUs
