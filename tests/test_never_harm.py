@@ -391,11 +391,36 @@ def test_a_second_devplug_never_removes_the_first_s_live_file_and_the_owner_rest
         assert not lock.exists()
 
 
+def test_the_config_manager_replaces_only_its_link_never_a_file(tmp_path: Path) -> None:
+    import argparse
+
+    from devplug.cli.nvidia_config_manager import update
+
+    available = tmp_path / "available"
+    available.mkdir()
+    (available / "a").write_text("version: v1\n")
+    destination = tmp_path / "config.yaml"
+    destination.write_text("someone's own config\n")
+    args = argparse.Namespace(
+        config_file_srcdir=str(available),
+        config_file_dst=str(destination),
+        default_config="a",
+        fallback_strategies="",
+    )
+    with pytest.raises(ValueError, match="is not a link the config manager made: left alone"):
+        update(args, "")
+    assert destination.read_text() == "someone's own config\n"
+    destination.unlink()
+    assert update(args, "")  # its own link, then replaced as the label changes
+    assert os.readlink(destination) == str(available / "a")
+
+
 # Every place in devplug that removes, renames over, truncates or atomically replaces a
 # file, and what makes it touch only what it owns. A new place fails the test below until
 # it is added here with its rule (and a test of its own above).
 OWNED_PLACES = {
     "cli/fleet.py:_check:rmtree": "its own mkdtemp folder",
+    "cli/nvidia_config_manager.py:update:replace": "only a link (test_the_config_manager...)",
     "cli/fleet.py:_up:rmtree": "its own mkdtemp folder",
     "cli/plan.py:run:rmtree": "its own mkdtemp folder",
     "cluster/cluster.py:Cluster.kill_now:rmtree": "its own mkdtemp folder (_own_root)",
