@@ -506,3 +506,25 @@ def test_every_place_that_removes_or_replaces_a_file_is_one_that_checks_ownershi
         "process owns (outputs.files.OwnedFile for a file others share) and list it here"
     )
     assert not OWNED_PLACES.keys() - found, "listed places that no longer exist"
+
+
+def test_an_owner_whose_lock_file_is_removed_takes_the_lock_anew(short_tmp: Path) -> None:
+    """Someone removes the hidden lock file of a live owner: the owner makes it again and
+    holds it, so a second devplug cannot become a second owner of the same file."""
+    from devplug.outputs.files import OwnedElsewhere, OwnedFile
+
+    path = short_tmp / "cdi" / "devplug-example.com_x.json"
+    first = OwnedFile(path, lambda _data: True)
+    assert first.write('{"kind": "example.com/x"}\n')
+    first.lock.path.unlink()
+    assert first.lock.acquire()  # what its keeper does on the folder event
+    assert first.lock.path.exists()
+    # A second owner, as another process would be (flock is per open file, not per pid).
+    second = OwnedFile(path, lambda _data: True)
+    with pytest.raises(OwnedElsewhere, match="is kept by a live devplug"):
+        second.write('{"kind": "example.com/x", "other": 1}\n')
+    second.remove()
+    assert path.read_text() == '{"kind": "example.com/x"}\n'
+    first.remove()
+    assert not path.exists()
+    assert not first.lock.path.exists()

@@ -105,8 +105,11 @@ class OwnerLock:
         """Take the lock unless a live process holds it; True when held."""
         import fcntl
 
-        if self.held:
-            return True
+        if self.held and self.fd is not None:
+            if self._is_at_path():
+                return True
+            os.close(self.fd)  # someone removed the lock file: take the path's lock anew
+            self.fd, self.held = None, False
         for _ in range(8):  # owners come and go: try again on the file now at the path
             if self.fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,12 +119,7 @@ class OwnerLock:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False  # the fd stays open: no open/close events for the watchers
-            mine = os.fstat(self.fd)
-            try:
-                there = os.lstat(self.path)
-            except FileNotFoundError:
-                there = None
-            if there is not None and (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            if self._is_at_path():
                 record = f"pid {os.getpid()} on {os.uname().nodename}: {_command()}\n"
                 os.ftruncate(self.fd, 0)
                 os.pwrite(self.fd, record.encode(), 0)
@@ -130,6 +128,15 @@ class OwnerLock:
             os.close(self.fd)  # the lock of a removed file: that owner stopped
             self.fd = None
         return False
+
+    def _is_at_path(self) -> bool:
+        assert self.fd is not None
+        mine = os.fstat(self.fd)
+        try:
+            there = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
 
     def owner(self) -> str:
         """The line the owner wrote ('another devplug' when unreadable)."""
@@ -144,12 +151,9 @@ class OwnerLock:
         """Give the lock up, removing the lock file first when held (ours still)."""
         if self.fd is None:
             return
-        if self.held:
-            mine = os.fstat(self.fd)
+        if self.held and self._is_at_path():
             with contextlib.suppress(OSError):
-                there = os.lstat(self.path)
-                if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
-                    os.unlink(self.path)
+                os.unlink(self.path)
         os.close(self.fd)
         self.fd = None
         self.held = False
@@ -168,7 +172,7 @@ class OwnedFile:
     replaced or rewrote since devplug's last write is not removed, and a path another
     live devplug owns (`OwnerLock`) is neither written nor removed (OwnedElsewhere) until
     that one stops: `restore` then writes it, as it rewrites a file that was removed or
-    replaced while this process owns it (`keep_owned` calls it on folder events)."""
+    replaced while this process owns it (`FileKeeper` calls it on folder events)."""
 
     def __init__(self, path: Path | str, ours: Callable[[bytes], bool]) -> None:
         self.path = Path(path)
@@ -203,7 +207,8 @@ class OwnedFile:
         devplug that owned the path stopped; True when it did (or took the file over)."""
         if self.wanted is None:
             return False
-        if self.lock.held and self.identity is not None and _identity(self.path) == self.identity:
+        ours = self.lock.held and self.lock.acquire()  # still ours (its lock file there)?
+        if ours and self.identity is not None and _identity(self.path) == self.identity:
             return False
         if self.refused is not None and _identity(self.path) == self.refused:
             return False  # said once already
