@@ -140,7 +140,7 @@ def test_every_reader_gives_a_result_or_its_one_line_error_in_bounded_memory(
     read_bounded(reader, text)
 
 
-@pytest.mark.parametrize("reader", READERS)
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "workload CSV"])
 @pytest.mark.parametrize(
     ("text", "said"),
     [
@@ -152,8 +152,6 @@ def test_every_reader_gives_a_result_or_its_one_line_error_in_bounded_memory(
     ids=["alias bomb", "deep flow", "deep block", "recursive alias"],
 )
 def test_each_limit_is_named_in_the_one_line(reader: str, text: str, said: str) -> None:
-    if reader == "workload CSV":
-        pytest.skip("CSV has no aliases or nesting")
     parse, error = _errors()[reader]
     with pytest.raises(error) as refused:
         parse(text)
