@@ -145,3 +145,19 @@ def test_gpu_count_is_of_one_model_on_a_mixed_node(short_tmp: Path) -> None:
     labels = labels_of(short_tmp / "two", "gpus: [{model: L4, count: 2}, {model: H100-SXM5-80GB}]")
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4"
     assert labels["nvidia.com/gpu.count"] == "2"  # GFD counts the labelled model's GPUs
+
+
+def test_gpu_clique_from_the_nvlink_fabric_as_gfd_labels_it(short_tmp: Path) -> None:
+    cluster = "6e1c2c9a-3f4b-4d2e-9a7b-0c1d2e3f4a5b"
+    fabric = f"{{clusterUuid: {cluster}, cliqueId: 32766}}"
+    labels = labels_of(
+        short_tmp / "nvl", f"gpus: [{{model: H100-SXM5-80GB, count: 4, fabric: {fabric}}}]"
+    )
+    assert labels["nvidia.com/gpu.clique"] == f"{cluster}.32766"
+    # Registration not completed (state 2: in progress): no clique, as GFD.
+    pending = f"{{clusterUuid: {cluster}, cliqueId: 1, state: 2}}"
+    labels = labels_of(
+        short_tmp / "pending", f"gpus: [{{model: H100-SXM5-80GB, fabric: {pending}}}]"
+    )
+    assert "nvidia.com/gpu.clique" not in labels
+    assert "nvidia.com/gpu.clique" not in labels_of(short_tmp / "none", "gpus: [{model: L4}]")
