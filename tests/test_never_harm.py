@@ -427,6 +427,8 @@ OWNED_PLACES = {
     "demo/script.py:_make_workdir:rmdir": "the empty folder it made (test_the_demo_removes...)",
     "demo/script.py:run_demo:rmtree": "the folder it made",
     "framework/debug.py:DebugState.dump:write_atomic": "the dump file its env var names",
+    "framework/dra/metadata.py:remove:rmtree": "a claim's folder, under serialize.lock",
+    "framework/dra/metadata.py:write:write_atomic": "a claim's file, under serialize.lock",
     "framework/dra/prepare.py:Preparer._save:write_atomic": "checkpoint under serialize.lock",
     "framework/dra/prepare.py:Preparer.unprepare:remove_quietly": "claim spec, checkpointed",
     "framework/dra/publisher.py:FolderSlicePublisher._sync:remove_quietly": "its slices",

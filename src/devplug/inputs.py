@@ -137,7 +137,7 @@ def load_yaml_all(
             return [yaml.load(text, Loader=loader)]
         return list(yaml.load_all(text, Loader=loader))
     except yaml.YAMLError as error:
-        where, _, problem = yaml_problem(error, name).partition(": invalid YAML: ")
+        where, _, problem = yaml_problem(error, name, text).partition(": invalid YAML: ")
         if "nesting depth" in problem:  # libyaml's own limit, met scanning ahead of ours
             raise InputError(where, _too_deep(limits)) from None
         raise InputError(where, f"invalid YAML: {problem}") from None
@@ -201,9 +201,16 @@ def _at(name: str, event: Any) -> str:
     return f"{name}:{mark.line + 1}" if mark is not None else name
 
 
-def yaml_problem(error: yaml.YAMLError, source: str) -> str:
-    """One line for text that is no YAML: `source:line:column: invalid YAML: problem`."""
+def yaml_problem(error: yaml.YAMLError, source: str, text: str = "") -> str:
+    """One line for text that is no YAML: `source:line:column: invalid YAML: problem`.
+    libyaml places an error at the end of a text without a final newline on the line
+    after it; it is told at the end of the last line instead, where the text stops."""
     mark = getattr(error, "problem_mark", None)
-    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+    where = source
+    if mark is not None:
+        line, column = mark.line, mark.column
+        if text and not text.endswith("\n") and line > 0 and line == text.count("\n") + 1:
+            line, column = line - 1, len(text.rsplit("\n", 1)[-1])
+        where = f"{source}:{line + 1}:{column + 1}"
     problem = getattr(error, "problem", None) or str(error)
     return f"{where}: invalid YAML: {' '.join(str(problem).split())}"
