@@ -280,3 +280,20 @@ def test_a_health_program_made_writable_after_the_config_loaded_is_not_run(
         f"change what devplug runs: run `chmod go-w {program}`"
     )
     assert not ran.exists()
+
+
+def test_the_generic_device_plugin_s_config_file_follows_the_same_rule(tmp_path: Path) -> None:
+    from devplug.sources.config import ConfigError
+    from devplug.sources.gdpfront import Flags, load
+
+    file = tmp_path / "config.yaml"
+    file.write_text("devices:\n  - name: zero\n    groups: [{paths: [{path: /dev/null}]}]\n")
+    file.chmod(0o666)
+    with pytest.raises(ConfigError) as refused:
+        load(Flags(config=str(file)), {})
+    assert str(refused.value) == (
+        f"{file}: refused: {file} is writable by its group and others (mode 0666), who "
+        f"could change what devplug runs: run `chmod go-w {file}`"
+    )
+    file.chmod(0o644)
+    assert load(Flags(config=str(file)), {}) is not None
