@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from devplug.framework.device import Device
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import physical_id
-from devplug.outputs.files import NotOurs, OwnedFile
+from devplug.outputs.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:
@@ -153,6 +153,8 @@ class FeatureFile:
         from devplug.framework.daemon import ServiceFailed
 
         refused: set[str] = set()
+        elsewhere: list[str] = []  # said once
+        keeper = FileKeeper(lambda: [file])
 
         def update(plugins: Sequence[Plugin]) -> None:
             lines = []
@@ -172,10 +174,20 @@ class FeatureFile:
                     log.info("node features written to %s", file.path)
             except NotOurs as e:
                 raise ServiceFailed(f"node features: {e}; name another --feature-file") from None
+            except OwnedElsewhere as e:  # another live devplug's: its labels stand
+                if not elsewhere:
+                    elsewhere.append(str(e))
+                    log.warning("node features: %s", e)
             except OSError as e:
                 log.warning("cannot write node features to %s: %s", file.path, e)
+            keeper.refresh()
 
-        await follow(daemon, update)
+        keeping = asyncio.create_task(keeper.run(), name="keep node features")
+        try:
+            await follow(daemon, update)
+        finally:
+            keeping.cancel()
+            await asyncio.gather(keeping, return_exceptions=True)
 
 
 def _ours(data: bytes) -> bool:

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import NoReturn, TypeVar
 
 import msgspec
-import yaml
 
+from devplug import inputs
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 from devplug.framework.device import cdi_name_problem, env_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
@@ -38,6 +38,7 @@ from devplug.sources.draconfig import (
 from devplug.sources.limits import LimitsSpec, check_limits
 from devplug.sources.nvidia.config import DEFAULT_RESOURCE as NVIDIA_RESOURCE
 from devplug.sources.nvidia.config import NvidiaSpec, check_nvidia
+from devplug.trust import write_problem
 
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
@@ -127,14 +128,19 @@ class Config(_Schema):
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and check a config file; raise ConfigError with a one-line message."""
     source = os.fspath(path)
+    check_trusted(source)
     try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"{source}: cannot read the config: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: cannot read the config: not UTF-8 text") from None
+        text = inputs.read_text(source, what="the config")
+    except inputs.InputError as e:
+        raise ConfigError(str(e)) from None
     return parse_config(text, source)
+
+
+def check_trusted(path: str | os.PathLike[str]) -> None:
+    """ConfigError unless only root and its owner can change the config at `path`: it
+    decides which programs devplug runs and what containers get (devplug.trust)."""
+    if problem := write_problem(path):
+        raise ConfigError(f"{os.fspath(path)}: refused: {problem}")
 
 
 def load_default_config() -> Config:
@@ -152,11 +158,10 @@ def load_default_config() -> Config:
 
 def parse_config(text: str, source: str = "<config>") -> Config:
     """Check config text; `source` names it in error messages."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.load(text, Loader=loader)
-    except yaml.YAMLError as e:
-        raise ConfigError(yaml_problem(e, source)) from None
+        data = inputs.load_yaml(text, source)
+    except inputs.InputError as e:
+        raise ConfigError(str(e)) from None
     if data is None:
         raise ConfigError(f"{source}: the config is empty: expected a mapping with 'resources'")
     return config_from_data(data, source)
@@ -177,14 +182,6 @@ def convert(data: object, schema: type[_T], source: str) -> _T:
         return msgspec.convert(data, schema)
     except msgspec.ValidationError as e:
         raise ConfigError(_shape_message(source, str(e))) from None
-
-
-def yaml_problem(error: yaml.YAMLError, source: str) -> str:
-    """One line for text that is no YAML: `source:line:column: invalid YAML: problem`."""
-    mark = getattr(error, "problem_mark", None)
-    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-    problem = getattr(error, "problem", None) or str(error)
-    return f"{where}: invalid YAML: {_one_line(problem)}"
 
 
 def _one_line(text: str) -> str:

@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING
 import msgspec
 from asyncinotify import Mask
 
+from devplug import inputs
 from devplug.framework import observe
 from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
 from devplug.framework.signals import RELOAD_SIGNAL, hold_reload_signal, take_held_reload
 from devplug.sources import Config, ConfigError, build_plugins, parse_config
+from devplug.sources.config import check_trusted
 from devplug.sources.validate import plugins_to_serve
 
 if TYPE_CHECKING:
@@ -40,9 +42,9 @@ log = logging.getLogger("devplug.sources.reload")
 
 def read_text(path: Path) -> str | None:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None  # parse_config via load would say why; the next event tries again
+        return inputs.read_text(path, what="the config")
+    except inputs.InputError:
+        return None  # `reload` says why; the next event tries again
 
 
 def config_inputs(config: Config) -> tuple[list[Path], set[Path]]:
@@ -54,9 +56,9 @@ def config_inputs(config: Config) -> tuple[list[Path], set[Path]]:
         ref = resource.nvidia.nvidia_config if resource.nvidia is not None else None
         if ref is None:
             continue
-        from devplug.sources.nvidia.nvidiafile import inputs
+        from devplug.sources.nvidia.nvidiafile import inputs as read_by
 
-        files += inputs(ref)
+        files += read_by(ref)
         folders.add(Path(ref.folder) if ref.folder else Path(ref.file or "/").parent)
     return files, folders
 
@@ -126,10 +128,10 @@ class ConfigReloader:
                 forced, self._asked = self._asked, False
                 if text is None and not forced:
                     continue
-                inputs = self._read_inputs(self.config)
-                if text == self._text and inputs == self._inputs and not forced:
+                others = self._read_inputs(self.config)
+                if text == self._text and others == self._inputs and not forced:
                     continue
-                self._inputs = inputs
+                self._inputs = others
                 await self.reload(daemon, text)
                 self._inputs = self._read_inputs(self.config)
                 watch()
@@ -144,14 +146,18 @@ class ConfigReloader:
     async def reload(self, daemon: Daemon, text: str | None) -> bool:
         """Apply the config `text` (None: unreadable); False when it is refused."""
         try:
+            if self.path is not None:
+                check_trusted(self.path)
             if text is None:
+                assert self.path is not None
+                inputs.read_text(self.path, what="the config")  # raises: says why
                 raise ConfigError(f"{self.path}: cannot read the config")
             source = str(self.path or "--nvidia-config")
             config = parse_config(text, source)
             # What `serve` and `check` would refuse, before any change.
             built = plugins_to_serve(config, source, self.build, daemon.plugin_dir)
             plugins = {p.resource_name: p for p in built}
-        except (ConfigError, ValueError) as error:
+        except (ConfigError, ValueError) as error:  # InputError is a ValueError
             self._text = text
             observe.emit(
                 observe.RELOAD_REFUSED,
