@@ -59,6 +59,13 @@ class Change:
     first: Callable[[KubeletHarness], None] = lambda _kubelet: None
 
 
+def folders(tmp: Path) -> Path:
+    """NFD's folders before and after (there, as NFD makes them); the first file."""
+    for name in ("a", "b"):
+        (tmp / name).mkdir()
+    return tmp / "a" / "features"
+
+
 def features_moved(kubelet: KubeletHarness, tmp: Path) -> None:
     wait_for_path(tmp / "b" / "features")
     assert f"{V}.count=2" in (tmp / "b" / "features").read_text()
@@ -110,7 +117,7 @@ CHANGES: dict[str, Change] = {
         first=two_refused,
     ),
     "nodeFeatures": Change(
-        lambda tmp: {"resources": virtual(2), "nodeFeatures": {"path": str(tmp / "a/features")}},
+        lambda tmp: {"resources": virtual(2), "nodeFeatures": {"path": str(folders(tmp))}},
         lambda tmp: {"resources": virtual(2), "nodeFeatures": {"path": str(tmp / "b/features")}},
         features_moved,
         "set nodeFeatures",
