@@ -257,7 +257,7 @@ GOOD_CLUSTER = "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\
 GOOD_CONTEXT = "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
 # (what is wrong, the kubeconfig's text, words the line must also hold)
 BAD_KUBECONFIGS = [
-    ("not YAML", "clusters: [\n", "not YAML"),
+    ("not YAML", "clusters: [\n", "invalid YAML"),
     ("a list", "- a\n- b\n", "not a kubeconfig"),
     ("no context", "apiVersion: v1\nkind: Config\n", "current-context"),
     ("context unknown", GOOD_CLUSTER + "current-context: y\n", "no context 'y'"),

@@ -317,3 +317,64 @@ def test_mixed_with_a_compute_instance_smaller_than_its_gpu_instance_is_refused(
         ),
         what="the refusal in the log",
     )
+
+
+# NVIDIA's internal/rm allocation tests: (GPUs, replicas, size) -> replicas taken per GPU.
+DISTRIBUTED_CASES = [(2, 4, 2, [1, 1]), (3, 2, 3, [1, 1, 1]), (2, 4, 4, [2, 2])]
+PACKED_CASES = [(2, 4, 2, [2]), (3, 2, 3, [2, 1]), (2, 4, 4, [4]), (2, 4, 5, [4, 1])]
+
+
+@pytest.mark.parametrize(
+    ("policy", "cases"), [("distributed", DISTRIBUTED_CASES), ("packed", PACKED_CASES)]
+)
+def test_nvidias_allocation_cases_through_the_kubelet(
+    kubelet: KubeletHarness, short_tmp: Path, policy: str, cases: list[Any]
+) -> None:
+    by_shape: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}
+    for gpus, replicas, size, counts in cases:
+        by_shape.setdefault((gpus, replicas), []).append((size, counts))
+    for (gpus, replicas), wanted in by_shape.items():
+        folder = short_tmp / f"{policy}-{gpus}x{replicas}"
+        folder.mkdir()
+        host = FakeGpuHost(folder / "gpus", fake_host(f"gpus: [{{model: L4, count: {gpus}}}]"))
+        nvidia_file = folder / "nvidia.yaml"
+        nvidia_file.write_text(
+            f"version: v1\nflags: {{plugin: {{sharedDevicesAllocationPolicy: {policy}}}}}\n"
+            "sharing:\n  timeSlicing:\n    resources:\n"
+            f"    - {{name: nvidia.com/gpu, replicas: {replicas}}}\n"
+        )
+        ref = {"file": str(nvidia_file)}
+        block = {"nvidia": {"hostRoot": host.host_root, **FAST, "nvidiaConfig": ref}}
+        process = kubelet.start_serve({"resources": [block]}, env=host.env, wait=False)
+        kubelet.wait_for_resource(GPU, count=gpus * replicas)
+        for size, counts in wanted:
+            pod = kubelet.admit({GPU: size})
+            taken = Counter(r.partition("::")[0] for r in pod.devices()[GPU])
+            assert sorted(taken.values(), reverse=True) == counts, (policy, gpus, size)
+            assert kubelet.delete(pod)
+        process.stop()
+
+
+def test_gds_with_cdi_only_is_taken_as_nvidia_takes_it(
+    kubelet: KubeletHarness, four: FakeGpuHost, short_tmp: Path
+) -> None:
+    """NVIDIA accepts gdsEnabled with CDI strategies alone and sends NVIDIA_GDS=enabled;
+    devplug does too, and says in one line that the CDI device of GDS is not written."""
+    host_specs = Path(four.host_root) / "etc" / "cdi"
+    host_specs.mkdir(parents=True)
+    (host_specs / "nvidia.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n"
+    )
+    nvidia_file = short_tmp / "nvidia.yaml"
+    nvidia_file.write_text(
+        "version: v1\nflags: {gdsEnabled: true, plugin: {deviceListStrategy: cdi-cri}}\n"
+    )
+    ref = {"file": str(nvidia_file)}
+    entry = {"cdiDir": str(short_tmp / "cdi"), "nvidiaConfig": ref}
+    block = {"nvidia": {"hostRoot": four.host_root, **FAST, **entry}}
+    process = kubelet.start_serve({"resources": [block]}, env=four.env, wait=False)
+    kubelet.wait_for_resource(GPU, count=4)
+    pod = kubelet.admit({GPU: 1})
+    assert pod.env() == {"NVIDIA_GDS": "enabled"}
+    assert pod.cdi_devices() == [f"k8s.device-plugin.nvidia.com/gpu={pod.devices()[GPU][0]}"]
+    assert "gdsEnabled with CDI strategies only" in process.output

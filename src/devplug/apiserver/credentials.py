@@ -135,7 +135,7 @@ class ExecPlugin(Credentials):
             )
         except subprocess.TimeoutExpired:
             raise CredentialError(f"{what}: no answer within {EXEC_TIMEOUT_S:.0f} s") from None
-        except OSError as error:
+        except (OSError, ValueError) as error:  # not found, not runnable, a NUL in it
             raise CredentialError(f"{what}: {_why(error)}") from None
         self.runs += 1
         if done.returncode != 0:

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from devplug.apiserver.credentials import (
     EXEC_API_VERSIONS,
     Credentials,
@@ -34,7 +32,6 @@ if TYPE_CHECKING:
     import ssl
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
-MAX_BYTES = 4 * 2**20  # a kubeconfig larger than this is not one
 
 
 @dataclass
@@ -138,23 +135,14 @@ class _File:
 
 
 def _read(path: str) -> _File:
+    """One kubeconfig file, read within devplug's input limits (size, nesting, YAML
+    aliases: devplug.inputs)."""
+    from devplug import inputs
+
     try:
-        with open(path, "rb") as file:
-            raw = file.read(MAX_BYTES + 1)
-    except OSError as error:
-        raise ValueError(f"kubeconfig {path}: {error.strerror or error}") from None
-    if len(raw) > MAX_BYTES:
-        raise ValueError(f"kubeconfig {path}: over {MAX_BYTES // 2**20} MiB, not a kubeconfig")
-    try:
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        data = yaml.load(raw.decode("utf-8"), Loader=loader)
-    except UnicodeDecodeError:
-        raise ValueError(f"kubeconfig {path}: not UTF-8 text") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or "not YAML"
-        raise ValueError(f"kubeconfig {path}{where}: not YAML ({problem})") from None
+        data = inputs.load_yaml(inputs.read_text(path, what="the kubeconfig"), path)
+    except inputs.InputError as error:
+        raise ValueError(f"kubeconfig {error}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -190,7 +178,8 @@ class _Merged:
                 raise ValueError(f"{self.source}: no current-context; name one with --context")
         contexts = self.entries["contexts"]
         if context not in contexts:
-            known = ", ".join(sorted(contexts)) or "none"
+            known = ", ".join(n if n.isprintable() else repr(n) for n in sorted(contexts))
+            known = known or "none"
             raise ValueError(f"{self.source}: no context {context!r} (it has: {known})")
         body, file = contexts[context]
         where = f"kubeconfig {file.path}: context {context!r}"
@@ -255,8 +244,12 @@ def _path(body: dict[str, Any], key: str, where: str, folder: Path) -> str | Non
     text = _text(body, key, where)
     if not text:
         return None
-    path = folder / os.path.expanduser(text)
-    if not path.is_file():
+    try:
+        path = folder / os.path.expanduser(text)
+        found = path.is_file()
+    except (OSError, ValueError):  # a NUL, a name too long
+        raise ValueError(f"{where}: {key}: not a usable path: {text!r}") from None
+    if not found:
         raise ValueError(f"{where}: {key}: no file {path}")
     return str(path)
 

@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "show a node's devices, their health and the pods holding them"),
 }
 
+# The generic device plugin's flags: its DaemonSet gives them to the image without a
+# sub-command, which then means `serve` (see docs/migrate.md).
+GDP_FLAGS = ("--device", "--domain", "--plugin-directory", "--listen", "--config")
+
 EXIT_USAGE = style.EXIT_USAGE
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
@@ -40,6 +44,21 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 WITHOUT_TLS = {"serve"}
 # ...unless an option loads a library that imports ssl (prometheus-client does).
 NEEDS_SSL_OPTIONS = {"--metrics-port"}
+
+
+def _gdp_words(words: Sequence[str]) -> list[str]:
+    """`words` with `serve` put before the first generic device plugin flag when no
+    sub-command comes before it (`devplug --device ...`)."""
+    i = 0
+    while i < len(words):
+        word, has_value = words[i].partition("=")[::2]
+        if word in ("--log-level", "--log-format"):
+            i += 1 if has_value else 2
+            continue
+        if word in GDP_FLAGS:
+            return [*words[:i], "serve", *words[i:]]
+        break
+    return list(words)
 
 
 def _command(argv: Sequence[str] | None) -> str | None:
@@ -103,11 +122,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if _command(argv) == "serve":
+        # First of all: SIGHUP asks a running daemon to reload, it must never end one
+        # that is still starting.
+        from devplug.framework.signals import hold_reload_signal
+
+        hold_reload_signal()
     # gRPC's core logs (absl) bypass Python logging and would break the log format;
     # devplug reports each failure itself, so unless asked for (GRPC_VERBOSITY=debug to
     # see them) they are off. Read when grpc loads, so before any import of it.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-    words = sys.argv[1:] if argv is None else argv
+    words = _gdp_words(sys.argv[1:] if argv is None else argv)
+    argv = words
     if _command(argv) in WITHOUT_TLS and not any(
         w.partition("=")[0] in NEEDS_SSL_OPTIONS for w in words
     ):
@@ -122,8 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     setup_logging(args.log_level, args.log_format)
     signals.terminate_like_interrupt()
+    from devplug.extras import MissingExtra
+
     try:
         code: int = args._module.run(args)
+    except MissingExtra as error:  # any command: one line naming the extra to install
+        return style.fail(args, str(error))
     except BrokenPipeError:
         # The reader went away (`devplug check ... | head`): quietly stop writing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

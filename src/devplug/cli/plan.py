@@ -185,10 +185,9 @@ def run(args: argparse.Namespace) -> int:
     except (WorkloadError, KnobError) as error:
         return _fail(str(error))
     if args.html:
-        try:
-            import plotly  # noqa: F401
-        except ImportError:
-            return _fail("--html needs plotly: pip install 'devplug[report]'")
+        from devplug.extras import require
+
+        require("plotly", "report", "--html")
     api: Any = None
     if args.kubeconfig or args.context:
         from devplug.extras import MissingExtra

@@ -76,9 +76,6 @@ class KubeApi:
     """One session to one API server; `concurrency` requests in flight at most."""
 
     def __init__(self, target: Target, *, concurrency: int = 32) -> None:
-        from devplug.extras import require
-
-        require("aiohttp", "fleet", "the fleet's API client (devplug fleet, plan --kubeconfig)")
         self.target = target
         self.host: str = target.server
         self._ssl: Any = target.ssl_context() if target.server.startswith("https:") else False
@@ -93,9 +90,13 @@ class KubeApi:
     def from_kubeconfig(
         cls, kubeconfig: str | None, context: str | None = None, **kwargs: Any
     ) -> KubeApi:
-        """ValueError with a one-line reason when the kubeconfig cannot be used."""
+        """ValueError with a one-line reason when the kubeconfig cannot be used;
+        MissingExtra naming the `fleet` extra when its client libraries are not there."""
         from devplug.apiserver.kubeconfig import load
+        from devplug.extras import require
 
+        for module in ("kubernetes", "aiohttp"):
+            require(module, "fleet", "a fleet on an API server (fleet up/down, plan --kubeconfig)")
         return cls(load(kubeconfig, context), **kwargs)
 
     async def _authorization(self) -> dict[str, str]:

@@ -1,4 +1,6 @@
-"""Stopping on SIGTERM as on SIGINT, for every command.
+"""Stopping on SIGTERM as on SIGINT, for every command; SIGHUP held for the config
+reloader. Light to import (asyncio loads only when a stop is awaited): `devplug serve`
+imports it first of all, before it keeps the ssl module out.
 
 `terminate_like_interrupt()` (installed by `devplug`'s main before any command runs)
 makes SIGTERM, what a CI timeout, `kill` or the kubelet sends, do exactly what Ctrl-C
@@ -10,17 +12,23 @@ the same for long-running services, as an event their loop waits on.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import signal
 from collections.abc import Iterator
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("devplug.signals")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _received: list[signal.Signals] = []
+# Asks a daemon to read its config again (devplug.sources.reload).
+RELOAD_SIGNAL = signal.SIGHUP
+_reload_held = False
 
 
 def terminate_like_interrupt() -> None:
@@ -43,9 +51,30 @@ def received() -> signal.Signals | None:
     return _received[0] if _received else None
 
 
+def hold_reload_signal() -> None:
+    """Catch SIGHUP from the daemon's first moment, before its config reloader listens
+    (the signal's default ends the process); one received meanwhile is kept, and
+    `take_held_reload` hands it to the reloader."""
+
+    def hold(_signum: int, _frame: object) -> None:
+        global _reload_held
+        _reload_held = True
+
+    signal.signal(RELOAD_SIGNAL, hold)
+
+
+def take_held_reload() -> bool:
+    """Whether SIGHUP came while held (cleared by the call)."""
+    global _reload_held
+    held, _reload_held = _reload_held, False
+    return held
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[asyncio.Event]:
     """An event set by SIGTERM or SIGINT while the block runs (inside an event loop)."""
+    import asyncio
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

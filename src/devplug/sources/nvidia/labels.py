@@ -17,6 +17,7 @@ from devplug.outputs.nfd import MAX_LABEL_VALUE, label_value
 from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
 from devplug.sources.nvidia.discovery import Unit, host_path, single_problem
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo
+from devplug.sources.nvidia.vgpu import vgpu_labels
 
 if TYPE_CHECKING:
     from devplug.sources.nvidia.source import GpuSource
@@ -140,6 +141,9 @@ def node_labels(
             f"{gpu}.mode": _gpu_mode(source.units),
             f"{gpu}.machine": _machine(spec.host_root, spec.machine_type_file),
         }
+    if clique := _clique(view.gpus):
+        labels[f"{gpu}.clique"] = clique
+    labels |= vgpu_labels(spec.host_root, domain)
     labels[f"{domain}/mig.capable"] = str(any(g.mig_capable for g in view.gpus)).lower()
     if spec.mig_strategy != "none":  # GFD labels a strategy only when there is one
         labels[f"{domain}/mig.strategy"] = spec.mig_strategy
@@ -172,6 +176,16 @@ def _served_labels(
         return labels
     labels = _resource_labels(resource, f"{first.gpu.model}-MIG-{first.mig.profile}", number, spec)
     return labels | _mig_labels(resource, first.mig)
+
+
+def _clique(gpus: Sequence[GpuInfo]) -> str:
+    """'<cluster UUID>.<clique ID>' of the NVLink fabric the GPUs are attached to, as
+    GFD labels it: only when every attached GPU names the same ones."""
+    fabrics = {g.fabric for g in gpus if g.fabric is not None}
+    if len(fabrics) != 1:
+        return ""
+    [(cluster, clique)] = fabrics
+    return label_value(f"{cluster}.{clique}")
 
 
 def _gpu_mode(units: list[Unit]) -> str:
