@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devplug.cluster.scheduler import MAX_NODE_SCORE, fit_error
+from devplug.cluster.scheduler import fit_error
+from devplug.kube.scoring import least_allocated_score
 
 SELECTOR_MISMATCH = "node(s) didn't match Node's node affinity/selector"
 CANNOT_ALLOCATE_CLAIMS = "cannot allocate all claims"
@@ -82,16 +83,7 @@ def reasons(
 
 def score(requests: Mapping[str, int], node: NodeView) -> int:
     """LeastAllocated over CPU and memory, weight 1 each (integer arithmetic)."""
-    scores = []
-    for name in ("cpu", "memory"):
-        capacity = node.allocatable.get(name, 0)
-        used = node.requested.get(name, 0) + requests.get(name, 0)
-        scores.append(
-            0
-            if capacity == 0 or used > capacity
-            else (capacity - used) * MAX_NODE_SCORE // capacity
-        )
-    return sum(scores) // len(scores)
+    return least_allocated_score(requests, node.allocatable, node.requested, ("cpu", "memory"))
 
 
 def pick(
