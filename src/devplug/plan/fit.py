@@ -16,6 +16,7 @@ from typing import Any
 
 from devplug.cluster.scheduler import fit_error
 from devplug.kube.scoring import least_allocated_score
+from devplug.kube.tolerations import tolerates
 
 SELECTOR_MISMATCH = "node(s) didn't match Node's node affinity/selector"
 CANNOT_ALLOCATE_CLAIMS = "cannot allocate all claims"
@@ -38,20 +39,6 @@ class NodeView:
         return self.allocatable.get(resource, 0) - self.requested.get(resource, 0)
 
 
-def _tolerated(taint: Mapping[str, str], tolerations: Sequence[Mapping[str, Any]]) -> bool:
-    for toleration in tolerations:
-        effect = toleration.get("effect")
-        if effect and effect != taint.get("effect"):
-            continue
-        key = toleration.get("key")
-        if toleration.get("operator") == "Exists":
-            if not key or key == taint.get("key"):
-                return True
-        elif key == taint.get("key") and (toleration.get("value") or "") == taint.get("value", ""):
-            return True
-    return False
-
-
 def reasons(
     spec: Mapping[str, Any],
     requests: Mapping[str, int],
@@ -65,9 +52,7 @@ def reasons(
         return [SELECTOR_MISMATCH]
     tolerations = spec.get("tolerations") or []
     for taint in node.taints:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(
-            taint, tolerations
-        ):
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
             value = taint.get("value", "")
             return [f"node(s) had untolerated taint {{{taint['key']}: {value}}}"]
     found = []
