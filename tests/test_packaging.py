@@ -4,6 +4,7 @@ pyproject.toml allows, installed exactly in a fresh venv, run devplug)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -12,6 +13,7 @@ import tarfile
 import tomllib
 import venv
 import zipfile
+from collections.abc import Iterator
 from email.parser import HeaderParser
 from pathlib import Path
 
@@ -211,7 +213,11 @@ class FloorsVenv:
         self.bin = folder / "bin"
         pins = folder / "floors.txt"
         pins.write_text(constraints(USER_EXTRAS))
-        self.pip("install", "--constraint", str(pins), f"{wheel}[{','.join(USER_EXTRAS)}]")
+        # Wheels only: no floor may need a compiler to install.
+        self.pip(
+            *("install", "--only-binary=:all:", "--constraint", str(pins)),
+            f"{wheel}[{','.join(USER_EXTRAS)}]",
+        )
 
     def pip(self, *args: str) -> None:
         done = subprocess.run(
@@ -254,7 +260,7 @@ def test_the_declared_floors_install_and_run_devplug(
     ResourceSlices (resource.k8s.io/v1) from a real API server."""
     installed = floors_venv.installed()
     for requirement in requirements(USER_EXTRAS):
-        assert installed[normalised(requirement.name)] == floor(requirement), requirement
+        assert Version(installed[normalised(requirement.name)]) == Version(floor(requirement))
     imported = floors_venv.run(floors_venv.python, "-c", FLOORS_CHECK)
     assert imported.returncode == 0, imported.stderr
     modules = json.loads(imported.stdout)
@@ -275,11 +281,17 @@ def test_the_declared_floors_install_and_run_devplug(
     assert dra.stdout.strip() == "V1ResourceSliceList"
 
 
-def below_floor(venv: FloorsVenv, name: str) -> None:
-    """The newest release of `name` older than its floor, installed in the venv."""
-    [requirement] = [r for r in requirements(USER_EXTRAS) if r.name == name]
-    venv.pip("install", f"{name}<{floor(requirement)}")
+@contextlib.contextmanager
+def below_floor(venv: FloorsVenv, name: str) -> Iterator[None]:
+    """The newest release of `name` older than its floor, installed in the venv for the
+    block; the floor again afterwards."""
+    requirement = next(r for r in requirements(USER_EXTRAS) if r.name == name)
+    venv.pip("install", "--only-binary=:all:", f"{name}<{floor(requirement)}")
     assert Version(venv.installed()[name]) < Version(floor(requirement))
+    try:
+        yield
+    finally:
+        venv.pip("install", "--only-binary=:all:", f"{name}=={floor(requirement)}")
 
 
 @pytest.mark.slow
@@ -287,11 +299,13 @@ def below_floor(venv: FloorsVenv, name: str) -> None:
 def test_below_the_floors_devplug_breaks(floors_venv: FloorsVenv, kubeconfig: str) -> None:
     """The floors are the lowest that work, not guesses: the release before each of
     these fails as the floors test would see it."""
-    below_floor(floors_venv, "protobuf")
-    imported = floors_venv.run(floors_venv.python, "-c", FLOORS_CHECK)
+    with below_floor(floors_venv, "protobuf"):
+        imported = floors_venv.run(floors_venv.python, "-c", FLOORS_CHECK)
     assert imported.returncode != 0
     assert "VersionError" in imported.stderr
-    below_floor(floors_venv, "kubernetes")
-    dra = floors_venv.run(floors_venv.python, "-c", DRA_CHECK, kubeconfig)
+    with below_floor(floors_venv, "kubernetes"):
+        dra = floors_venv.run(floors_venv.python, "-c", DRA_CHECK, kubeconfig)
     assert dra.returncode != 0
     assert "ResourceV1Api" in dra.stderr
+    # Both back at their floors: devplug works again.
+    assert floors_venv.run(floors_venv.python, "-c", DRA_CHECK, kubeconfig).returncode == 0

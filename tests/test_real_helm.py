@@ -50,7 +50,7 @@ def installed(node: RealNode, values: dict[str, Any], release: str = "devplug") 
             CHART, release, values, namespace=NAMESPACE, create_namespace=True, timeout=120
         )
         try:
-            assert release_info["info"]["status"] == "deployed", release_info["info"]
+            assert release_info["status"] == "deployed", release_info
             node.kubectl(
                 *("label", "namespace", NAMESPACE, "--overwrite"),
                 "pod-security.kubernetes.io/enforce=privileged",
