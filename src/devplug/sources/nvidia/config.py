@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import msgspec
 
@@ -24,10 +24,10 @@ Sharing = Literal["timeSlicing", "mps"]
 
 
 class MpsSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
-    """MPS sharing: one control daemon per shared GPU, its folders under `root`."""
+    """MPS sharing: one control daemon per shared resource, its folders under `root`."""
 
-    # <root>/<resource>/<GPU UUID>/{pipe,log} and <root>/shm, the same path on the host
-    # and in the daemon's container (the client containers get them mounted).
+    # <root>/<resource>/{pipe,log} and <root>/shm on the host, as NVIDIA's plugin lays
+    # them out (a client container gets the pipe folder at /mps/<resource>/pipe).
     root: str = "/run/nvidia/mps"
     # The control daemon's program: a name looked up on PATH, or a path.
     control: str = "nvidia-cuda-mps-control"
@@ -55,6 +55,9 @@ class NvidiaConfigRef(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
         default_factory=lambda: ["named", "single"]
     )
     node_label: str = NODE_CONFIG_LABEL
+    # NVIDIA's command-line flags and environment (`nvidia-device-plugin`), in the
+    # file's shape: they replace what the file says, as in NVIDIA's plugin.
+    flags: dict[str, Any] = {}
 
 
 class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
@@ -71,7 +74,10 @@ class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     rename_shared: bool = False
     sharing: Sharing = "timeSlicing"
     mps: MpsSpec = msgspec.field(default_factory=MpsSpec)
-    replica_policy: Literal["spread", "pack"] = "spread"
+    # Which replica a pod gets on a shared GPU: NVIDIA's `distributed` (the GPU with the
+    # fewest replicas in use) or `packed` (the most), or devplug's topology-aware
+    # `spread` (best-connected GPUs, one replica each first) or `pack`.
+    replica_policy: Literal["distributed", "packed", "spread", "pack"] = "distributed"
     # Refuse a container asking for more than one replica (unset: only with MPS).
     fail_requests_greater_than_one: bool | None = None
     # How the container learns its GPUs: NVIDIA_VISIBLE_DEVICES with their IDs
@@ -97,6 +103,12 @@ class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     cdi_dir: str = "/var/run/cdi"
     cdi_spec_dirs: list[str] = msgspec.field(default_factory=lambda: ["/etc/cdi", "/var/run/cdi"])
+    # IMEX channels every container of the resource gets (NVIDIA's imex.channelIDs: [0]
+    # or none): /dev/nvidia-caps-imex-channels/channel<ID>, NVIDIA_IMEX_CHANNELS; a
+    # channel missing on the host is skipped with a warning, or, `imexRequired`, is a
+    # start problem.
+    imex_channels: list[int] = msgspec.field(default_factory=list, name="imexChannelIDs")
+    imex_required: bool = False
     # Exit when NVML cannot start (NVIDIA's failOnInitError), instead of retrying.
     fail_on_init_error: bool = False
     # The machine type of the gpu.machine label.
@@ -173,19 +185,13 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
         if not 1 <= count <= MAX_REPLICAS:
             fail(key, f"expected an integer from 1 to {MAX_REPLICAS}, got {count}")
     if spec.sharing == "mps":
-        if spec.fail_requests_greater_than_one is False:
-            fail(
-                f"{at}.failRequestsGreaterThanOne",
-                "must stay true with MPS: each GPU has its own MPS daemon and a container "
-                "gets one replica",
-            )
         if spec.resource_replicas:
             if min(spec.resource_replicas.values()) < 2:
                 fail(f"{at}.resourceReplicas", "MPS sharing needs at least 2 replicas per GPU")
         elif spec.replicas < 2:
             fail(f"{at}.replicas", "MPS sharing needs at least 2 replicas per GPU")
-        if spec.mig_strategy != "none":
-            fail(f"{at}.sharing", "MPS sharing is not supported with MIG (migStrategy none only)")
+        if spec.mig_strategy == "mixed":  # NVIDIA's: single is checked on the GPUs
+            fail(f"{at}.migStrategy", "migStrategy mixed is not supported with MPS")
         if not spec.mps.root.startswith("/"):
             fail(f"{at}.mps.root", f"expected an absolute path, got {spec.mps.root!r}")
         if not spec.mps.control:
@@ -197,11 +203,6 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
         fail(f"{at}.deviceListStrategy", "expected at least one of envvar, volume-mounts, cdi")
     if len(set(strategies)) != len(strategies):
         fail(f"{at}.deviceListStrategy", "a strategy is listed twice")
-    if "envvar" in strategies and "volume-mounts" in strategies:
-        fail(
-            f"{at}.deviceListStrategy",
-            "envvar and volume-mounts both set NVIDIA_VISIBLE_DEVICES: choose one",
-        )
     if cdi_only(spec):
         for key, on in (
             ("gdsEnabled", spec.gds_enabled),
@@ -214,6 +215,8 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
                     "not available with CDI strategies only: devplug does not write the "
                     "CDI spec of that driver component; add envvar to deviceListStrategy",
                 )
+    if spec.imex_channels not in ([], [0]):
+        fail(f"{at}.imexChannelIDs", f"channelIDs must be [] or [0]; found {spec.imex_channels}")
     if not spec.cdi_annotation_prefix.endswith("/"):
         fail(
             f"{at}.cdiAnnotationPrefix",
