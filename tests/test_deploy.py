@@ -214,8 +214,11 @@ def test_the_gpu_overlay_selects_gpu_nodes_and_asks_for_nvml(variant: str) -> No
     assert daemonset["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "gpu"
 
 
-def check_on_fake_gpus(config: Path, description: dict[str, Any], folder: Path) -> str:
-    """`devplug check` of `config` on a fake NVML host (its hostRoot set): the output."""
+def check_on_fake_gpus(
+    config: Path, description: dict[str, Any], folder: Path, python: str = sys.executable
+) -> str:
+    """`devplug check` of `config` on a fake NVML host (its hostRoot set), run by
+    `python`: the output."""
     from devplug.testing.fakenvml import FakeGpuHost
 
     host = FakeGpuHost(folder, description)
@@ -226,7 +229,7 @@ def check_on_fake_gpus(config: Path, description: dict[str, Any], folder: Path) 
     entry["nvidia"]["hostRoot"] = str(host.host_root)
     config.write_text(yaml.safe_dump(data))
     check = subprocess.run(
-        [sys.executable, "-m", "devplug.cli.main", "check", "--config", str(config)],
+        [python, "-m", "devplug.cli.main", "check", "--config", str(config)],
         capture_output=True,
         text=True,
         env={**os.environ, **host.env},

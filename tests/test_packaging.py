@@ -281,6 +281,23 @@ def test_the_declared_floors_install_and_run_devplug(
     assert dra.stdout.strip() == "V1ResourceSliceList"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_declared_floors_serve_gpus_through_nvml(
+    floors_venv: FloorsVenv, short_tmp: Path
+) -> None:
+    """The GPU overlay's config checked with nvidia-ml-py at its floor, on the fake NVML
+    driver of an 8-GPU host (the NVML names devplug and its fake driver use exist)."""
+    from test_deploy import check_on_fake_gpus, materialise
+    from test_deploy import render as kustomize
+
+    from devplug.testing.fakenvml import eight_gpus
+
+    config = materialise(kustomize("overlays/gpu"), short_tmp / "pod")
+    out = check_on_fake_gpus(config, eight_gpus(), short_tmp / "host", python=floors_venv.python)
+    assert "8 device(s), 8 healthy" in out
+
+
 @contextlib.contextmanager
 def below_floor(venv: FloorsVenv, name: str) -> Iterator[None]:
     """The newest release of `name` older than its floor, installed in the venv for the
@@ -309,3 +326,7 @@ def test_below_the_floors_devplug_breaks(floors_venv: FloorsVenv, kubeconfig: st
     assert "ResourceV1Api" in dra.stderr
     # Both back at their floors: devplug works again.
     assert floors_venv.run(floors_venv.python, "-c", DRA_CHECK, kubeconfig).returncode == 0
+    with below_floor(floors_venv, "nvidia-ml-py"):
+        nvml = floors_venv.run(floors_venv.python, "-c", "import devplug.testing.fakenvml")
+    assert nvml.returncode != 0
+    assert "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION" in nvml.stderr
