@@ -60,6 +60,8 @@ OUTPUTS = ("text", "json", "yaml")
 DEFAULT_OUTPUT = "text"
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Other spellings accepted (the generic device plugin's levels).
+LOG_LEVEL_ALIASES = {"all": "debug", "warn": "warning", "none": "error"}
 LOG_FORMATS = ("text", "json")
 
 
@@ -163,6 +165,7 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
+        type=LogLevel(),
         default="info" if top else argparse.SUPPRESS,
         help="the lowest level of log lines shown on stderr (default: info)",
     )
@@ -175,18 +178,22 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def read_inputs(names: list[str]) -> list[tuple[str, str]]:
-    """(name, text) of each `-f` file, 'stdin' for '-'. Raises OSError or
-    UnicodeDecodeError; `input_problem` words them."""
-    return [("stdin", sys.stdin.read()) if name == "-" else (name, _read(name)) for name in names]
+    """(name, text) of each `-f` file, 'stdin' for '-', bounded (devplug.inputs).
+    Raises InputError; `input_problem` words it."""
+    from devplug import inputs
 
-
-def _read(name: str) -> str:
-    with open(name, encoding="utf-8") as f:
-        return f.read()
+    return [
+        ("stdin" if name == "-" else name, inputs.read_text(name, inputs.LARGE_LIMITS))
+        for name in names
+    ]
 
 
 def input_problem(name: str, error: Exception) -> str:
     """One line for a file that could not be read."""
+    from devplug.inputs import InputError
+
+    if isinstance(error, InputError):
+        return str(error)
     if isinstance(error, UnicodeDecodeError):
         return f"{name}: cannot read it: not UTF-8 text"
     if isinstance(error, OSError):
@@ -271,6 +278,23 @@ class Number(OptionType):
         if math.isfinite(self.high):
             examples.append(str(self.kind(self.high) + 1))
         return examples
+
+
+class LogLevel(OptionType):
+    """A log level; its other spellings (`warn`, `all`, `none`) as devplug names them."""
+
+    __name__ = "log level"
+
+    def __call__(self, text: str) -> str:
+        level = LOG_LEVEL_ALIASES.get(text, text)
+        if level not in LOG_LEVELS:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is no log level: expected one of {', '.join(LOG_LEVELS)}"
+            )
+        return level
+
+    def bad_examples(self, scratch: Path) -> list[str]:
+        return ["loud", ""]
 
 
 seconds = Number(float, 0, "a number of seconds above 0", open_low=True)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from devplug.framework.device import Device
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import physical_id
-from devplug.outputs.files import NotOurs, OwnedFile
+from devplug.outputs.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:
@@ -100,9 +100,13 @@ class FeatureFile:
         self.file = OwnedFile(self.path, lambda data: data.startswith(HEADER.encode()))
 
     async def run(self, daemon: Daemon) -> None:
+        import asyncio
+
         from devplug.framework.daemon import ServiceFailed
 
         refused: set[str] = set()
+        elsewhere: list[str] = []  # said once
+        keeper = FileKeeper(lambda: [self.file])
 
         def update(plugins: Sequence[Plugin]) -> None:
             lines = []
@@ -122,10 +126,18 @@ class FeatureFile:
                     log.info("node features written to %s", self.path)
             except NotOurs as e:
                 raise ServiceFailed(f"node features: {e}; name another --feature-file") from None
+            except OwnedElsewhere as e:  # another live devplug's: its labels stand
+                if not elsewhere:
+                    elsewhere.append(str(e))
+                    log.warning("node features: %s", e)
             except OSError as e:
                 log.warning("cannot write node features to %s: %s", self.path, e)
+            keeper.refresh()
 
+        keeping = asyncio.create_task(keeper.run(), name="keep node features")
         try:
             await follow(daemon, update)
         finally:
+            keeping.cancel()
+            await asyncio.gather(keeping, return_exceptions=True)
             self.file.remove()

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-import yaml
-
 from devplug.framework.names import resource_name_problem
 
 DEFAULT_NAMESPACE = "default"
@@ -127,13 +125,13 @@ def load_documents(
 ) -> list[Any]:
     """The YAML documents of `source` (text, `name` in an error), or `source` itself (dicts)."""
     if isinstance(source, str):
-        from devplug.sources.config import yaml_problem
+        from devplug import inputs
 
         try:
-            docs = [d for d in yaml.safe_load_all(source) if d is not None]
-        except yaml.YAMLError as error:
-            raise ManifestError(yaml_problem(error, name)) from None
-        return docs
+            documents = inputs.load_yaml_all(source, name, inputs.LARGE_LIMITS)
+        except inputs.InputError as error:
+            raise ManifestError(str(error)) from None
+        return [d for d in documents if d is not None]
     if isinstance(source, Mapping):
         return [source]
     return list(source)

@@ -22,10 +22,12 @@ from typing import TYPE_CHECKING
 
 from asyncinotify import Mask
 
+from devplug import inputs
 from devplug.framework import observe
 from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
 from devplug.framework.unixserver import socket_path_problem
 from devplug.sources import Config, ConfigError, build_plugins, parse_config, start_problems
+from devplug.sources.config import check_trusted
 
 if TYPE_CHECKING:
     from devplug.framework.daemon import Daemon
@@ -39,9 +41,9 @@ log = logging.getLogger("devplug.sources.reload")
 
 def read_text(path: Path) -> str | None:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None  # parse_config via load would say why; the next event tries again
+        return inputs.read_text(path, what="the config")
+    except inputs.InputError:
+        return None  # `reload` says why; the next event tries again
 
 
 def config_inputs(config: Config) -> tuple[list[Path], set[Path]]:
@@ -53,9 +55,9 @@ def config_inputs(config: Config) -> tuple[list[Path], set[Path]]:
         ref = resource.nvidia.nvidia_config if resource.nvidia is not None else None
         if ref is None:
             continue
-        from devplug.sources.nvidia.nvidiafile import inputs
+        from devplug.sources.nvidia.nvidiafile import inputs as read_by
 
-        files += inputs(ref)
+        files += read_by(ref)
         folders.add(Path(ref.folder) if ref.folder else Path(ref.file or "/").parent)
     return files, folders
 
@@ -119,10 +121,10 @@ class ConfigReloader:
                 forced, self._asked = self._asked, False
                 if text is None and not forced:
                     continue
-                inputs = self._read_inputs(self.config)
-                if text == self._text and inputs == self._inputs and not forced:
+                others = self._read_inputs(self.config)
+                if text == self._text and others == self._inputs and not forced:
                     continue
-                self._inputs = inputs
+                self._inputs = others
                 await self.reload(daemon, text)
                 self._inputs = self._read_inputs(self.config)
                 watch()
@@ -136,7 +138,11 @@ class ConfigReloader:
     async def reload(self, daemon: Daemon, text: str | None) -> bool:
         """Apply the config `text` (None: unreadable); False when it is refused."""
         try:
+            if self.path is not None:
+                check_trusted(self.path)
             if text is None:
+                assert self.path is not None
+                inputs.read_text(self.path, what="the config")  # raises: says why
                 raise ConfigError(f"{self.path}: cannot read the config")
             config = parse_config(text, str(self.path or "--nvidia-config"))
             plugins = {p.resource_name: p for p in self.build(config)}
@@ -145,7 +151,7 @@ class ConfigReloader:
             for plugin in plugins.values():  # what Daemon.add would refuse, before any change
                 if problem := socket_path_problem(daemon.plugin_dir / plugin.socket_name):
                     raise ValueError(f"{plugin.resource_name}: {problem}")
-        except (ConfigError, ValueError) as error:
+        except (ConfigError, ValueError) as error:  # InputError is a ValueError
             self._text = text
             observe.emit(
                 observe.RELOAD_REFUSED,

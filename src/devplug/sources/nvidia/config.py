@@ -15,6 +15,7 @@ import msgspec
 
 from devplug.framework.names import resource_name_problem
 from devplug.sources.hardware import HealthSpec, check_health
+from devplug.trust import program_problem
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 MAX_REPLICAS = 256
@@ -196,6 +197,8 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
             fail(f"{at}.mps.root", f"expected an absolute path, got {spec.mps.root!r}")
         if not spec.mps.control:
             fail(f"{at}.mps.control", "expected a program name or path")
+        if problem := program_problem(spec.mps.control):
+            fail(f"{at}.mps.control", problem)
         if not spec.mps.check_seconds > 0:
             fail(f"{at}.mps.checkSeconds", f"expected a number > 0, got {spec.mps.check_seconds}")
     strategies = spec.device_list_strategy
@@ -203,18 +206,6 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
         fail(f"{at}.deviceListStrategy", "expected at least one of envvar, volume-mounts, cdi")
     if len(set(strategies)) != len(strategies):
         fail(f"{at}.deviceListStrategy", "a strategy is listed twice")
-    if cdi_only(spec):
-        for key, on in (
-            ("gdsEnabled", spec.gds_enabled),
-            ("mofedEnabled", spec.mofed_enabled),
-            ("gdrcopyEnabled", spec.gdrcopy_enabled),
-        ):
-            if on:
-                fail(
-                    f"{at}.{key}",
-                    "not available with CDI strategies only: devplug does not write the "
-                    "CDI spec of that driver component; add envvar to deviceListStrategy",
-                )
     if spec.imex_channels not in ([], [0]):
         fail(f"{at}.imexChannelIDs", f"channelIDs must be [] or [0]; found {spec.imex_channels}")
     if not spec.cdi_annotation_prefix.endswith("/"):
