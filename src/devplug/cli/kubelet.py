@@ -207,6 +207,11 @@ async def _serve(
         claims=claims,
         node_slices=_node_slices(api, args.node_name),
     )
+    from devplug.framework.unixserver import socket_path_problem
+
+    for path in kubelet.sockets():  # said up front, before anything is made
+        if problem := socket_path_problem(path):
+            return style.fail(args, problem, style.EXIT_USAGE)
     code = style.EXIT_OK
     with stop_on_signals() as stop:
         try:

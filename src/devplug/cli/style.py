@@ -331,6 +331,13 @@ class PathType(OptionType):
             return text
         if not text:
             raise argparse.ArgumentTypeError(f"expected a {self.kind} path, got ''")
+        if self.kind == "socket":
+            from pathlib import Path
+
+            from devplug.framework.unixserver import socket_path_problem
+
+            if problem := socket_path_problem(Path(text)):
+                raise argparse.ArgumentTypeError(problem)
         try:
             st = os.stat(text)
         except FileNotFoundError:

@@ -20,7 +20,7 @@ import msgspec
 import yaml
 
 from devplug import inputs
-from devplug.simulator.pods import QuantityError, parse_quantity
+from devplug.kube.quantity import QuantityError, parse_quantity
 from devplug.simulator.topology import MAX_NUMA_NODES, POLICIES
 from devplug.sources.config import Config, ConfigError, convert, parse_config
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devplug import inputs
-from devplug.simulator.pods import QuantityError, parse_quantity
+from devplug.kube.quantity import QuantityError, parse_quantity
 
 COUNT_ANNOTATION = "devplug.io/count"
 GPU = "nvidia.com/gpu"
