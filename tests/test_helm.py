@@ -16,7 +16,7 @@ import yaml
 from test_deploy import KUBERNETES_VERSION, by_kind, render
 
 from devplug.cli.main import build_parser
-from devplug.framework.dra.driver import tolerates
+from devplug.kube.tolerations import tolerates
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "devplug"
