@@ -18,42 +18,18 @@ import collections
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from devplug.kube.requests import pod_requests
+from devplug.kube.scoring import least_allocated_score as node_score
 from devplug.simulator.pods import PodSpec
-
-MAX_NODE_SCORE = 100
-
-
-def _add(total: dict[str, int], more: Mapping[str, int]) -> None:
-    for name, count in more.items():
-        total[name] = total.get(name, 0) + count
-
-
-def _max(total: dict[str, int], other: Mapping[str, int]) -> None:
-    for name, count in other.items():
-        total[name] = max(total.get(name, 0), count)
 
 
 def effective_requests(pod: PodSpec) -> dict[str, int]:
     """The pod's extended resource requests as the scheduler computes them (the
-    `PodRequests` helper): the sum over app containers and sidecars (restartable init
-    containers), or the largest need of one init container (plus the sidecars started
-    before it), whichever is larger, per resource."""
-    requests: dict[str, int] = {}
-    for container in pod.containers:
-        _add(requests, container.devices)
-    sidecars: dict[str, int] = {}
-    init_peak: dict[str, int] = {}
-    for container in pod.init_containers:
-        need: dict[str, int]
-        if container.restartable:
-            _add(requests, container.devices)
-            _add(sidecars, container.devices)
-            need = dict(sidecars)
-        else:
-            need = dict(container.devices)
-            _add(need, sidecars)
-        _max(init_peak, need)
-    _max(requests, init_peak)
+    `PodRequests` helper: devplug.kube.requests)."""
+    requests = pod_requests(
+        (c.devices for c in pod.containers),
+        ((c.devices, c.restartable) for c in pod.init_containers),
+    )
     return {name: count for name, count in sorted(requests.items()) if count > 0}
 
 
@@ -70,7 +46,8 @@ class NodeState:
         return self.allocatable.get(resource, 0) - self.requested.get(resource, 0)
 
     def place(self, requests: Mapping[str, int]) -> None:
-        _add(self.requested, requests)
+        for name, count in requests.items():
+            self.requested[name] = self.requested.get(name, 0) + count
 
 
 def insufficient(requests: Mapping[str, int], node: NodeState) -> list[str]:
@@ -85,16 +62,7 @@ def insufficient(requests: Mapping[str, int], node: NodeState) -> list[str]:
 def least_allocated_score(requests: Mapping[str, int], node: NodeState) -> int:
     """0-100, higher for a node left emptier by the pod, averaged over its resources
     (integer arithmetic, as the scheduler's)."""
-    scores = []
-    for name, count in requests.items():
-        capacity = node.allocatable.get(name, 0)
-        used = node.requested.get(name, 0) + count
-        scores.append(
-            0
-            if capacity == 0 or used > capacity
-            else (capacity - used) * MAX_NODE_SCORE // capacity
-        )
-    return sum(scores) // len(scores) if scores else 0
+    return node_score(requests, node.allocatable, node.requested)
 
 
 def fit_error(total_nodes: int, unfit: Mapping[str, Sequence[str]]) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from devplug.cluster.scheduler import effective_requests
 from devplug.kube.quantity import QuantityError, parse_quantity
+from devplug.kube.requests import pod_requests as kube_pod_requests
 from devplug.simulator.pods import InvalidPod, PodSpec, parse_pod
 
 NATIVE = ("cpu", "memory")
@@ -38,34 +39,14 @@ def container_requests(container: Mapping[str, Any]) -> dict[str, int]:
     return counted
 
 
-def _add(total: dict[str, int], more: Mapping[str, int]) -> None:
-    for name, value in more.items():
-        total[name] = total.get(name, 0) + value
-
-
 def native_requests(spec: Mapping[str, Any]) -> dict[str, int]:
     """{'cpu': millicores, 'memory': bytes} of a pod spec."""
     containers: Sequence[Mapping[str, Any]] = spec.get("containers") or []
     inits: Sequence[Mapping[str, Any]] = spec.get("initContainers") or []
-    total: dict[str, int] = {}
-    for container in containers:
-        _add(total, container_requests(container))
-    sidecars: dict[str, int] = {}
-    peak: dict[str, int] = {}
-    for container in inits:
-        own = container_requests(container)
-        if container.get("restartPolicy") == "Always":
-            _add(total, own)
-            _add(sidecars, own)
-            need = dict(sidecars)
-        else:
-            need = dict(own)
-            _add(need, sidecars)
-        for name, value in need.items():
-            peak[name] = max(peak.get(name, 0), value)
-    for name, value in peak.items():
-        total[name] = max(total.get(name, 0), value)
-    return total
+    return kube_pod_requests(
+        (container_requests(c) for c in containers),
+        ((container_requests(c), c.get("restartPolicy") == "Always") for c in inits),
+    )
 
 
 def pod_requests(

@@ -132,7 +132,7 @@ def _check_taints(
 ) -> None:
     """A tainted device (NoSchedule or NoExecute) only for a request that tolerates it:
     the scheduler copies the request's tolerations into the result."""
-    from devplug.framework.dra.driver import tolerates
+    from devplug.kube.tolerations import tolerates
 
     tolerations = [t for t in result.get("tolerations") or () if isinstance(t, Mapping)]
     for taint in device.get("taints") or ():
