@@ -21,10 +21,10 @@ def wait_for_output(process: PluginProcess, text: str, count: int = 1) -> str:
     return wait_for_log(process.log_path, text, count)
 
 
-def wait_for_log(log: Path, text: str, count: int = 1) -> str:
+def wait_for_log(log: Path, text: str, count: int = 1, timeout: float = TIMEOUT_S) -> str:
     """The text of the `log` file once `text` occurs `count` times in it, woken by
-    inotify (AssertionError with the end of the log after TIMEOUT_S)."""
-    deadline = time.monotonic() + TIMEOUT_S
+    inotify (AssertionError with the end of the log after `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
     with Inotify() as inotify:
         inotify.add_watch(log, Mask.MODIFY)
         while True:
