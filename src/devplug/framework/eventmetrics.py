@@ -212,3 +212,12 @@ def _dra_drivers(daemon: Daemon) -> list[str]:
 def _dra_resources(daemon: Daemon) -> list[str]:
     """The resources of the DRA drivers (health transitions are counted by resource)."""
     return [d.plugin.resource_name for s in _dra_services(daemon) for d in s.drivers]
+
+
+def dra_registrations(daemon: Daemon) -> list[tuple[str, bool]]:
+    """(driver, whether the kubelet registered it) of every DRA driver served."""
+    return [
+        (p.registration.driver_name, p.registration.registered.is_set())
+        for s in _dra_services(daemon)
+        for p in s.node_plugins
+    ]

@@ -25,7 +25,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from devplug.framework import observe
 from devplug.framework.daemon import ReadinessReporter
-from devplug.framework.eventmetrics import EventMetrics
+from devplug.framework.eventmetrics import EventMetrics, dra_registrations
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
@@ -248,9 +248,21 @@ class _StateCollector:
             devices.add_metric([endpoint.name, "Unhealthy"], len(table) - healthy)
             streams.add_metric([endpoint.name], endpoint.streams)
             registered.add_metric([endpoint.name], 1 if endpoint.registered else 0)
-        yield from (devices, streams, registered)
+        yield from (devices, streams, registered, self._dra_registered())
         if self.pod_resources is not None:
             yield self._pod_devices()
+
+    def _dra_registered(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily(
+            "devplug_dra_registered",
+            "1 while the kubelet has registered the DRA driver.",
+            labels=["driver"],
+        )
+        for name, registered in dra_registrations(self.daemon):
+            family.add_metric([name], 1 if registered else 0)
+        return family
 
     def _pod_devices(self) -> Any:
         from prometheus_client.core import GaugeMetricFamily
