@@ -329,3 +329,20 @@ def test_the_check_finds_a_metric_or_label_the_daemon_lacks(exposition: str) -> 
     ]
     with pytest.raises(ValueError, match="unclosed left parenthesis"):
         selectors("sum(rate(devplug_allocations_total[5m])")
+
+
+def test_the_metrics_page_lists_exactly_the_metrics_the_daemon_exposes(exposition: str) -> None:
+    """docs/monitoring.md's table against a real exposition (its only optional metric,
+    devplug_pod_device_info, needs the kubelet's PodResources socket)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    page = (ROOT / "docs" / "monitoring.md").read_text()
+    documented = set(re.findall(r"^\| `(devplug_\w+)` \|", page, re.M))
+    suffix = {"counter": "_total"}
+    exposed = {
+        family.name + suffix.get(family.type, "")
+        for family in text_string_to_metric_families(exposition)
+        if family.name.startswith("devplug_")
+    }
+    assert documented - exposed == {"devplug_pod_device_info"}
+    assert exposed - documented == set()
