@@ -154,8 +154,6 @@ flags: {mpsRoot: /run/mps}
             "flags: {plugin: {deviceIDStrategy: serial}}\n",
             "flags.plugin.deviceIDStrategy: expected uuid or index, got 'serial'",
         ),
-        ("flags: {migStrategy: none, extra: 1}\n", "flags.extra: unknown key"),
-        ("flags: {plugin: {passDeviceSpec: true}}\n", "flags.plugin.passDeviceSpec: unknown key"),
         (
             "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 1}]}}\n",
             "sharing.timeSlicing.resources[0].replicas: number of replicas must be >= 2",

@@ -44,9 +44,7 @@ def test_config_defaults_and_errors() -> None:
     assert error("resources:\n- nvidia: {gpus: 2}\n") == (
         "c.yaml: resources[0].nvidia.gpus: unknown key"
     )
-    assert "choose one" in error(
-        "resources:\n- nvidia: {deviceListStrategy: [envvar, volume-mounts]}\n"
-    )
+    assert "channelIDs must be [] or [0]" in error("resources:\n- nvidia: {imexChannelIDs: [1]}\n")
     assert error("resources:\n- nvidia: {}\n  count: 2\n") == (
         "c.yaml: resources[0].count: not used with 'nvidia': set nvidia.replicas to share GPUs"
     )

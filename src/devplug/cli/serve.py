@@ -34,6 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="serve the GPUs with NVIDIA device plugin's config file, or a folder of named "
         "ones chosen by the node label nvidia.com/device-plugin.config (instead of --config)",
     )
+    # NVIDIA's flags and environment as `nvidia-device-plugin` read them (JSON in the
+    # shape of NVIDIA's file): not for people, hence no help.
+    parser.add_argument("--nvidia-flags", type=_json_object, default={}, help=argparse.SUPPRESS)
+    parser.add_argument("--nvidia-options", type=_json_object, default={}, help=argparse.SUPPRESS)
     add_root_options(parser)
     parser.add_argument(
         "--feature-file",
@@ -159,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
 
     text = None
     labels: dict[str, str] | None = None
-    if args.nvidia_config:
+    if args.nvidia_config is not None or args.nvidia_flags:
         if args.config:
             return style.fail(
                 args,
@@ -167,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
                 "file to use both",
                 style.EXIT_USAGE,
             )
-        text = nvidia_config_text(args.nvidia_config)
+        text = nvidia_config_text(args.nvidia_config or "", args.nvidia_flags, args.nvidia_options)
     from devplug.sources.nvidia import nvidiafile
 
     # NVIDIA configs chosen by a node label read it from the API server, before choosing
@@ -280,15 +284,33 @@ def label_keys(config: Config) -> list[str]:
     return keys(config)
 
 
-def nvidia_config_text(path: str) -> str:
+def nvidia_config_text(
+    path: str, flags: dict[str, Any] | None = None, options: dict[str, Any] | None = None
+) -> str:
     """The config `--nvidia-config PATH` serves: one `nvidia:` entry reading that file
-    (or choosing from that folder by the node label)."""
+    (or choosing from that folder by the node label), NVIDIA's `flags` over it, and
+    devplug's own keys of the block (`options`: hostRoot, recoverySeconds...)."""
     import json
     import os
 
-    key = "folder" if os.path.isdir(path) else "file"
-    ref = {key: os.path.abspath(path)}
-    return json.dumps({"resources": [{"nvidia": {"nvidiaConfig": ref}}]})
+    ref: dict[str, Any] = {}
+    if path:
+        ref["folder" if os.path.isdir(path) else "file"] = os.path.abspath(path)
+    if flags:
+        ref["flags"] = flags
+    return json.dumps({"resources": [{"nvidia": {**(options or {}), "nvidiaConfig": ref}}]})
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
 
 
 def reload_and_metrics(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import msgspec
 
@@ -55,6 +55,9 @@ class NvidiaConfigRef(msgspec.Struct, forbid_unknown_fields=True, rename="camel"
         default_factory=lambda: ["named", "single"]
     )
     node_label: str = NODE_CONFIG_LABEL
+    # NVIDIA's command-line flags and environment (`nvidia-device-plugin`), in the
+    # file's shape: they replace what the file says, as in NVIDIA's plugin.
+    flags: dict[str, Any] = {}
 
 
 class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
@@ -71,7 +74,10 @@ class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     rename_shared: bool = False
     sharing: Sharing = "timeSlicing"
     mps: MpsSpec = msgspec.field(default_factory=MpsSpec)
-    replica_policy: Literal["spread", "pack"] = "spread"
+    # Which replica a pod gets on a shared GPU: NVIDIA's `distributed` (the GPU with the
+    # fewest replicas in use) or `packed` (the most), or devplug's topology-aware
+    # `spread` (best-connected GPUs, one replica each first) or `pack`.
+    replica_policy: Literal["distributed", "packed", "spread", "pack"] = "distributed"
     # Refuse a container asking for more than one replica (unset: only with MPS).
     fail_requests_greater_than_one: bool | None = None
     # How the container learns its GPUs: NVIDIA_VISIBLE_DEVICES with their IDs
@@ -97,6 +103,12 @@ class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     cdi_dir: str = "/var/run/cdi"
     cdi_spec_dirs: list[str] = msgspec.field(default_factory=lambda: ["/etc/cdi", "/var/run/cdi"])
+    # IMEX channels every container of the resource gets (NVIDIA's imex.channelIDs: [0]
+    # or none): /dev/nvidia-caps-imex-channels/channel<ID>, NVIDIA_IMEX_CHANNELS; a
+    # channel missing on the host is skipped with a warning, or, `imexRequired`, is a
+    # start problem.
+    imex_channels: list[int] = msgspec.field(default_factory=list, name="imexChannelIDs")
+    imex_required: bool = False
     # Exit when NVML cannot start (NVIDIA's failOnInitError), instead of retrying.
     fail_on_init_error: bool = False
     # The machine type of the gpu.machine label.
@@ -197,11 +209,6 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
         fail(f"{at}.deviceListStrategy", "expected at least one of envvar, volume-mounts, cdi")
     if len(set(strategies)) != len(strategies):
         fail(f"{at}.deviceListStrategy", "a strategy is listed twice")
-    if "envvar" in strategies and "volume-mounts" in strategies:
-        fail(
-            f"{at}.deviceListStrategy",
-            "envvar and volume-mounts both set NVIDIA_VISIBLE_DEVICES: choose one",
-        )
     if cdi_only(spec):
         for key, on in (
             ("gdsEnabled", spec.gds_enabled),
@@ -214,6 +221,8 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
                     "not available with CDI strategies only: devplug does not write the "
                     "CDI spec of that driver component; add envvar to deviceListStrategy",
                 )
+    if spec.imex_channels not in ([], [0]):
+        fail(f"{at}.imexChannelIDs", f"channelIDs must be [] or [0]; found {spec.imex_channels}")
     if not spec.cdi_annotation_prefix.endswith("/"):
         fail(
             f"{at}.cdiAnnotationPrefix",

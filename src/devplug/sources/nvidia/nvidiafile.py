@@ -6,15 +6,17 @@ deviceListStrategy envvar, deviceIDStrategy uuid), a `deviceListStrategy` string
 list, resource names without a domain taken as `nvidia.com/<name>`, replicas of at
 least 2, `rename` and `devices` of a shared resource, and the `resources` section,
 ignored with the warnings NVIDIA's plugin logs, and MPS refusing a container more than
-one replica. Unlike NVIDIA's plugin, an unknown key is an error (one line naming the
-file and the key), not silently dropped. A folder of such files (a ConfigMap's keys) is
-chosen from by the node label as NVIDIA's config manager does (`choose`).
+one replica. Keys match as NVIDIA's decoder matches them (`filekeys`): a key NVIDIA's
+plugin does not know is ignored as there, with one warning line naming file and key. A
+folder of such files (a ConfigMap's keys) is chosen from by the node label as NVIDIA's
+config manager does (`choose`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -33,7 +35,14 @@ DOMAIN = "nvidia.com"
 MAX_NAME = 63  # NVIDIA's MaxResourceNameLength
 NAMED_FALLBACK = "default"  # the config the `named` fallback looks for
 
+ALLOCATION_POLICIES = ("distributed", "packed")  # NVIDIA's sharedDevicesAllocationPolicy
+
 _Fail = Callable[[str, str], NoReturn]
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_GPU_INDEX = re.compile(r"[0-9]+")
+_MIG_INDEX = re.compile(r"[0-9]+:[0-9]+")
+_HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+_UUID = re.compile(rf"GPU-{_HEX_UUID}|MIG-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/[0-9]+/[0-9]+")
 
 
 class PluginFlags(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
@@ -45,6 +54,7 @@ class PluginFlags(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     container_driver_root: str | None = None
     kubelet_socket: str | None = None
     cdi_feature_flags: str | list[str] | None = None
+    shared_devices_allocation_policy: str | None = None
 
 
 class GfdFlags(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
@@ -106,12 +116,14 @@ class NvidiaFile(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     imex: Imex | None = None
 
 
-def parse(text: str, source: str) -> NvidiaFile:
-    """Check NVIDIA config text (YAML or JSON); ConfigError with one line naming
-    `source` and the key when it is not a config NVIDIA's plugin would start with."""
+def parse(text: str, source: str, flags: Mapping[str, Any] | None = None) -> NvidiaFile:
+    """Check NVIDIA config text (YAML or JSON), with NVIDIA's command-line `flags`
+    laid over it; ConfigError with one line naming `source` and the key when it is not
+    a config NVIDIA's plugin would start with."""
     import yaml
 
     from devplug.sources.config import ConfigError, _shape_message, yaml_problem
+    from devplug.sources.nvidia.filekeys import match
 
     try:
         data = yaml.safe_load(text)
@@ -119,6 +131,15 @@ def parse(text: str, source: str) -> NvidiaFile:
         raise ConfigError(yaml_problem(e, source)) from None
     if data is None:  # an empty file (NVIDIA's "empty" config, /dev/null): the defaults
         data = {}
+    ignored: list[str] = []
+    data = match(data, NvidiaFile, "", ignored)
+    for key in ignored:
+        log.warning("%s: %s: unknown key, ignored (as NVIDIA's plugin ignores it)", source, key)
+    if flags and isinstance(data, dict):
+        from devplug.sources.nvidia.nvidiaflags import lay_over
+
+        data = lay_over(data, flags)
+        source = f"{source} (with NVIDIA's flags and environment)"
     try:
         config = msgspec.convert(data, NvidiaFile)
     except msgspec.ValidationError as e:
@@ -156,6 +177,22 @@ def _check(config: NvidiaFile, fail: _Fail) -> None:
             f"{flags.device_discovery_strategy!r} is not served here: devplug finds GPUs "
             "through NVML (auto or nvml)",
         )
+    if plugin.shared_devices_allocation_policy not in (None, *ALLOCATION_POLICIES):
+        fail(
+            "flags.plugin.sharedDevicesAllocationPolicy",
+            f"expected distributed or packed, got {plugin.shared_devices_allocation_policy!r}",
+        )
+    imex = config.imex or Imex()
+    if imex.channel_ids not in (None, [], [0]):
+        fail("imex.channelIDs", f"channelIDs must be [] or [0]; found {imex.channel_ids}")
+    resources = config.resources or Resources()
+    for key, entries in (("gpus", resources.gpus), ("mig", resources.mig)):
+        for i, entry in enumerate(entries or []):
+            at = f"resources.{key}[{i}]"
+            for needed in ("pattern", "name"):  # NVIDIA reads these two keys as spelled
+                if needed not in entry:
+                    fail(at, f"resources must have a '{needed}' field set")
+            _check_name(str(entry["name"]), f"{at}.name", fail)
     sharing = config.sharing or Sharing()
     for key, shared in (("timeSlicing", sharing.time_slicing), ("mps", sharing.mps)):
         if shared is None:
@@ -164,14 +201,15 @@ def _check(config: NvidiaFile, fail: _Fail) -> None:
             fail(f"sharing.{key}.resources", "no resources specified")
         for i, resource in enumerate(shared.resources):
             at = f"sharing.{key}.resources[{i}]"
-            name = resource_name(resource.name)
-            if len(name) > MAX_NAME:
-                fail(
-                    f"{at}.name",
-                    f"fully-qualified resource name must be {MAX_NAME} characters or less: {name}",
-                )
-            if problem := resource_name_problem(name):
-                fail(f"{at}.name", problem)
+            _check_name(resource.name, f"{at}.name", fail)
+            if isinstance(resource.devices, list):
+                for j, ref in enumerate(resource.devices):
+                    if not _device_ref(ref):
+                        fail(
+                            f"{at}.devices[{j}]",
+                            f"unsupported device {ref!r}: expected a GPU index, a MIG index "
+                            "(GPU:MIG) or a GPU or MIG UUID",
+                        )
             if resource.replicas < 2:
                 fail(f"{at}.replicas", "number of replicas must be >= 2")
             if isinstance(resource.devices, str) and resource.devices != "all":
@@ -181,6 +219,33 @@ def _check(config: NvidiaFile, fail: _Fail) -> None:
                 )
             if isinstance(resource.devices, int) and resource.devices <= 0:
                 fail(f"{at}.devices", "a count of devices must be > 0")
+
+
+def _check_name(raw: str, at: str, fail: _Fail) -> None:
+    """NVIDIA's NewResourceName: 'nvidia.com/' added where missing, at most 63
+    characters, the name a DNS subdomain (lower case)."""
+    name = resource_name(raw)
+    if len(name) > MAX_NAME:
+        fail(at, f"fully-qualified resource name must be {MAX_NAME} characters or less: {name}")
+    if problem := resource_name_problem(name):
+        fail(at, problem)
+    if not _DNS_SUBDOMAIN.fullmatch(name.partition("/")[2]):
+        fail(
+            at,
+            f"incorrect format for resource name {name!r}: after '{DOMAIN}/' a lower-case "
+            "DNS subdomain (a-z, 0-9, '-', '.')",
+        )
+
+
+def _device_ref(ref: object) -> bool:
+    """A `devices` list entry NVIDIA takes: a GPU index, 'GPU:MIG' indexes, a UUID."""
+    if isinstance(ref, bool):
+        return False
+    if isinstance(ref, int):
+        return ref >= 0
+    if not isinstance(ref, str):
+        return False
+    return bool(_GPU_INDEX.fullmatch(ref) or _MIG_INDEX.fullmatch(ref) or _UUID.fullmatch(ref))
 
 
 def strategies(plugin: PluginFlags) -> list[str]:
@@ -222,8 +287,10 @@ def apply(spec: NvidiaSpec, config: NvidiaFile, source: str) -> None:
             "plugin): ignored",
             source,
         )
-    if config.imex is not None and config.imex.channel_ids:
-        log.warning("%s: imex channels are not served by devplug: ignored", source)
+    spec.replica_policy = plugin.shared_devices_allocation_policy or "distributed"  # type: ignore[assignment]
+    imex = config.imex or Imex()
+    spec.imex_channels = list(imex.channel_ids or [])
+    spec.imex_required = bool(imex.required)
     sharing = config.sharing or Sharing()
     # NVIDIA's plugin: MPS when it lists resources, else time-slicing.
     shared, spec.sharing = (
@@ -342,6 +409,9 @@ def inputs(ref: NvidiaConfigRef) -> list[Path]:
 
 def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> None:
     """Read the file (or every file of the folder, the chosen one applied) into `spec`."""
+    if ref.file is None and ref.folder is None and ref.flags:
+        apply(spec, parse("", "<no config file>", ref.flags), "<no config file>")
+        return
     if (ref.file is None) == (ref.folder is None):
         fail(at, "set one of file (one config) or folder (named configs, one per node)")
     path = ref.file or ref.folder or ""
@@ -349,7 +419,7 @@ def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> N
     if not path.startswith("/"):
         fail(key, f"expected an absolute path, got {path!r}")
     if ref.file:
-        apply(spec, parse(_read(ref.file, key, fail), ref.file), ref.file)
+        apply(spec, parse(_read(ref.file, key, fail), ref.file, ref.flags), ref.file)
         return
     try:
         files = named_configs(Path(path))
@@ -357,7 +427,7 @@ def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> N
         fail(key, f"cannot read {path}: {error.strerror or error}")
     if not files:
         fail(key, f"no configuration files in {path}")
-    parsed = {name: parse(_read(str(p), key, fail), str(p)) for name, p in files.items()}
+    parsed = {name: parse(_read(str(p), key, fail), str(p), ref.flags) for name, p in files.items()}
     label = current_node_labels(ref.node_label).get(ref.node_label, "")
     try:
         name, why = choose(list(parsed), label, ref.default, list(ref.fallback_strategies))

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from devplug.framework.device import ContainerEdits, Device
+from devplug.framework.names import REPLICA_SEPARATOR
 from devplug.framework.plugin import AllocationError, Plugin
 from devplug.framework.preferred import prefer_numa_local, spread_replicas
 from devplug.sources.config import ResourceSpec
@@ -28,6 +29,7 @@ from devplug.sources.nvidia.config import (
 )
 from devplug.sources.nvidia.discovery import CDI_KIND, resource_names
 from devplug.sources.nvidia.discovery import devices as unit_devices
+from devplug.sources.nvidia.imex import add_channels, missing_channels
 from devplug.sources.nvidia.labels import node_labels
 from devplug.sources.nvidia.source import GpuSource
 from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
@@ -55,6 +57,11 @@ class NvidiaPlugin(Plugin):
                 f"{self.resource_name}: NVML is not usable: {self.source.problem} "
                 "(failOnInitError is set: not waiting for it)"
             )
+        if self.nvidia.imex_required and (missing := missing_channels(self.nvidia)):
+            return (
+                f"{self.resource_name}: requested IMEX channel {missing[0]} does not exist "
+                "(imex.required is set)"
+            )
         return ""
 
     @property
@@ -62,6 +69,11 @@ class NvidiaPlugin(Plugin):
         notes = [f"{self.resource_name}: {w}" for w in self.source.warnings] if self.primary else []
         if self.source.problem and self.primary:
             notes.append(f"{self.resource_name}: NVML is not usable: {self.source.problem}")
+        if self.primary and not self.nvidia.imex_required:
+            notes += [
+                f"{self.resource_name}: IMEX channel {path} does not exist: not given"
+                for path in missing_channels(self.nvidia)
+            ]
         return notes
 
     def discover(self) -> list[Device]:
@@ -104,6 +116,7 @@ class NvidiaPlugin(Plugin):
                 f"container: {why}; ask for 1"
             )
         edits = await super().allocate(devices)
+        add_channels(edits, nvidia)
         strategies = nvidia.device_list_strategy
         if edits.cdi_devices and "cdi-annotations" in strategies:
             # NVIDIA's key: the prefix, the plugin's name and an ID of this answer.
@@ -116,9 +129,12 @@ class NvidiaPlugin(Plugin):
     async def preferred(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
     ) -> Sequence[str]:
+        policy = self.nvidia.replica_policy
+        if self.replicas > 1 and policy in ("distributed", "packed"):
+            return self._greedy(available, must_include, size, packed=policy == "packed")
         if any("migProfile" in d.attributes for d in available):
             return prefer_numa_local(available, must_include, size)
-        if self.replicas > 1 and self.nvidia.replica_policy == "pack":
+        if self.replicas > 1 and policy == "pack":
             return self._pack(available, must_include, size)
         return self._connected(available, must_include, size)
 
@@ -140,6 +156,45 @@ class NvidiaPlugin(Plugin):
             for device in spread_replicas(rest, list(chosen.values()))[: size - len(chosen)]:
                 chosen[device.id] = device
         return list(chosen)
+
+    def _greedy(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int, packed: bool
+    ) -> list[str]:
+        """NVIDIA's shared-device placement: replica by replica, the GPU (or MIG device)
+        with the fewest replicas in use (`distributed`; the most: `packed`), then the one
+        this answer took fewest from. NVIDIA leaves the rest to its sort; devplug then
+        takes the GPU best connected (NVLink, PCIe switch, NUMA) to those already
+        chosen, then the lowest ID, so that the answer is stable."""
+        unit = _unit_of
+        total: dict[str, int] = {}
+        for device_id in self.devices:
+            total[unit(device_id)] = total.get(unit(device_id), 0) + 1
+        gpu = {d.id: _index(d) for d in (*available, *must_include)}
+        chosen = [d.id for d in must_include]
+        free: dict[str, int] = {}
+        candidates = sorted({d.id for d in available} - set(chosen))
+        for device_id in candidates:
+            free[unit(device_id)] = free.get(unit(device_id), 0) + 1
+        picked: dict[str, int] = {}
+        sign = -1 if packed else 1
+        links = self._links()
+
+        def rank(device_id: str) -> tuple[int, int, tuple[int, ...], str]:
+            used = total.get(unit(device_id), 0) - free[unit(device_id)]
+            own = gpu[device_id]
+            near = [0, 0, 0]
+            for other in {gpu[c] for c in chosen} - {own}:
+                for k, value in enumerate(links.pair_score(own, other)):
+                    near[k] -= value
+            return (sign * used, picked.get(unit(device_id), 0), tuple(near), device_id)
+
+        while len(chosen) < size and candidates:
+            best = min(candidates, key=rank)
+            candidates.remove(best)
+            free[unit(best)] -= 1
+            picked[unit(best)] = picked.get(unit(best), 0) + 1
+            chosen.append(best)
+        return chosen
 
     def _pack(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
@@ -176,6 +231,11 @@ class NvidiaPlugin(Plugin):
 
     def node_labels(self) -> Mapping[str, str]:
         return node_labels(self.source, self.resource, self.primary, self.devices.values())
+
+
+def _unit_of(device_id: str) -> str:
+    """The GPU or MIG device a replica ID belongs to ('<UUID>::<k>' -> '<UUID>')."""
+    return device_id.partition(REPLICA_SEPARATOR)[0]
 
 
 def _index(device: Device) -> int:

@@ -1,0 +1,242 @@
+"""NVIDIA's v0.20 config file read as NVIDIA's plugin reads it: keys matched by Go's
+decoder (case-insensitive, unknown ones ignored, said in one warning each), the v0.20
+key `sharedDevicesAllocationPolicy` and its placement of shared GPUs (distributed by
+default, packed on request), IMEX channels, and what NVIDIA accepts and refuses.
+
+The inputs are NVIDIA's own: the configs of its README and of api/config/v1's tests,
+and the cases of internal/rm's allocation tests."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devplug.sources import ConfigError, parse_config
+from devplug.sources.nvidia.config import NvidiaSpec
+from devplug.testing import KubeletHarness
+from devplug.testing.fakegpus import fake_host, gpu_uuid
+from devplug.testing.fakenvml import FakeGpuHost
+
+GPU = "nvidia.com/gpu"
+UUID = "b1028956-cfa2-0990-bf4a-5da9abb51763"  # NVIDIA's example UUID
+FAST = {"probeSeconds": 0.05, "retryMaxSeconds": 0.2, "nvmlTimeoutSeconds": 2}
+
+
+def spec_of(text: str, tmp_path: Path) -> NvidiaSpec:
+    path = tmp_path / "nvidia-config.yaml"
+    path.write_text(text)
+    block = {"nvidiaConfig": {"file": str(path)}}
+    [resource] = parse_config(yaml.safe_dump({"resources": [{"nvidia": block}]})).resources
+    assert resource.nvidia is not None
+    return resource.nvidia
+
+
+def problem(text: str, tmp_path: Path) -> str:
+    with pytest.raises(ConfigError) as caught:
+        spec_of(text, tmp_path)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message.removeprefix(f"{tmp_path / 'nvidia-config.yaml'}: ")
+
+
+# -- keys as Go's decoder matches them -----------------------------------------------------
+
+
+def test_keys_of_plain_structs_match_whatever_their_case(tmp_path: Path) -> None:
+    spec = spec_of(
+        "VERSION: v1\nFlags:\n  MIGStrategy: mixed\n  failoninitError: false\n"
+        "  plugin: {PassDeviceSpecs: true, deviceidstrategy: index,"
+        " SharedDevicesAllocationPolicy: packed}\n",
+        tmp_path,
+    )
+    assert spec.mig_strategy == "mixed"
+    assert spec.fail_on_init_error is False
+    assert spec.pass_device_specs is True
+    assert spec.device_id_strategy == "index"
+    assert spec.replica_policy == "packed"
+
+
+def test_the_last_of_two_spellings_wins_as_in_go(tmp_path: Path) -> None:
+    spec = spec_of("flags: {migStrategy: single, MigStrategy: mixed}\n", tmp_path)
+    assert spec.mig_strategy == "mixed"
+
+
+def test_unknown_keys_are_served_with_one_warning_each(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "devplug.sources.nvidia")
+    spec = spec_of(
+        "version: v1\nflags:\n  migStrategy: none\n  extra: 1\n"
+        "  plugin: {passDeviceSpec: true, futureFlag: x}\n"
+        "sharing:\n  timeSlicing:\n    RenameByDefault: true\n"
+        "    resources: [{name: gpu, replicas: 2, Replicas: 9, note: x}]\n",
+        tmp_path,
+    )
+    assert spec.pass_device_specs is False  # a misspelt key is not a setting
+    assert spec.rename_shared is False  # sharing's keys match only as spelled
+    assert spec.resource_replicas == {GPU: 2}
+    warnings = [r.getMessage() for r in caplog.records if "unknown key" in r.getMessage()]
+    assert [w.split(": ")[1] for w in warnings] == [
+        "flags.extra",
+        "flags.plugin.passDeviceSpec",
+        "flags.plugin.futureFlag",
+        "sharing.timeSlicing.RenameByDefault",
+        "sharing.timeSlicing.resources[0].Replicas",
+        "sharing.timeSlicing.resources[0].note",
+    ]
+    assert all(w.startswith(str(tmp_path)) and "\n" not in w for w in warnings)
+
+
+# -- NVIDIA's refusals and acceptances -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "flags: {plugin: {sharedDevicesAllocationPolicy: balanced}}\n",
+            "flags.plugin.sharedDevicesAllocationPolicy: expected distributed or packed",
+        ),
+        ("imex: {channelIDs: [1]}\n", "imex.channelIDs: channelIDs must be [] or [0]; found [1]"),
+        ("imex: {channelIDs: [0, 1]}\n", "channelIDs must be [] or [0]"),
+        (
+            "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2, devices: [0, junk]}]}}\n",
+            "sharing.timeSlicing.resources[0].devices[1]: unsupported device 'junk'",
+        ),
+        (
+            "sharing: {timeSlicing: {resources: [{name: gpu, replicas: 2, devices: [GPU-1]}]}}\n",
+            "devices[0]: unsupported device 'GPU-1'",
+        ),
+        (
+            "resources: {gpus: [{name: a100}]}\n",
+            "resources.gpus[0]: resources must have a 'pattern' field set",
+        ),
+        (
+            "resources: {mig: [{pattern: '*'}]}\n",
+            "resources.mig[0]: resources must have a 'name' field set",
+        ),
+        (
+            "resources: {gpus: [{pattern: '*', name: A100}]}\n",
+            "resources.gpus[0].name: incorrect format for resource name 'nvidia.com/A100'",
+        ),
+        (
+            "sharing: {timeSlicing: {resources: [{name: GPU, replicas: 2}]}}\n",
+            "sharing.timeSlicing.resources[0].name: incorrect format for resource name",
+        ),
+    ],
+)
+def test_what_nvidia_refuses_is_refused_in_one_line(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    assert expected in problem(text, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [
+        "all",
+        3,
+        [0, 1],
+        ["0", "1:0"],
+        [f"GPU-{UUID}"],
+        [f"MIG-{UUID}", f"MIG-GPU-{UUID}/3/0"],
+    ],
+)
+def test_the_device_lists_nvidia_takes_are_taken(tmp_path: Path, devices: Any) -> None:
+    entry = {"name": "gpu", "replicas": 2, "devices": devices}
+    text = yaml.safe_dump({"sharing": {"timeSlicing": {"resources": [entry]}}})
+    assert spec_of(text, tmp_path).resource_replicas == {GPU: 2}
+
+
+def test_envvar_and_volume_mounts_together_as_nvidia_allows(tmp_path: Path) -> None:
+    spec = spec_of("flags: {plugin: {deviceListStrategy: [envvar, volume-mounts]}}\n", tmp_path)
+    assert spec.device_list_strategy == ["envvar", "volume-mounts"]
+
+
+def test_imex_channel_zero_and_required_are_read(tmp_path: Path) -> None:
+    spec = spec_of("imex: {channelIDs: [0], required: true}\n", tmp_path)
+    assert (spec.imex_channels, spec.imex_required) == ([0], True)
+    assert spec_of("version: v1\n", tmp_path).imex_channels == []
+
+
+# -- shared GPUs placed as NVIDIA places them ----------------------------------------------
+
+SHARED_4 = """\
+version: v1
+flags:
+  plugin: {policy}
+sharing:
+  timeSlicing:
+    resources:
+    - name: gpu
+      replicas: 4
+"""
+
+
+@pytest.fixture
+def four(short_tmp: Path) -> FakeGpuHost:
+    return FakeGpuHost(short_tmp / "gpus", fake_host("gpus: [{model: H100-SXM5-80GB, count: 4}]"))
+
+
+def serve_shared(kubelet: KubeletHarness, host: FakeGpuHost, folder: Path, policy: str) -> None:
+    nvidia_file = folder / "nvidia.yaml"
+    nvidia_file.write_text(SHARED_4.replace("{policy}", policy))
+    ref = {"file": str(nvidia_file)}
+    block = {"nvidia": {"hostRoot": host.host_root, **FAST, "nvidiaConfig": ref}}
+    kubelet.start_serve({"resources": [block]}, env=host.env, wait=False)
+    kubelet.wait_for_resource(GPU, count=16)
+
+
+def gpu_of(pod: Any) -> str:
+    [replica] = pod.devices()[GPU]
+    return str(replica.partition("::")[0])
+
+
+def test_by_default_a_replica_goes_to_the_gpu_with_fewest_in_use(
+    kubelet: KubeletHarness, four: FakeGpuHost, short_tmp: Path
+) -> None:
+    serve_shared(kubelet, four, short_tmp, "{}")
+    pods = [kubelet.admit({GPU: 1}) for _ in range(12)]
+    assert Counter(gpu_of(p) for p in pods) == {gpu_uuid(i): 3 for i in range(4)}
+    for pod in pods:  # GPU 0 keeps 3 of 4 replicas in use, the others none
+        if gpu_of(pod) != gpu_uuid(0):
+            assert kubelet.delete(pod)
+    placed = [gpu_of(kubelet.admit({GPU: 1})) for _ in range(3)]
+    assert sorted(placed) == [gpu_uuid(i) for i in (1, 2, 3)]  # never GPU 0
+
+
+def test_packed_fills_the_busiest_gpu_first(
+    kubelet: KubeletHarness, four: FakeGpuHost, short_tmp: Path
+) -> None:
+    serve_shared(kubelet, four, short_tmp, "{sharedDevicesAllocationPolicy: packed}")
+    pods = [kubelet.admit({GPU: 1}) for _ in range(4)]
+    assert len({gpu_of(p) for p in pods}) == 1  # four replicas of one GPU
+    two = kubelet.admit({GPU: 2})
+    assert len({r.partition("::")[0] for r in two.devices()[GPU]}) == 1
+
+
+def test_an_imex_channel_reaches_the_container_as_from_nvidias_plugin(
+    kubelet: KubeletHarness, four: FakeGpuHost, short_tmp: Path
+) -> None:
+    channel = Path(four.host_root) / "dev/nvidia-caps-imex-channels/channel0"
+    channel.parent.mkdir(parents=True, exist_ok=True)
+    os.mknod(channel, stat.S_IFCHR | 0o666, os.makedev(234, 0))
+    nvidia_file = short_tmp / "nvidia.yaml"
+    nvidia_file.write_text(
+        "version: v1\nflags: {plugin: {passDeviceSpecs: true}}\nimex: {channelIDs: [0]}\n"
+    )
+    block = {
+        "nvidia": {"hostRoot": four.host_root, **FAST, "nvidiaConfig": {"file": str(nvidia_file)}}
+    }
+    kubelet.start_serve({"resources": [block]}, env=four.env, wait=False)
+    kubelet.wait_for_resource(GPU, count=4)
+    pod = kubelet.admit({GPU: 2})
+    assert pod.env()["NVIDIA_IMEX_CHANNELS"] == "0"
+    assert "/dev/nvidia-caps-imex-channels/channel0" in pod.device_nodes()
