@@ -95,11 +95,12 @@ def operator_problems(obj: dict[str, Any]) -> str:
 # -- the objects, against their schemas ------------------------------------------------
 
 
-def test_the_component_adds_a_pod_monitor_a_rule_and_a_dashboard(
-    objects: list[dict[str, Any]],
-) -> None:
-    base = render()
-    added = [(o["kind"], o["metadata"]["name"]) for o in objects if o not in base]
+@pytest.mark.parametrize("variant", ["base", "dra", "overlays/gpu", "overlays/gpu-per-node"])
+def test_the_component_adds_a_pod_monitor_a_rule_and_a_dashboard(variant: str) -> None:
+    objects = render("components/monitoring", base=variant)
+    without = render(base=variant)
+    assert [o for o in objects if o in without] == without  # the variant itself unchanged
+    added = [(o["kind"], o["metadata"]["name"]) for o in objects if o not in without]
     assert sorted(added) == [
         ("ConfigMap", "devplug-dashboard"),
         ("PodMonitor", "devplug"),
