@@ -185,8 +185,9 @@ def test_slices_that_cannot_be_published_are_counted_as_errors(dirs: NodeDirs) -
     log = dirs.root / "daemon.log"
     daemon = debug_daemon(dirs, serve_command(dirs, config, kubeconfig=str(kubeconfig)), port)
     try:
-        wait_for_log(log, SERVING)
-        wait_for_log(log, "publishing slices failed")
+        # Slower with a Kubernetes client to import, on a busy machine.
+        wait_for_log(log, SERVING, timeout=API_WAIT_S)
+        wait_for_log(log, "publishing slices failed", timeout=API_WAIT_S)
         samples = scrape(port)
         failed = value(samples, "devplug_dra_slice_publishes_total", driver=DRIVER, result="error")
         assert failed >= 1
