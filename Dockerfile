@@ -23,7 +23,9 @@ RUN python3 -m venv /opt/pip \
  && find /opt/devplug -name 'tests' -path '*/site-packages/*/tests' -prune -exec rm -rf {} + \
  # The Kubernetes client ships a second, asyncio copy of itself (kubernetes.aio), about
  # half its size; the DRA driver uses the first one only.
- && rm -rf /opt/devplug/lib/python3*/site-packages/kubernetes/aio
+ && rm -rf /opt/devplug/lib/python3*/site-packages/kubernetes/aio \
+ # NVIDIA's chart runs its config manager as `config-manager`.
+ && ln -s nvidia-config-manager /opt/devplug/bin/config-manager
 
 FROM ${BASE}
 COPY --from=build /opt/devplug /opt/devplug

@@ -34,8 +34,10 @@ from common import (
 )
 
 from devplug.api.v1beta1 import api_pb2 as pb
+from devplug.cli.serve import nvidia_config_text
 from devplug.sources import parse_config
 from devplug.sources.nvidia.config import NODE_CONFIG_LABEL as NODE_LABEL
+from devplug.sources.nvidia.nvidiaflags import resolve
 from devplug.testing.fakemps import PID_FILE
 from devplug.testing.fakemps import script as mps_script
 from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid, mig_layout, mig_uuid
@@ -186,7 +188,7 @@ def mps(root: Path) -> dict[str, Any]:
             timed_calls(lambda: stub.Allocate(request), 200)
             samples = timed_calls(lambda: stub.Allocate(request), ALLOCATE_CALLS)
             restarts = []
-            pid_file = mps_root / "nvidia.com_gpu" / gpu_uuid(1) / "pipe" / PID_FILE
+            pid_file = mps_root / "nvidia.com" / "gpu" / "pipe" / PID_FILE
             for _ in range(MPS_ROUNDS):
                 began = time.perf_counter()
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
@@ -224,9 +226,25 @@ def nvidia_config(root: Path) -> dict[str, Any]:
     parse_config(file_text)  # warm-up: imports
     file_samples = timed_calls(lambda: parse_config(file_text), CONFIG_LOADS)
     folder_samples = timed_calls(lambda: parse_config(folder_text), CONFIG_LOADS // 4)
+    # NVIDIA's chart: its environment resolved over the file (`nvidia-device-plugin`).
+    environ = {
+        "MPS_ROOT": "/run/nvidia/mps",
+        "MIG_STRATEGY": "mixed",
+        "PASS_DEVICE_SPECS": "true",
+        "DEVICE_LIST_STRATEGY": "envvar",
+        "CONFIG_FILE": str(one),
+    }
+
+    def chart_env() -> None:
+        resolved = resolve([], environ)
+        parse_config(nvidia_config_text(resolved.config_file, resolved.overrides))
+
+    chart_env()
+    env_samples = timed_calls(chart_env, CONFIG_LOADS)
     return {
         "load_nvidia_config_file": percentiles(file_samples),
         "load_nvidia_config_folder_20": percentiles(folder_samples),
+        "nvidia_chart_env_over_file": percentiles(env_samples),
     }
 
 

@@ -35,6 +35,8 @@ from common import (
 from dra import bench_dra
 from fleet import bench_fleet
 from nvidia import bench_nvidia
+from placement import bench_placement
+from placement import summary as placement_summary
 from realnode import bench_real_node
 from simulator import bench_admission
 from simulator import summary as admission_summary
@@ -205,6 +207,7 @@ def main() -> int:
         report["startup"] = bench_startup(root)
     report["deploy"] = bench_deploy()
     report["nvidia"] = bench_nvidia()
+    report["placement"] = bench_placement()
     report["real_node"] = bench_real_node()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
@@ -285,6 +288,8 @@ def summary(report: dict[str, Any]) -> str:
             f"gpu allocate p50 {gpus['allocate_1_gpu']['p50_ms']} ms, "
             f"xid->unhealthy p50 {gpus['xid_to_unhealthy']['p50_ms']} ms"
         )
+    if "placement" in report:
+        parts.append(placement_summary(report["placement"]))
     real = report.get("real_node", {})
     if "kubelet_sigkill" in real:
         kill, pod = real["kubelet_sigkill"], real["plugin_pod_deleted"]

@@ -77,7 +77,7 @@ def test_the_fake_run_of_the_gpu_check(short_tmp: Path) -> None:
     assert served["health"]["unhealthy"] == []
     assert served["timeSlicing"]["capacity"] == 16
     mps = served["mps"]["pods"][0]["env"]
-    assert mps["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40779M"  # 81559 MiB in 2
+    assert mps["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu/pipe"  # NVIDIA's layout
     assert served["latency"]["p50Ms"] > 0
     assert "== report" in result.stdout
 

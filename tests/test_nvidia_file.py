@@ -344,7 +344,13 @@ def test_cdi_annotations_only_sends_no_env_and_no_device_specs(
     nvidia_file.write_text(
         "flags:\n  plugin:\n    deviceListStrategy: cdi-annotations\n    passDeviceSpecs: true\n"
     )
-    entry = block(eight, nvidia_file, cdiDir=str(cdi_dir), cdiSpecDirs=[str(short_tmp / "none")])
+    # The host's spec knows no device of these GPUs: devplug's devices get their nodes.
+    host_specs = Path(eight.host_root) / "etc" / "cdi"  # where nvidia-ctk writes it
+    host_specs.mkdir(parents=True)
+    (host_specs / "nvidia.yaml").write_text(
+        yaml.safe_dump({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": []})
+    )
+    entry = block(eight, nvidia_file, cdiDir=str(cdi_dir))
     kubelet.start_serve({"resources": [entry]}, env=eight.env, wait=False)
     kubelet.wait_for_resource(GPU, count=8)
     first, second = kubelet.admit({GPU: 1}), kubelet.admit({GPU: 1})
@@ -356,7 +362,7 @@ def test_cdi_annotations_only_sends_no_env_and_no_device_specs(
     assert key.startswith("cdi.k8s.io/nvidia-device-plugin_")
     assert value == f"k8s.device-plugin.nvidia.com/gpu={uuid}"
     assert set(second.annotations()).isdisjoint(first.annotations())  # one ID per answer
-    # devplug's spec: every GPU by its UUID, with its device node (no host spec here).
+    # devplug's spec: every GPU by its UUID, with its device node.
     kubelet.wait_until(lambda: any(cdi_dir.glob("*.json")), what="the CDI spec")
     spec = cdi_spec(cdi_dir)
     assert spec["kind"] == "k8s.device-plugin.nvidia.com/gpu"
@@ -364,6 +370,21 @@ def test_cdi_annotations_only_sends_no_env_and_no_device_specs(
     assert sorted(devices) == sorted(gpu_uuid(i) for i in range(8))
     index = int(uuid.split("-")[1], 16)
     assert devices[uuid]["deviceNodes"][0]["path"] == f"/dev/nvidia{index}"
+
+
+def test_cdi_only_without_the_hosts_nvidia_spec_is_refused_in_one_line(
+    kubelet: KubeletHarness, eight: FakeGpuHost, short_tmp: Path
+) -> None:
+    """Without `nvidia-ctk`'s spec a CDI-only container would get the device nodes and
+    no driver libraries: refused, saying which mode, where it looked and what to do."""
+    nvidia_file = short_tmp / "nvidia.yaml"
+    nvidia_file.write_text("flags:\n  plugin:\n    deviceListStrategy: cdi-cri\n")
+    entry = block(eight, nvidia_file, cdiSpecDirs=[str(short_tmp / "none")])
+    process = kubelet.start_serve({"resources": [entry]}, env=eight.env, wait=False)
+    assert process.wait(timeout=60) == 1
+    [line] = [w for w in process.output.splitlines() if "CDI spec" in w]
+    assert "deviceListStrategy cdi-cri alone needs the host's NVIDIA CDI spec" in line
+    assert "add envvar to deviceListStrategy" in line
 
 
 def test_cdi_cri_with_the_hosts_nvidia_spec(

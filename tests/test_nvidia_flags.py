@@ -7,9 +7,11 @@ kubelet simulator on the fake NVML."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +19,7 @@ from devplug.cli.nvidia_plugin import serve_argv
 from devplug.sources.nvidia.nvidiaflags import FlagError, resolve
 from devplug.testing import KubeletHarness
 from devplug.testing.fakegpus import mig_layout
-from devplug.testing.fakenvml import FakeGpuHost, gpu_uuid
+from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid
 
 # What NVIDIA's chart renders for `helm install --set migStrategy=mixed
 # --set compatWithCPUManager=true --set deviceListStrategy=envvar` with a config map:
@@ -135,3 +137,99 @@ def test_the_charts_environment_serves_as_nvidias_plugin_over_its_config_file(
     pod = kubelet.admit({"nvidia.com/gpu": 1})
     assert pod.env() == {"NVIDIA_VISIBLE_DEVICES": gpu_uuid(2)}
     assert "/dev/nvidia2" in pod.device_nodes()  # PASS_DEVICE_SPECS=true
+
+
+@pytest.mark.timeout(240)
+def test_the_charts_config_manager_and_plugin_follow_the_node_label(
+    kubelet: KubeletHarness, short_tmp: Path, kubeconfig: str
+) -> None:
+    """NVIDIA's chart with a config map: `config-manager` once (ONESHOT) before the plugin,
+    `nvidia-device-plugin` on CONFIG_FILE, and `config-manager` beside it, which points
+    the file at the config the node label names and signals the plugin (SIGHUP)."""
+    from kubernetes import client
+
+    from devplug.framework.dra.kube import api_client
+
+    api = api_client(kubeconfig)
+    core: Any = client.CoreV1Api(api)
+    node = "chart-node-1"
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+    label = "nvidia.com/device-plugin.config"
+    try:
+        host = FakeGpuHost(short_tmp / "gpus", eight_gpus())
+        available = short_tmp / "available-configs"
+        available.mkdir()
+        (available / "default").write_text("version: v1\n")
+        (available / "sliced").write_text(
+            "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
+            "    - {name: nvidia.com/gpu, replicas: 2}\n"
+        )
+        config = short_tmp / "config" / "config.yaml"
+        config.parent.mkdir()
+        manager_env = {
+            **os.environ,
+            "KUBECONFIG": kubeconfig,
+            "NODE_NAME": node,
+            "NODE_LABEL": label,
+            "CONFIG_FILE_SRCDIR": str(available),
+            "CONFIG_FILE_DST": str(config),
+            "DEFAULT_CONFIG": "",
+            "FALLBACK_STRATEGIES": "named,single",
+            "SEND_SIGNAL": "false",
+            "ONESHOT": "true",
+        }
+        manager = [sys.executable, "-m", "devplug.cli.nvidia_config_manager"]
+        init = subprocess.run(manager, env=manager_env, capture_output=True, text=True, timeout=60)
+        assert init.returncode == 0, init.stderr
+        assert os.path.realpath(config) == str(available / "default")
+
+        env = {
+            **host.env,
+            "CONFIG_FILE": str(config),
+            "DEVPLUG_NVIDIA_OPTIONS": json.dumps({"hostRoot": host.host_root}),
+        }
+        plugin = kubelet.start_module(
+            "devplug.cli.nvidia_plugin",
+            "--kubelet-socket",
+            str(kubelet.plugin_dir / "kubelet.sock"),
+            env=env,
+        )
+        kubelet.wait_for_resource("nvidia.com/gpu", count=8)
+        sidecar = kubelet.start_command(
+            manager,
+            name="config-manager",
+            env={
+                **manager_env,
+                "ONESHOT": "false",
+                "SEND_SIGNAL": "true",
+                "PROCESS_TO_SIGNAL": "devplug.cli.nvidia_plugin",
+            },
+        )
+        kubelet.wait_until(
+            lambda: "already configured" in sidecar.output,
+            timeout=90,  # the Kubernetes client's import first
+            what="the sidecar's first look",
+        )
+        core.patch_node(node, {"metadata": {"labels": {label: "sliced"}}})
+        kubelet.wait_until(lambda: "sent signal 1" in sidecar.output, timeout=60, what="a signal")
+        kubelet.wait_for_resource("nvidia.com/gpu", count=16, timeout=60)  # reloaded in place
+        assert os.path.realpath(config) == str(available / "sliced")
+        assert plugin.running
+        assert sidecar.running
+    finally:
+        core.delete_node(node)
+        api.close()
+
+
+def test_config_manager_refuses_empty_settings_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "devplug.cli.nvidia_config_manager"],
+        env={"PATH": "/usr/bin:/bin", "NODE_NAME": "n"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "config-manager: invalid <config-file-srcdir>: must not be empty string"
+    )

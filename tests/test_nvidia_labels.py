@@ -115,3 +115,49 @@ def test_sharing_and_mode_labels(short_tmp: Path) -> None:
     assert sliced["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     assert sliced["nvidia.com/mps.capable"] == "false"
     assert sliced["nvidia.com/gpu.machine"] == "unknown"  # no DMI product name here
+
+
+def test_mig_enabled_gpus_are_labelled_without_sharing_as_gfd_does(short_tmp: Path) -> None:
+    """GFD labels MIG-enabled GPUs without their sharing: replicas 0, strategy none, no
+    -SHARED, even where time-slicing is configured (internal/lm: newGPULabelers)."""
+    labels = labels_of(
+        short_tmp / "mig",
+        "gpus: [{model: A100-SXM4-40GB, count: 2, mig: [3g.20gb]}]",
+        migStrategy="mixed",
+        replicas=4,
+    )
+    assert labels["nvidia.com/gpu.replicas"] == "0"
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "none"
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB"
+    assert labels["nvidia.com/gpu.count"] == "2"
+    # A GPU without MIG wins over the MIG-enabled ones, with its sharing.
+    mixed = labels_of(
+        short_tmp / "some",
+        "gpus: [{model: A100-SXM4-40GB, mig: [3g.20gb]}, {model: A100-SXM4-40GB}]",
+        migStrategy="mixed",
+        replicas=4,
+    )
+    assert mixed["nvidia.com/gpu.replicas"] == "4"
+    assert mixed["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-40GB-SHARED"
+
+
+def test_gpu_count_is_of_one_model_on_a_mixed_node(short_tmp: Path) -> None:
+    labels = labels_of(short_tmp / "two", "gpus: [{model: L4, count: 2}, {model: H100-SXM5-80GB}]")
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-L4"
+    assert labels["nvidia.com/gpu.count"] == "2"  # GFD counts the labelled model's GPUs
+
+
+def test_gpu_clique_from_the_nvlink_fabric_as_gfd_labels_it(short_tmp: Path) -> None:
+    cluster = "6e1c2c9a-3f4b-4d2e-9a7b-0c1d2e3f4a5b"
+    fabric = f"{{clusterUuid: {cluster}, cliqueId: 32766}}"
+    labels = labels_of(
+        short_tmp / "nvl", f"gpus: [{{model: H100-SXM5-80GB, count: 4, fabric: {fabric}}}]"
+    )
+    assert labels["nvidia.com/gpu.clique"] == f"{cluster}.32766"
+    # Registration not completed (state 2: in progress): no clique, as GFD.
+    pending = f"{{clusterUuid: {cluster}, cliqueId: 1, state: 2}}"
+    labels = labels_of(
+        short_tmp / "pending", f"gpus: [{{model: H100-SXM5-80GB, fabric: {pending}}}]"
+    )
+    assert "nvidia.com/gpu.clique" not in labels
+    assert "nvidia.com/gpu.clique" not in labels_of(short_tmp / "none", "gpus: [{model: L4}]")

@@ -1,6 +1,8 @@
-"""MPS sharing: `devplug serve` starts and supervises one control daemon per shared GPU
-(the stand-in `devplug.testing.fakemps`, which speaks the documented control interface),
-and each replica's container gets that daemon's folders and its share of the GPU."""
+"""MPS sharing as NVIDIA's plugin does it: `devplug serve` starts and supervises one
+control daemon per shared resource (the stand-in `devplug.testing.fakemps`, which speaks
+the documented control interface) at NVIDIA's paths, tells it each GPU's share, and
+each replica's container gets what NVIDIA's plugin gives it (cmd/mps-control-daemon,
+internal/plugin/mps.go)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def mps_root(short_tmp: Path) -> Iterator[Path]:
     root = short_tmp / "mps"
     yield root
     # A daemon a failed test left behind is stopped here, not left running.
-    for pid_file in root.glob(f"*/*/pipe/{PID_FILE}"):
+    for pid_file in root.glob(f"**/pipe/{PID_FILE}"):
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
@@ -55,21 +57,21 @@ def mps_config(host: FakeGpuHost, root: Path, bin_dir: Path, **nvidia: Any) -> s
     return yaml.safe_dump({"resources": [{"nvidia": entry}]})
 
 
-def state(root: Path, uuid: str) -> dict[str, Any] | None:
-    path = root / "nvidia.com_gpu" / uuid / "log" / STATE
+def state(root: Path) -> dict[str, Any] | None:
+    path = root / "nvidia.com" / "gpu" / "log" / STATE
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def daemon_pid(root: Path, uuid: str) -> int | None:
-    path = root / "nvidia.com_gpu" / uuid / "pipe" / PID_FILE
+def daemon_pid(root: Path) -> int | None:
+    path = root / "nvidia.com" / "gpu" / "pipe" / PID_FILE
     return int(path.read_text()) if path.exists() else None
 
 
-def limits_set(root: Path, uuid: str, memory: str, percentage: str) -> bool:
-    s = state(root, uuid)
+def limits_set(root: Path, memory: dict[str, str], percentage: str) -> bool:
+    s = state(root)
     return (
         s is not None
-        and s["pinnedMemLimits"] == {"0": memory}
+        and s["pinnedMemLimits"] == memory
         and s["activeThreadPercentage"] == percentage
     )
 
@@ -109,7 +111,7 @@ def test_stand_in_speaks_the_control_interface(short_tmp: Path) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def test_one_supervised_daemon_per_gpu_and_each_replica_gets_its_share(
+def test_one_supervised_daemon_per_resource_at_nvidias_paths(
     kubelet: KubeletHarness, short_tmp: Path, mps_root: Path
 ) -> None:
     host = h100s(short_tmp, 2)
@@ -118,28 +120,22 @@ def test_one_supervised_daemon_per_gpu_and_each_replica_gets_its_share(
     text = yaml.safe_load(mps_config(host, mps_root, short_tmp / "bin"))
     text["nodeFeatures"] = {"path": str(features)}
     uuids = [gpu_uuid(0), gpu_uuid(1)]
-    # A daemon an earlier devplug left running in GPU 0's folder is kept, not doubled.
-    left = mps_root / "nvidia.com_gpu" / uuids[0]
+    # A daemon an earlier run left running in the resource's folder is kept, not doubled.
+    left = mps_root / "nvidia.com" / "gpu"
     daemon_env = {
         **os.environ,
         "CUDA_MPS_PIPE_DIRECTORY": str(left / "pipe"),
         "CUDA_MPS_LOG_DIRECTORY": str(left / "log"),
     }
     subprocess.run([str(script(short_tmp / "bin")), "-d"], env=daemon_env, check=True)
-    earlier = daemon_pid(mps_root, uuids[0])
+    earlier = daemon_pid(mps_root)
     process = kubelet.start_serve(yaml.safe_dump(text), env=host.env)
-    kubelet.wait_for_resource(GPU, count=8)  # healthy at once: the daemons run first
-    # 81559 MiB and 100 % of the SMs in 4: each daemon is told one replica's share.
-    for uuid in uuids:
-        kubelet.wait_until(
-            lambda u=uuid: limits_set(mps_root, u, "20389M", "25.0"),  # type: ignore[misc]
-            what=f"the limits of {uuid}'s daemon",
-        )
-    s = state(mps_root, uuids[1])
-    assert s is not None
-    assert s["visibleDevices"] == uuids[1]  # its own GPU only
-    assert daemon_pid(mps_root, uuids[0]) == earlier
-    assert f"MPS control daemon of {uuids[0]} kept from before" in process.output
+    kubelet.wait_for_resource(GPU, count=8)  # healthy at once: the daemon runs first
+    # 81559 MiB and 100 % of the SMs in 4: the daemon is told one replica's share of each.
+    share = {"0": "20389M", "1": "20389M"}
+    kubelet.wait_until(lambda: limits_set(mps_root, share, "25.0"), what="the daemon's limits")
+    assert daemon_pid(mps_root) == earlier
+    assert "MPS control daemon of nvidia.com/gpu kept from before" in process.output
     assert "Unhealthy" not in process.output
     host.reload()
     assert [host.gpu(i)["computeMode"] for i in (0, 1)] == [EXCLUSIVE_PROCESS] * 2
@@ -147,16 +143,13 @@ def test_one_supervised_daemon_per_gpu_and_each_replica_gets_its_share(
     pod = kubelet.admit({GPU: 1})
     [replica] = pod.devices()[GPU]
     uuid = replica.partition("::")[0]
-    base = mps_root / "nvidia.com_gpu" / uuid
     env = pod.env()
-    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(base / "pipe")
-    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(base / "log")
-    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20389M"
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
-    assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
+    assert env == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/mps/nvidia.com/gpu/pipe",  # NVIDIA's container path
+        "NVIDIA_VISIBLE_DEVICES": uuid,
+    }
     assert pod.mounts() == {
-        str(base / "pipe"): str(base / "pipe"),
-        str(base / "log"): str(base / "log"),
+        "/mps/nvidia.com/gpu/pipe": str(left / "pipe"),
         "/dev/shm": str(mps_root / "shm"),
     }
     two = kubelet.admit({GPU: 2})
@@ -169,38 +162,52 @@ def test_one_supervised_daemon_per_gpu_and_each_replica_gets_its_share(
     assert labels["nvidia.com/gpu.replicas"] == "4"
     assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
 
-    # A daemon that dies: its GPU's replicas go Unhealthy, it is started again and told
-    # the limits again, and they come back.
-    first = daemon_pid(mps_root, uuids[1])
+    # A daemon that dies: the resource's replicas go Unhealthy, it is started again and
+    # told the limits again, and they come back.
+    first = daemon_pid(mps_root)
     assert first is not None
     seq = kubelet.last_event_seq
     os.kill(first, signal.SIGKILL)
     kubelet.wait_until(
         lambda: any(
-            e.seq > seq and e.kind == "devices" and e.detail == "4/8 healthy"
+            e.seq > seq and e.kind == "devices" and e.detail == "0/8 healthy"
             for e in kubelet.events()
         ),
-        what="GPU 1's replicas Unhealthy",
+        what="the replicas Unhealthy",
     )
     kubelet.wait_until(
         lambda: (
             len(kubelet.device_ids(GPU, healthy=True)) == 8
-            and daemon_pid(mps_root, uuids[1]) not in (None, first)
-            and limits_set(mps_root, uuids[1], "20389M", "25.0")
+            and daemon_pid(mps_root) not in (None, first)
+            and limits_set(mps_root, share, "25.0")
         ),
-        what="GPU 1's daemon started again",
+        what="the daemon started again",
     )
-    assert "MPS control daemon of " + uuids[1] + " does not answer" in process.output
+    assert "MPS control daemon of nvidia.com/gpu does not answer" in process.output
+    s = state(mps_root)
+    assert s is not None
+    assert s["visibleDevices"] == ",".join(uuids)  # started here: the resource's GPUs
 
-    # Stopping devplug stops its daemons and gives the GPUs back the modes they had.
+    # Stopping devplug stops its daemon and gives the GPUs back the modes they had.
     assert process.stop() == 0
-    for uuid in uuids:
-        assert daemon_pid(mps_root, uuid) is None
-        s = state(mps_root, uuid)
-        assert s is not None
-        assert s["commands"][-1] == "quit"
+    assert daemon_pid(mps_root) is None
+    s = state(mps_root)
+    assert s is not None
+    assert s["commands"][-1] == "quit"
     host.reload()
     assert [host.gpu(i)["computeMode"] for i in (0, 1)] == [DEFAULT, PROHIBITED]
+
+
+def test_fail_requests_greater_than_one_false_gives_two_replicas_as_nvidia(
+    kubelet: KubeletHarness, short_tmp: Path, mps_root: Path
+) -> None:
+    host = h100s(short_tmp, 2)
+    text = mps_config(host, mps_root, short_tmp / "bin", failRequestsGreaterThanOne=False)
+    kubelet.start_serve(text, env=host.env)
+    kubelet.wait_for_resource(GPU, count=8)
+    pod = kubelet.admit({GPU: 2})
+    assert pod.admitted, pod.message
+    assert pod.env()["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu/pipe"
 
 
 def test_no_control_program_leaves_the_replicas_unhealthy(
@@ -220,7 +227,7 @@ def test_no_control_program_leaves_the_replicas_unhealthy(
     ("change", "problem"),
     [
         ({"replicas": 1}, "replicas: MPS sharing needs at least 2 replicas per GPU"),
-        ({"migStrategy": "single"}, "sharing: MPS sharing is not supported with MIG"),
+        ({"migStrategy": "mixed"}, "migStrategy: migStrategy mixed is not supported with MPS"),
         ({"mps": {"root": "run/mps"}}, "mps.root: expected an absolute path, got 'run/mps'"),
         ({"mps": {"checkSeconds": 0}}, "mps.checkSeconds: expected a number > 0, got 0"),
         ({"sharing": "mig"}, "sharing: "),

@@ -8,9 +8,12 @@ and the cases of internal/rm's allocation tests."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -240,3 +243,113 @@ def test_an_imex_channel_reaches_the_container_as_from_nvidias_plugin(
     pod = kubelet.admit({GPU: 2})
     assert pod.env()["NVIDIA_IMEX_CHANNELS"] == "0"
     assert "/dev/nvidia-caps-imex-channels/channel0" in pod.device_nodes()
+
+
+# -- MIG layouts NVIDIA's plugin refuses ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [
+        (
+            "gpus: [{model: H100-SXM5-80GB, mig: [1g.10gb]}, {model: H100-SXM5-80GB}]",
+            "devices with MIG enabled and disabled detected",
+        ),
+        (
+            "gpus: [{model: H100-SXM5-80GB, mig: [3g.40gb, 1g.10gb]}]",
+            "more than one MIG device type present on node",
+        ),
+    ],
+)
+def test_single_on_a_layout_nvidia_refuses_serves_no_gpu(
+    kubelet: KubeletHarness, short_tmp: Path, layout: str, expected: str
+) -> None:
+    host = FakeGpuHost(short_tmp / "gpus", fake_host(layout))
+    nvidia_file = short_tmp / "nvidia.yaml"
+    nvidia_file.write_text("version: v1\nflags: {migStrategy: single, failOnInitError: false}\n")
+    ref = {"file": str(nvidia_file)}
+    block = {"nvidia": {"hostRoot": host.host_root, **FAST, "nvidiaConfig": ref}}
+    process = kubelet.start_serve({"resources": [block]}, env=host.env, wait=False)
+    kubelet.wait_until(lambda: expected in process.output, what="the refusal in the log")
+    kubelet.wait_for_resource(GPU, count=0)
+    assert not kubelet.admit({GPU: 1}).admitted  # a 1g slice is never given as a GPU
+
+
+def test_single_with_fail_on_init_error_does_not_start(short_tmp: Path) -> None:
+    host = FakeGpuHost(
+        short_tmp / "gpus",
+        fake_host("gpus: [{model: H100-SXM5-80GB, mig: [1g.10gb]}, {model: H100-SXM5-80GB}]"),
+    )
+    nvidia_file = short_tmp / "nvidia.yaml"
+    nvidia_file.write_text("version: v1\nflags: {migStrategy: single}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "devplug.cli.nvidia_plugin", "--config-file", str(nvidia_file)],
+        env={
+            **os.environ,
+            **host.env,
+            "DEVPLUG_NVIDIA_OPTIONS": json.dumps({"hostRoot": host.host_root}),
+            "KUBELET_SOCKET": str(short_tmp / "dp" / "kubelet.sock"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "invalid MIG configuration" in done.stderr
+    assert "devices with MIG enabled and disabled detected" in done.stderr
+
+
+def test_mixed_with_a_compute_instance_smaller_than_its_gpu_instance_is_refused(
+    kubelet: KubeletHarness, short_tmp: Path
+) -> None:
+    host = FakeGpuHost(
+        short_tmp / "gpus", fake_host("gpus: [{model: A100-SXM4-40GB, mig: [1c.2g.10gb]}]")
+    )
+    nvidia_file = short_tmp / "nvidia.yaml"
+    nvidia_file.write_text("version: v1\nflags: {migStrategy: mixed, failOnInitError: false}\n")
+    ref = {"file": str(nvidia_file)}
+    block = {"nvidia": {"hostRoot": host.host_root, **FAST, "nvidiaConfig": ref}}
+    process = kubelet.start_serve({"resources": [block]}, env=host.env, wait=False)
+    kubelet.wait_until(
+        lambda: (
+            "MIG profile '1c.2g.10gb' of GPU 0 does not match any resource patterns"
+            in process.output
+        ),
+        what="the refusal in the log",
+    )
+
+
+# NVIDIA's internal/rm allocation tests: (GPUs, replicas, size) -> replicas taken per GPU.
+DISTRIBUTED_CASES = [(2, 4, 2, [1, 1]), (3, 2, 3, [1, 1, 1]), (2, 4, 4, [2, 2])]
+PACKED_CASES = [(2, 4, 2, [2]), (3, 2, 3, [2, 1]), (2, 4, 4, [4]), (2, 4, 5, [4, 1])]
+
+
+@pytest.mark.parametrize(
+    ("policy", "cases"), [("distributed", DISTRIBUTED_CASES), ("packed", PACKED_CASES)]
+)
+def test_nvidias_allocation_cases_through_the_kubelet(
+    kubelet: KubeletHarness, short_tmp: Path, policy: str, cases: list[Any]
+) -> None:
+    by_shape: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}
+    for gpus, replicas, size, counts in cases:
+        by_shape.setdefault((gpus, replicas), []).append((size, counts))
+    for (gpus, replicas), wanted in by_shape.items():
+        folder = short_tmp / f"{policy}-{gpus}x{replicas}"
+        folder.mkdir()
+        host = FakeGpuHost(folder / "gpus", fake_host(f"gpus: [{{model: L4, count: {gpus}}}]"))
+        nvidia_file = folder / "nvidia.yaml"
+        nvidia_file.write_text(
+            f"version: v1\nflags: {{plugin: {{sharedDevicesAllocationPolicy: {policy}}}}}\n"
+            "sharing:\n  timeSlicing:\n    resources:\n"
+            f"    - {{name: nvidia.com/gpu, replicas: {replicas}}}\n"
+        )
+        ref = {"file": str(nvidia_file)}
+        block = {"nvidia": {"hostRoot": host.host_root, **FAST, "nvidiaConfig": ref}}
+        process = kubelet.start_serve({"resources": [block]}, env=host.env, wait=False)
+        kubelet.wait_for_resource(GPU, count=gpus * replicas)
+        for size, counts in wanted:
+            pod = kubelet.admit({GPU: size})
+            taken = Counter(r.partition("::")[0] for r in pod.devices()[GPU])
+            assert sorted(taken.values(), reverse=True) == counts, (policy, gpus, size)
+            assert kubelet.delete(pod)
+        process.stop()

@@ -189,6 +189,13 @@ def test_the_fit_step_run_reports_devices_pods_and_reasons(tmp_path: Path) -> No
     assert baseline["pools"]["a100"]["devices"]["nvidia.com/mig-2g.10gb"]["used"] == 4
     [pending] = [p for p in infer if p["phase"] == "Pending"]
     assert pending["message"] == "0/4 nodes are available: 4 Insufficient nvidia.com/mig-2g.10gb."
+    assert baseline["pending_reasons"] == {
+        "Insufficient nvidia.com/mig-2g.10gb": {
+            "pods": 1,
+            "messages": 1,
+            "example": pending["message"],
+        }
+    }
     web = [p for p in baseline["pods"] if p["pod"].startswith("web")]
     assert {(p["phase"], p["pool"]) for p in web} == {("Running", "cpu")}
     # Without the topology manager two of the three fit (5 of 8 GPUs each); the third
@@ -211,6 +218,15 @@ def test_time_slicing_and_dra_change_the_answer(tmp_path: Path) -> None:
     sliced = by_run["replicas=4"]
     assert sliced["pools"]["h100"]["devices"]["nvidia.com/gpu"]["capacity"] == 64
     assert sliced["overall"]["pods"]["Failed"] == 0  # 5 replicas fit on one NUMA node
+    # The 64 units are replicas of 16 GPUs: reported as units on devices, not capacity.
+    h100 = sliced["shared"]["h100"]["nvidia.com/gpu"]
+    assert (h100["units"], h100["devices"]) == (64, 16)
+    assert h100["units_used"] == 15
+    assert 3 <= h100["devices_in_use"] <= 15
+    assert "h100" not in by_run["baseline"]["shared"]
+    compared = {c["variant"]: c for c in document["comparison"]}
+    assert compared["replicas=4"]["devices"]["nvidia.com/gpu"]["physical"]["devices"] == 16
+    assert "physical" not in compared["baseline"]["devices"]["nvidia.com/gpu"]
     dra = by_run["mode=dra"]
     assert "dra:gpu.nvidia.com" in dra["pools"]["h100"]["devices"]
     trains = [p for p in dra["pods"] if p["pod"].startswith("train")]
@@ -241,6 +257,15 @@ def test_the_fit_step_sees_the_node_labels_the_api_server_has(tmp_path: Path) ->
     [variant] = parse_vary([])
     run = asyncio.run(run_fit(fleet(), workload, variant, tmp_path))
     assert [(p.phase, p.pool) for p in run.pods] == [("Running", "cpu")]
+
+
+def test_pending_pods_are_classed_by_the_reason_most_nodes_gave() -> None:
+    from devplug.plan.report import reason_class
+
+    assert reason_class("0/9 nodes are available: 2 Insufficient cpu, 7 Too many pods.") == (
+        "Too many pods"
+    )
+    assert reason_class("no message the scheduler writes") == "pending"
 
 
 def test_scheduler_messages_are_read_as_reasons_per_node() -> None:
@@ -305,6 +330,19 @@ def open_in_chromium(page: Path, profile: Path) -> tuple[str, list[str]]:
         env={**os.environ, "HOME": str(profile)},
     )
     return done.stdout, CONSOLE_ERROR.findall(done.stderr)
+
+
+def test_thirty_pools_get_thirty_colours_and_a_legend_that_grows_below() -> None:
+    import plotly.graph_objects as go
+
+    from devplug.plan.html import legend_below, palette
+
+    assert len(set(palette(30))) == 30
+    assert len(set(palette(48))) == 48
+    figure = go.Figure()
+    legend_below(figure, 60)
+    assert figure.layout.legend.orientation == "h"
+    assert figure.layout.height > 600  # 15 rows of legend below the plot, not over it
 
 
 def test_the_html_report_renders_its_plots_without_console_errors(tmp_path: Path) -> None:

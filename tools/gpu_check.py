@@ -473,18 +473,25 @@ def shared(
         kubelet.wait_for_resource(GPU, count=status.capacity, timeout=30)
     pods = [kubelet.admit({GPU: 1}) for _ in range(2)]
     body["pods"] = []
+    memory = {
+        g["uuid"]: g["memoryMiB"] * 2**20 for g in devplug_gpus(env, entry["hostRoot"])["gpus"]
+    }
     for pod in pods:
         if not pod.admitted:
             report.problem(f"{sharing}: pod {pod.name} not admitted: {pod.message}")
             continue
         [replica] = pod.devices()[GPU]
         env_of = pod.env()
-        seen = cuda_sees(env_of, fake, memory=sharing.get("sharing") == "mps")
-        limit = env_of.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
-        if seen.get("memory") and limit:
-            allowed = int(limit.partition("=")[2].removesuffix("M")) * 2**20
+        mps = sharing.get("sharing") == "mps"
+        # The container's paths (the MPS pipe folder) are the mounts' host paths here.
+        mounts = pod.mounts()
+        on_host = {k: mounts.get(v, v) for k, v in env_of.items()}
+        seen = cuda_sees(on_host, fake, memory=mps)
+        total = memory.get(replica.partition("::")[0], 0)
+        if mps and seen.get("memory") and total:
+            allowed = total // 2  # 2 replicas per GPU: the daemon's limit per client
             if seen["memory"][0] > allowed * 1.01:
-                report.problem(f"{replica}: CUDA sees {seen['memory'][0]} B, MPS limit {limit}")
+                report.problem(f"{replica}: CUDA sees {seen['memory'][0]} B, MPS limit {allowed}")
         if "error" in seen:
             report.problem(f"{sharing}: {replica}: CUDA: {seen}")
         say(f"  {pod.name}: {replica} env {env_of} cuda {seen}")

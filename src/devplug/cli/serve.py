@@ -34,10 +34,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="serve the GPUs with NVIDIA device plugin's config file, or a folder of named "
         "ones chosen by the node label nvidia.com/device-plugin.config (instead of --config)",
     )
-    # NVIDIA's flags and environment as `nvidia-device-plugin` read them (JSON in the
-    # shape of NVIDIA's file): not for people, hence no help.
-    parser.add_argument("--nvidia-flags", type=_json_object, default={}, help=argparse.SUPPRESS)
-    parser.add_argument("--nvidia-options", type=_json_object, default={}, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--nvidia-flags",
+        type=style.json_object,
+        default={},
+        metavar="JSON",
+        help="NVIDIA's command-line flags, laid over --nvidia-config, in the shape of its "
+        'file ({"flags": {"migStrategy": "mixed"}}; nvidia-device-plugin sets it)',
+    )
+    parser.add_argument(
+        "--nvidia-options",
+        type=style.json_object,
+        default={},
+        metavar="JSON",
+        help='devplug\'s own keys of that nvidia: block ({"hostRoot": "/host"})',
+    )
     add_root_options(parser)
     parser.add_argument(
         "--feature-file",
@@ -222,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     log.info(
         "serving %s from %s in %s",
         ", ".join(p.resource_name for p in plugins),
-        args.config or "the packaged default config",
+        source,
         args.plugin_dir,
     )
 
@@ -307,18 +318,6 @@ def nvidia_config_text(
     if flags:
         ref["flags"] = flags
     return json.dumps({"resources": [{"nvidia": {**(options or {}), "nvidiaConfig": ref}}]})
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    import json
-
-    try:
-        value = json.loads(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object")
-    return value
 
 
 def reload_and_metrics(

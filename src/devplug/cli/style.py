@@ -342,6 +342,27 @@ class PathType(OptionType):
         return examples
 
 
+class JsonObject(OptionType):
+    """A JSON object given on the command line."""
+
+    __name__ = "JSON object"
+
+    def __call__(self, text: str) -> dict[str, Any]:
+        import json
+
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{text!r}: not JSON: {error}") from None
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a JSON object")
+        return value
+
+    def bad_examples(self, scratch: Path) -> list[str]:
+        return ["{", "[1]", "nul"]
+
+
+json_object = JsonObject()
 folder = PathType("folder")
 # `-f` manifests: there and readable when parsed.
 input_file = PathType("file", must_exist=True, dash=True)

@@ -31,6 +31,7 @@ from devplug.fleet.requests import pod_requests
 from devplug.fleet.spec import Fleet
 from devplug.framework.dra.driver import Driver
 from devplug.framework.dra.names import device_name
+from devplug.framework.preferred import physical_id
 from devplug.plan.fit import NodeView, pick
 from devplug.plan.variants import PlannedPod, Variant, apply, mig_offers, planned_pods
 from devplug.plan.workload import Workload
@@ -62,6 +63,21 @@ class Run:
     # after each pod: devices in use per pool, for the utilisation over the run
     timeline: list[dict[str, int]]
     planned: list[PlannedPod] = field(default_factory=list)
+    # per pool and device-plugin resource: [physical devices, those a pod holds a share
+    # of] (the replicas of one device, 'gpu0::1', count once)
+    physical: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+
+def physical_devices(nodes: Sequence[FleetNode]) -> dict[str, dict[str, list[int]]]:
+    """Per pool and resource: the physical devices behind its units, and those in use."""
+    found: dict[str, dict[str, list[int]]] = {}
+    for node in nodes:
+        pool = found.setdefault(node.hardware.pool.name, {})
+        for name, state in node.manager.resources.items():
+            row = pool.setdefault(name, [0, 0])
+            row[0] += len({physical_id(d) for d in state.healthy})
+            row[1] += len({physical_id(d) for d in node.manager.in_use(name)})
+    return found
 
 
 def _build(fleet: Fleet, folder: Path) -> dict[str, PoolHardware]:
@@ -179,9 +195,10 @@ async def run_fit(fleet: Fleet, workload: Workload, variant: Variant, folder: Pa
             chosen.requested = node.used()
         timeline.append(dict(point))
     states = [_state(n, fleet, held[n.name]) for n in nodes]
+    physical = physical_devices(nodes)
     for node in nodes:
         await node.stop()
-    return Run(variant, ENGINE_FIT, outcomes, states, devices, timeline, planned)
+    return Run(variant, ENGINE_FIT, outcomes, states, devices, timeline, planned, physical)
 
 
 def _results(claims: Mapping[str, Any], driver: str) -> list[dict[str, Any]]:
@@ -278,7 +295,10 @@ async def run_scheduler(
         pods = await _settle(api, namespace, {p.name for p in planned}, settle_s, timeout_s)
         outcomes = [_outcome(pods.get(p.name, {}), runner) for p in planned]
         states = [_state(n, fleet, _held_claims(n)) for n in runner.nodes.values()]
-        return Run(variant, ENGINE_SCHEDULER, outcomes, states, devices, timeline, planned)
+        physical = physical_devices(list(runner.nodes.values()))
+        return Run(
+            variant, ENGINE_SCHEDULER, outcomes, states, devices, timeline, planned, physical
+        )
     finally:
         stop.set()
         if serving is not None:

@@ -9,14 +9,35 @@ import html
 from collections.abc import Mapping
 from typing import Any
 
-from devplug.plan.report import report_text, scheduler_reasons
+from devplug.plan.report import report_text
+
+
+def palette(count: int) -> list[str]:
+    """`count` distinct colours (up to 48 before any repeats): enough for 30 pools."""
+    from plotly import colors
+
+    colours = list(colors.qualitative.Dark24) + list(colors.qualitative.Light24)
+    return [colours[i % len(colours)] for i in range(count)]
+
+
+def legend_below(figure: Any, entries: int) -> None:
+    """A legend under the plot, in rows, so many entries neither clip nor shrink it."""
+    rows = max(1, (entries + 3) // 4)
+    figure.update_layout(
+        legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0},
+        height=420 + 22 * rows,
+        margin={"b": 80 + 22 * rows},
+    )
 
 
 def _utilisation(document: Mapping[str, Any]) -> Any:
     import plotly.graph_objects as go
 
     figure = go.Figure()
-    for summary in document["runs"]:
+    pools = list(dict.fromkeys(p for s in document["runs"] for p in s["pools"]))
+    colour = dict(zip(pools, palette(len(pools)), strict=True))
+    dashes = ("solid", "dot", "dash", "longdash", "dashdot", "longdashdot")
+    for number, summary in enumerate(document["runs"]):
         for pool, counts in summary["pools"].items():
             capacity = sum(d["capacity"] for d in counts["devices"].values())
             if not capacity:
@@ -28,6 +49,7 @@ def _utilisation(document: Mapping[str, Any]) -> Any:
                     y=used,
                     mode="lines",
                     name=f"{pool} ({summary['variant']})",
+                    line={"color": colour[pool], "dash": dashes[number % len(dashes)]},
                 )
             )
     figure.update_layout(
@@ -36,6 +58,7 @@ def _utilisation(document: Mapping[str, Any]) -> Any:
         yaxis_title="% of the pool's devices",
         yaxis_range=[0, 100],
     )
+    legend_below(figure, len(figure.data))
     return figure
 
 
@@ -43,10 +66,12 @@ def _stranded(document: Mapping[str, Any]) -> Any:
     import plotly.graph_objects as go
 
     figure = go.Figure()
-    for summary in document["runs"]:
+    runs = document["runs"]
+    for summary, colour in zip(runs, palette(len(runs)), strict=True):
         pools = list(summary["pools"])
         figure.add_trace(
             go.Bar(
+                marker_color=colour,
                 x=pools,
                 y=[
                     sum(d["stranded"] for d in summary["pools"][p]["devices"].values())
@@ -60,6 +85,7 @@ def _stranded(document: Mapping[str, Any]) -> Any:
         barmode="group",
         yaxis_title="devices",
     )
+    legend_below(figure, len(runs))
     return figure
 
 
@@ -69,34 +95,56 @@ def _reasons(document: Mapping[str, Any]) -> Any:
     per_reason: dict[str, dict[str, int]] = {}
     variants = [s["variant"] for s in document["runs"]]
     for summary in document["runs"]:
-        for message, pods in summary["scheduler_reasons"].items():
-            # The scheduler's main reason per pod: the one most nodes gave.
-            found = scheduler_reasons(message)
-            reason = f"scheduler: {found.most_common(1)[0][0]}" if found else "scheduler: pending"
-            per_reason.setdefault(reason, {})
-            per_reason[reason][summary["variant"]] = per_reason[reason].get(summary["variant"], 0)
-            per_reason[reason][summary["variant"]] += pods
+        for reason, info in summary["pending_reasons"].items():
+            per_reason.setdefault(f"scheduler: {reason}", {})[summary["variant"]] = info["pods"]
         for reason, info in summary["kubelet_reasons"].items():
             per_reason.setdefault(f"kubelet: {reason}", {})[summary["variant"]] = info["pods"]
     figure = go.Figure()
-    for reason, counts in sorted(per_reason.items()):
-        figure.add_trace(go.Bar(x=variants, y=[counts.get(v, 0) for v in variants], name=reason))
+    for (reason, counts), colour in zip(
+        sorted(per_reason.items()), palette(len(per_reason)), strict=True
+    ):
+        figure.add_trace(
+            go.Bar(
+                x=variants,
+                y=[counts.get(v, 0) for v in variants],
+                name=reason,
+                marker_color=colour,
+            )
+        )
     figure.update_layout(title="Pods not running, by reason", barmode="stack", yaxis_title="pods")
+    legend_below(figure, len(per_reason))
     return figure
 
 
-def report_html(document: Mapping[str, Any]) -> str:
-    figures = [_utilisation(document), _stranded(document), _reasons(document)]
+def _page(title: str, engine: str, figures: list[Any], text: str) -> str:
     parts = [
         figure.to_html(full_html=False, include_plotlyjs=index == 0, div_id=f"plot-{index}")
         for index, figure in enumerate(figures)
     ]
-    title = f"Capacity of {document['fleet']} for {document['workload']}"
     return (
         "<!DOCTYPE html>\n<html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title></head><body>"
         f"<h1>{html.escape(title)}</h1>"
-        f"<p>Placement: {html.escape(document['engine'])}.</p>"
+        f"<p>Placement: {html.escape(engine)}.</p>"
         + "".join(parts)
-        + f"<pre>{html.escape(report_text(document))}</pre></body></html>\n"
+        + f"<pre>{html.escape(text)}</pre></body></html>\n"
+    )
+
+
+def report_html(document: Mapping[str, Any]) -> str:
+    figures = [_utilisation(document), _stranded(document), _reasons(document)]
+    title = f"Capacity of {document['fleet']} for {document['workload']}"
+    return _page(title, document["engine"], figures, report_text(document))
+
+
+def trace_html(document: Mapping[str, Any]) -> str:
+    """The trace report as a page (`trace_plots`)."""
+    from devplug.plan.trace_plots import trace_figures
+    from devplug.plan.trace_report import trace_text
+
+    return _page(
+        f"Placement of {document['workload']} on {document['nodes']}",
+        document["engine"],
+        trace_figures(document),
+        trace_text(document),
     )

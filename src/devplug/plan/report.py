@@ -50,6 +50,24 @@ def scheduler_reasons(message: str) -> Counter[str]:
     return found
 
 
+def reason_class(message: str) -> str:
+    """A pending pod's reason class: the scheduler's reason most nodes gave."""
+    found = scheduler_reasons(message)
+    return found.most_common(1)[0][0] if found else "pending"
+
+
+def _classes(messages: Counter[str]) -> dict[str, dict[str, Any]]:
+    """Pending pods per reason class, with the message of the most of them (thousands of
+    pods give hundreds of messages, a few classes)."""
+    classes: dict[str, dict[str, Any]] = {}
+    for message, pods in messages.most_common():
+        row = classes.setdefault(reason_class(message), {"pods": 0, "messages": 0})
+        row["pods"] += pods
+        row["messages"] += 1
+        row.setdefault("example", message)
+    return dict(sorted(classes.items(), key=lambda item: -item[1]["pods"]))
+
+
 def summarize(run: Run) -> dict[str, Any]:
     needs = _pending_needs(run)
     pools: dict[str, dict[str, Any]] = {}
@@ -89,6 +107,7 @@ def summarize(run: Run) -> dict[str, Any]:
             total = overall_devices.setdefault(resource, dict.fromkeys(counts, 0))
             for key, value in counts.items():
                 total[key] += value
+    shared = _shared(run, pools)
     pods = Counter(p.phase for p in run.pods)
     return {
         "variant": run.variant.name,
@@ -99,7 +118,11 @@ def summarize(run: Run) -> dict[str, Any]:
             "devices": overall_devices,
             "pods": {phase: pods.get(phase, 0) for phase in PHASES},
         },
+        # resources served as several units per physical device (time-slicing, sharing):
+        # the units are not capacity; the physical devices are
+        "shared": shared,
         "scheduler_reasons": dict(pending_reasons.most_common()),
+        "pending_reasons": _classes(pending_reasons),
         "kubelet_reasons": {
             reason: {"pods": count, "message": examples[reason]}
             for reason, count in failed_reasons.most_common()
@@ -119,6 +142,24 @@ def summarize(run: Run) -> dict[str, Any]:
     }
 
 
+def _shared(run: Run, pools: Mapping[str, Any]) -> dict[str, dict[str, dict[str, int]]]:
+    """Per pool, each resource with more units than physical devices: its units,
+    physical devices, units used and physical devices in use."""
+    shared: dict[str, dict[str, dict[str, int]]] = {}
+    for pool, resources in run.physical.items():
+        for resource, (devices, busy) in resources.items():
+            counts = pools.get(pool, {}).get("devices", {}).get(resource)
+            if counts is None or not devices or counts["capacity"] <= devices:
+                continue
+            shared.setdefault(pool, {})[resource] = {
+                "units": counts["capacity"],
+                "devices": devices,
+                "units_used": counts["used"],
+                "devices_in_use": busy,
+            }
+    return shared
+
+
 def report_document(
     fleet: str, workload: str, engine: str, summaries: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -131,13 +172,20 @@ def report_document(
     }
 
 
-def _totals(summary: Mapping[str, Any]) -> dict[str, int]:
-    devices = summary["overall"]["devices"].values()
-    return {key: sum(d[key] for d in devices) for key in ("capacity", "used", "free", "stranded")}
-
-
 def _comparison(summary: Mapping[str, Any]) -> dict[str, Any]:
-    return {"variant": summary["variant"], **summary["overall"]["pods"], **_totals(summary)}
+    """A run's pods, and its devices per resource (never added across resources; a
+    shared resource's units beside its physical devices)."""
+    shared: dict[str, dict[str, int]] = {}
+    for resources in summary.get("shared", {}).values():
+        for resource, counts in resources.items():
+            total = shared.setdefault(resource, {"devices": 0, "devices_in_use": 0})
+            total["devices"] += counts["devices"]
+            total["devices_in_use"] += counts["devices_in_use"]
+    devices = {
+        resource: dict(counts) | ({"physical": shared[resource]} if resource in shared else {})
+        for resource, counts in summary["overall"]["devices"].items()
+    }
+    return {"variant": summary["variant"], **summary["overall"]["pods"], "devices": devices}
 
 
 def report_text(document: Mapping[str, Any]) -> str:
@@ -162,14 +210,34 @@ def report_text(document: Mapping[str, Any]) -> str:
                 )
         header = ["POOL", "NODES", "DEVICES", "CAPACITY", "USED", "FREE", "STRANDED"]
         lines += table([*header, "RUNNING", "FAILED", "PENDING"], rows, indent="  ")
-        for message, count in summary["scheduler_reasons"].items():
-            lines.append(f"  pending {count}: {message}")
+        for reason, info in summary["pending_reasons"].items():
+            more = info["messages"] - 1
+            also = f" (and {more} other message{'s' * (more > 1)})" if more else ""
+            lines.append(f"  pending {info['pods']}: {reason}: {info['example']}{also}")
         for reason, info in summary["kubelet_reasons"].items():
             lines.append(f"  failed {info['pods']}: {reason}: {info['message']}")
+        for pool, resources in summary.get("shared", {}).items():
+            for resource, c in resources.items():
+                lines.append(
+                    f"  shared {pool} {resource}: {c['units']} units on {c['devices']} "
+                    f"devices ({c['units_used']} units used, on {c['devices_in_use']} devices); "
+                    "units are not capacity"
+                )
     if len(document["runs"]) > 1:
         lines += ["", "compared:"]
-        keys = ("Running", "Failed", "Pending", "used", "free", "stranded")
-        rows = [[c["variant"], *(str(c[k]) for k in keys)] for c in document["comparison"]]
-        header = ["RUN", "RUNNING", "FAILED", "PENDING", "DEVICES USED", "FREE", "STRANDED"]
-        lines += table(header, rows, indent="  ")
+        rows = [[c["variant"], *(str(c[k]) for k in PHASES)] for c in document["comparison"]]
+        lines += table(["RUN", "RUNNING", "FAILED", "PENDING"], rows, indent="  ")
+        rows = []
+        for c in document["comparison"]:
+            for resource, d in c["devices"].items():
+                physical = d.get("physical")
+                shared = (
+                    f"{d['capacity']} units on {physical['devices']} devices" if physical else "-"
+                )
+                rows.append(
+                    [c["variant"], resource, *(str(d[k]) for k in ("capacity", "used", "free",
+                     "stranded")), shared]
+                )  # fmt: skip
+        header = ["RUN", "DEVICES", "CAPACITY", "USED", "FREE", "STRANDED", "SHARED"]
+        lines += ["", *table(header, rows, indent="  ")]
     return "\n".join(lines)

@@ -161,6 +161,7 @@ def fake_host(text: str) -> dict[str, Any]:
         count: 8                        # GPUs of this kind (1 by default)
         numa: [0, 0, 0, 0, 1, 1, 1, 1]  # or one number for all
         mig: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]   # MIG on, these instances
+        fabric: {clusterUuid: <UUID>, cliqueId: 1}  # an NVLink fabric (GB200 NVL)
     nvlink: pairs      # none (default), pairs (0-1, 2-3...) or all (NVSwitch)
     """
     data = yaml.safe_load(text) or {}
@@ -171,6 +172,8 @@ def fake_host(text: str) -> dict[str, Any]:
         for k in range(count):
             node = numa[k] if isinstance(numa, list) else numa
             gpus.append(gpu(len(gpus), model_key=group["model"], numa=node, mig=group.get("mig")))
+            if "fabric" in group:  # NVLink fabric: {clusterUuid, cliqueId[, state, status]}
+                gpus[-1]["fabric"] = dict(group["fabric"])
     nvlink = data.get("nvlink", "none")
     if nvlink == "pairs":
         for a in range(0, len(gpus) - 1, 2):

@@ -83,6 +83,8 @@ nvmlEventTypeXidCriticalError = _real.nvmlEventTypeXidCriticalError
 nvmlEventTypeDoubleBitEccError = _real.nvmlEventTypeDoubleBitEccError
 nvmlEventTypeSingleBitEccError = _real.nvmlEventTypeSingleBitEccError
 c_nvmlDevice_t = _real.c_nvmlDevice_t
+c_nvmlGpuFabricInfo_t = _real.c_nvmlGpuFabricInfo_t
+NVML_GPU_FABRIC_STATE_COMPLETED = _real.NVML_GPU_FABRIC_STATE_COMPLETED
 c_nvmlEventSet_t = _real.c_nvmlEventSet_t
 c_nvmlGpuInstance_t = _real.c_nvmlGpuInstance_t
 c_nvmlComputeInstance_t = _real.c_nvmlComputeInstance_t
@@ -383,6 +385,22 @@ def nvmlDeviceGetPersistenceMode(handle: Any) -> int:
     """NVML_FEATURE_ENABLED unless the GPU says 'persistence': false."""
     _, entry, _ = _target(handle)
     return int(bool(entry.get("persistence", True)))
+
+
+def nvmlDeviceGetGpuFabricInfo(device: Any, gpuFabricInfo: Any) -> int:
+    """A GPU's NVLink fabric (`fabric: {clusterUuid, cliqueId, state, status}`, as on a
+    GB200 NVL rack); NotSupported for a GPU without one, as NVML answers before Hopper."""
+    _, entry, _ = _target(device)
+    fabric = entry.get("fabric")
+    if fabric is None:
+        raise NVMLError_NotSupported()
+    info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)  # byref(struct), as C takes it
+    raw = bytes.fromhex(str(fabric["clusterUuid"]).replace("-", ""))
+    ctypes.memmove(ctypes.addressof(info.clusterUuid), raw, len(raw))
+    info.cliqueId = int(fabric.get("cliqueId", 0))
+    info.state = int(fabric.get("state", NVML_GPU_FABRIC_STATE_COMPLETED))
+    info.status = int(fabric.get("status", 0))
+    return 0
 
 
 def nvmlDeviceGetComputeMode(handle: Any) -> int:

@@ -6,9 +6,10 @@ NVIDIA's plugin generates the spec's driver edits itself (nvidia-container-toolk
 library). devplug takes them from the host's NVIDIA spec (kind `nvidia.com/gpu`, from
 `nvidia-ctk cdi generate`, in the folders `nvidia-ctk cdi list` reads) where one exists:
 each device gets the edits of the host's device of the same UUID or index, and the
-spec the host spec's common edits (driver libraries, hooks). Without one, each device
-gets its device nodes and the spec the driver's shared nodes (/dev/nvidiactl...);
-the driver's libraries then come from the container runtime, if at all.
+spec the host spec's common edits (driver libraries, hooks). Without one (CDI
+strategies alone are then refused: the plugin's start problem), each device gets its
+device nodes and the spec the driver's shared nodes (/dev/nvidiactl...), the libraries
+coming from the NVIDIA runtime through `envvar`.
 """
 
 from __future__ import annotations

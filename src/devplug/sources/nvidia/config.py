@@ -24,10 +24,10 @@ Sharing = Literal["timeSlicing", "mps"]
 
 
 class MpsSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
-    """MPS sharing: one control daemon per shared GPU, its folders under `root`."""
+    """MPS sharing: one control daemon per shared resource, its folders under `root`."""
 
-    # <root>/<resource>/<GPU UUID>/{pipe,log} and <root>/shm, the same path on the host
-    # and in the daemon's container (the client containers get them mounted).
+    # <root>/<resource>/{pipe,log} and <root>/shm on the host, as NVIDIA's plugin lays
+    # them out (a client container gets the pipe folder at /mps/<resource>/pipe).
     root: str = "/run/nvidia/mps"
     # The control daemon's program: a name looked up on PATH, or a path.
     control: str = "nvidia-cuda-mps-control"
@@ -185,19 +185,13 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
         if not 1 <= count <= MAX_REPLICAS:
             fail(key, f"expected an integer from 1 to {MAX_REPLICAS}, got {count}")
     if spec.sharing == "mps":
-        if spec.fail_requests_greater_than_one is False:
-            fail(
-                f"{at}.failRequestsGreaterThanOne",
-                "must stay true with MPS: each GPU has its own MPS daemon and a container "
-                "gets one replica",
-            )
         if spec.resource_replicas:
             if min(spec.resource_replicas.values()) < 2:
                 fail(f"{at}.resourceReplicas", "MPS sharing needs at least 2 replicas per GPU")
         elif spec.replicas < 2:
             fail(f"{at}.replicas", "MPS sharing needs at least 2 replicas per GPU")
-        if spec.mig_strategy != "none":
-            fail(f"{at}.sharing", "MPS sharing is not supported with MIG (migStrategy none only)")
+        if spec.mig_strategy == "mixed":  # NVIDIA's: single is checked on the GPUs
+            fail(f"{at}.migStrategy", "migStrategy mixed is not supported with MPS")
         if not spec.mps.root.startswith("/"):
             fail(f"{at}.mps.root", f"expected an absolute path, got {spec.mps.root!r}")
         if not spec.mps.control:

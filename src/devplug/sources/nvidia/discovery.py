@@ -24,7 +24,7 @@ from devplug.sources.nvidia.config import (
     replicas_of,
 )
 from devplug.sources.nvidia.mig import resource_suffix
-from devplug.sources.nvidia.mps import client_edits, mps_gpu
+from devplug.sources.nvidia.mps import client_edits
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo, NvmlView
 
 VENDOR_ID = "0x10de"
@@ -190,11 +190,32 @@ def units(
             resource = mig_resource(mig, name, spec)
             nodes = (gpu_node, *caps, *shared)
             found.append(Unit(mig.uuid, gpu, mig, resource, numa, nodes, mig_attributes, kind))
-    if spec.mig_strategy == "single" and (problem := single_problem(view)):
-        warnings.append(
-            f"migStrategy single expects every GPU in MIG mode with one profile: {problem}"
-        )
     return found, warnings
+
+
+_SMALLER_CI = re.compile(r"[0-9]+c\.")
+
+
+def layout_problem(view: NvmlView, spec: NvidiaSpec) -> str:
+    """Why NVIDIA's plugin would not start on this MIG layout ('' when it would): MPS
+    with MIG devices; with `single`, GPUs with and without MIG, an empty MIG GPU or two
+    profiles (it would serve a MIG slice as a whole GPU); with `mixed` and NVIDIA's
+    config file, a compute instance smaller than its GPU instance, which no resource of
+    NVIDIA's matches."""
+    migs = any(g.mig_enabled and g.migs for g in view.gpus)
+    if spec.sharing == "mps" and spec.mig_strategy != "none" and migs:
+        return "sharing using MPS is not supported for MIG devices"
+    if spec.mig_strategy == "single" and (problem := single_problem(view)):
+        return f"migStrategy single needs every GPU in MIG mode with one profile: {problem}"
+    if spec.mig_strategy == "mixed" and spec.nvidia_config is not None:
+        for gpu in view.gpus:
+            for mig in gpu.migs if gpu.mig_enabled else ():
+                if _SMALLER_CI.match(mig.profile):
+                    return (
+                        f"MIG profile {mig.profile!r} of GPU {gpu.index} does not match any "
+                        "resource patterns (a compute instance smaller than its GPU instance)"
+                    )
+    return ""
 
 
 def single_problem(view: NvmlView) -> str:
@@ -246,8 +267,7 @@ def devices(unit: Unit, spec: NvidiaSpec, healthy: bool, reason: str = "") -> li
     if any(s in CDI_STRATEGIES for s in spec.device_list_strategy):
         cdi = (f"{CDI_KIND}={ident}",)
     if spec.sharing == "mps":
-        gpu = mps_gpu(spec, unit.resource, unit.uuid, unit.gpu.index, unit.gpu.memory)
-        mps_env, mps_mounts = client_edits(gpu, spec)
+        mps_env, mps_mounts = client_edits(unit.resource, spec)
         env |= mps_env
         mounts += mps_mounts
     return [

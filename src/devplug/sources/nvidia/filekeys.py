@@ -11,6 +11,7 @@ returns the data with NVIDIA's spelling and the dotted paths of the keys ignored
 
 from __future__ import annotations
 
+import functools
 import typing
 from typing import Any
 
@@ -37,13 +38,19 @@ def _is_list(annotation: Any) -> bool:
     return any(_is_list(arg) for arg in typing.get_args(annotation))
 
 
+@functools.cache
+def _fields(struct: type[msgspec.Struct]) -> dict[str, msgspec.structs.FieldInfo]:
+    """A struct's fields by the key that names them (resolving the annotations once)."""
+    return {f.encode_name: f for f in msgspec.structs.fields(struct)}
+
+
 def match(data: Any, struct: type[msgspec.Struct], at: str, ignored: list[str]) -> Any:
     """`data` (a decoded mapping for `struct`) with each key spelled as the field it
     matches; keys that match none are left out and named in `ignored`."""
     if not isinstance(data, dict):
         return data  # msgspec names the wrong shape
     exact = struct.__name__ in _EXACT
-    fields = {f.encode_name: f for f in msgspec.structs.fields(struct)}
+    fields = _fields(struct)
     folded = {name.casefold(): name for name in fields}
     out: dict[str, Any] = {}
     for key, value in data.items():

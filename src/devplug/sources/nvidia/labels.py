@@ -8,7 +8,7 @@ mig.capable, mps.capable, and the driver and CUDA versions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from devplug.framework.device import Device
@@ -16,7 +16,7 @@ from devplug.framework.preferred import physical_id
 from devplug.outputs.nfd import MAX_LABEL_VALUE, label_value
 from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
 from devplug.sources.nvidia.discovery import Unit, host_path, single_problem
-from devplug.sources.nvidia.nvml import MigInfo
+from devplug.sources.nvidia.nvml import GpuInfo, MigInfo
 
 if TYPE_CHECKING:
     from devplug.sources.nvidia.source import GpuSource
@@ -35,6 +35,7 @@ FAMILIES = {
     9: "hopper",
     10: "blackwell",  # Blackwell has two compute capabilities, 10.x and 12.x
     12: "blackwell",
+    13: "rubin",
 }
 # gpu.mode by PCI class: a 3D controller computes, a VGA controller drives displays.
 GPU_MODES = {"0x030200": "compute", "0x030000": "graphics"}
@@ -78,9 +79,19 @@ def _mig_labels(resource: str, mig: MigInfo) -> dict[str, str]:
     return {f"{resource}.{key}": str(value) for key, value in values.items()}
 
 
-def _resource_labels(resource: str, product: str, count: int, spec: NvidiaSpec) -> dict[str, str]:
+def _resource_labels(
+    resource: str, product: str, count: int, spec: NvidiaSpec, sharing: bool = True
+) -> dict[str, str]:
     """Product, count, replicas and sharing strategy, as GFD labels them: a shared
-    resource's product ends in -SHARED unless it is served renamed ('.shared')."""
+    resource's product ends in -SHARED unless it is served renamed ('.shared');
+    without `sharing` (GFD's labels of MIG-enabled GPUs) replicas are 0."""
+    if not sharing:
+        return {
+            f"{resource}.product": _product(product),
+            f"{resource}.count": str(count),
+            f"{resource}.replicas": "0",
+            f"{resource}.sharing-strategy": "none",
+        }
     replicas = replicas_of(spec, resource)
     shared = replicas > 1
     strategy = "mps" if spec.sharing == "mps" else "time-slicing"
@@ -106,8 +117,9 @@ def node_labels(
     gpu = f"{domain}/gpu"
     labels: dict[str, str] = {}
     if view.gpus:
-        first = view.gpus[0]
-        labels |= _resource_labels(gpu, first.model, len(view.gpus), spec)
+        first = _labelled_gpu(view.gpus)
+        count = sum(g.model == first.model for g in view.gpus)  # GFD counts per model
+        labels |= _resource_labels(gpu, first.model, count, spec, not first.mig_enabled)
         labels[f"{gpu}.memory"] = _mib(first.memory)
         if spec.mig_strategy == "single" and any(g.mig_enabled for g in view.gpus):
             if single_problem(view):
@@ -128,6 +140,8 @@ def node_labels(
             f"{gpu}.mode": _gpu_mode(source.units),
             f"{gpu}.machine": _machine(spec.host_root, spec.machine_type_file),
         }
+    if clique := _clique(view.gpus):
+        labels[f"{gpu}.clique"] = clique
     labels[f"{domain}/mig.capable"] = str(any(g.mig_capable for g in view.gpus)).lower()
     if spec.mig_strategy != "none":  # GFD labels a strategy only when there is one
         labels[f"{domain}/mig.strategy"] = spec.mig_strategy
@@ -135,6 +149,14 @@ def node_labels(
     labels[f"{domain}/mps.capable"] = str(mps).lower()
     labels |= _version_labels(domain, view.driver_version, view.cuda_version)
     return labels
+
+
+def _labelled_gpu(gpus: Sequence[GpuInfo]) -> GpuInfo:
+    """The GPU whose model GFD's full-GPU labels describe: GFD labels each model and a
+    GPU without MIG over one with MIG; between models its order is Go's map order,
+    devplug's the lowest index."""
+    full = [g for g in gpus if not g.mig_enabled]
+    return (full or list(gpus))[0]
 
 
 def _served_labels(
@@ -152,6 +174,16 @@ def _served_labels(
         return labels
     labels = _resource_labels(resource, f"{first.gpu.model}-MIG-{first.mig.profile}", number, spec)
     return labels | _mig_labels(resource, first.mig)
+
+
+def _clique(gpus: Sequence[GpuInfo]) -> str:
+    """'<cluster UUID>.<clique ID>' of the NVLink fabric the GPUs are attached to, as
+    GFD labels it: only when every attached GPU names the same ones."""
+    fabrics = {g.fabric for g in gpus if g.fabric is not None}
+    if len(fabrics) != 1:
+        return ""
+    [(cluster, clique)] = fabrics
+    return label_value(f"{cluster}.{clique}")
 
 
 def _gpu_mode(units: list[Unit]) -> str:

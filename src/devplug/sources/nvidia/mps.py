@@ -1,15 +1,19 @@
-"""MPS sharing: one CUDA MPS control daemon per shared GPU, started and supervised here.
+"""MPS sharing as NVIDIA's plugin lays it out: one CUDA MPS control daemon per shared
+resource, started and supervised here.
 
-Each GPU served with `sharing: mps` gets `nvidia-cuda-mps-control -d` with its own pipe
-and log folders (`<mps.root>/<resource>/<GPU UUID>/{pipe,log}`) and only that GPU
-visible; through its control interface (commands on the program's stdin, as NVIDIA's
-device plugin sends them) it is told the limits of one replica: the GPU's memory and
-100 % of its SMs divided by the replicas (`set_default_device_pinned_mem_limit`,
-`set_default_active_thread_percentage`). The GPU is put in EXCLUSIVE_PROCESS compute
-mode first, as NVIDIA's plugin does, and given back the mode it had when the daemon is
-stopped.
+Each resource served with `sharing: mps` gets `nvidia-cuda-mps-control -d` with its
+pipe and log folders under `mps.root` at NVIDIA's paths (`<root>/<resource>/pipe`,
+`<root>/<resource>/log`, the resource name's '/' a folder: `nvidia.com/gpu/pipe`) and
+its GPUs visible; through its control interface (commands on the program's stdin, as
+NVIDIA's plugin sends them) it is told the limits of one replica on each GPU: the GPU's
+memory and 100 % of its SMs divided by the replicas (`set_default_device_pinned_mem_limit`,
+`set_default_active_thread_percentage`). A container gets what NVIDIA's plugin gives it:
+the pipe folder at `/mps/<resource>/pipe` (CUDA_MPS_PIPE_DIRECTORY) and `<root>/shm`
+as /dev/shm, so a workload written for NVIDIA's MPS runs unchanged. The GPUs are put
+in EXCLUSIVE_PROCESS compute mode first, as NVIDIA's plugin does, and given back the
+mode they had when the daemon is stopped.
 Every `mps.checkSeconds` each daemon is asked `get_default_active_thread_percentage`;
-one that does not answer has its replicas Unhealthy and is started again.
+one that does not answer has its resource's replicas Unhealthy and is started again.
 """
 
 from __future__ import annotations
@@ -20,58 +24,61 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from devplug.framework.device import Mount
 from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
 
 log = logging.getLogger("devplug.sources.nvidia.mps")
 
-SHM = "shm"  # <root>/shm: the /dev/shm clients and the daemon share
+SHM = "shm"  # <root>/shm: the /dev/shm clients and the daemons share
+CONTAINER_ROOT = "/mps"  # where a container finds the pipe folder (NVIDIA's)
 
 
 @dataclass(frozen=True, slots=True)
 class MpsGpu:
-    """One shared GPU and where its daemon's folders are."""
+    """One GPU of a shared resource."""
 
     uuid: str
     index: int
     memory: int  # bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MpsResource:
+    """One shared resource, its GPUs, and where its daemon's folders are."""
+
+    name: str
+    gpus: tuple[MpsGpu, ...]
     replicas: int
     pipe: Path
     log: Path
 
-    def limits(self) -> tuple[str, str]:
-        """(pinned memory per replica as MPS writes it, SM percentage per replica)."""
-        memory = f"{self.memory // self.replicas // (1024 * 1024)}M"
-        return memory, f"{100 // self.replicas}"
+    def memory_limits(self) -> list[str]:
+        """Pinned memory per replica on each GPU, in the daemon's device order."""
+        return [f"{g.memory // self.replicas // (1024 * 1024)}M" for g in self.gpus]
+
+    def percentage(self) -> str:
+        return f"{100 // self.replicas}"
 
 
-def folder(root: str, resource: str, uuid: str) -> Path:
-    return Path(root) / resource.replace("/", "_") / uuid
+def folder(root: str, resource: str) -> Path:
+    return Path(root, *PurePosixPath(resource).parts)
 
 
-def mps_gpu(spec: NvidiaSpec, resource: str, uuid: str, index: int, memory: int) -> MpsGpu:
-    base = folder(spec.mps.root, resource, uuid)
-    return MpsGpu(uuid, index, memory, replicas_of(spec, resource), base / "pipe", base / "log")
+def mps_resource(spec: NvidiaSpec, resource: str, gpus: Iterable[MpsGpu]) -> MpsResource:
+    base = folder(spec.mps.root, resource)
+    ordered = tuple(sorted(gpus, key=lambda g: g.index))
+    return MpsResource(resource, ordered, replicas_of(spec, resource), base / "pipe", base / "log")
 
 
-def client_edits(gpu: MpsGpu, spec: NvidiaSpec) -> tuple[dict[str, str], tuple[Mount, ...]]:
-    """What a container using a replica needs: the daemon's pipe folder (where CUDA
-    finds it), its log folder, the shared /dev/shm, and its replica's limits."""
-    memory, percentage = gpu.limits()
-    env = {
-        "CUDA_MPS_PIPE_DIRECTORY": str(gpu.pipe),
-        "CUDA_MPS_LOG_DIRECTORY": str(gpu.log),
-        # Client-side limits: at most the daemon's defaults, for a client that asks.
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory}",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": percentage,
-    }
-    mounts = (
-        Mount(str(gpu.pipe)),
-        Mount(str(gpu.log)),
-        Mount(str(Path(spec.mps.root) / SHM), "/dev/shm"),
-    )
+def client_edits(resource: str, spec: NvidiaSpec) -> tuple[dict[str, str], tuple[Mount, ...]]:
+    """What a container using a replica needs, as from NVIDIA's plugin: the daemon's
+    pipe folder (where CUDA finds it) and the shared /dev/shm."""
+    pipe = folder(spec.mps.root, resource) / "pipe"
+    in_container = str(PurePosixPath(CONTAINER_ROOT, resource, "pipe"))
+    env = {"CUDA_MPS_PIPE_DIRECTORY": in_container}
+    mounts = (Mount(str(pipe), in_container), Mount(str(Path(spec.mps.root) / SHM), "/dev/shm"))
     return env, mounts
 
 
@@ -80,7 +87,7 @@ ComputeMode = Callable[[int, int | None], Awaitable[int]]
 
 
 class MpsDaemons:
-    """The control daemons of one resource's shared GPUs, kept running."""
+    """The control daemons of an entry's shared resources, kept running."""
 
     def __init__(
         self,
@@ -91,27 +98,27 @@ class MpsDaemons:
         self.spec = spec
         self.compute_mode = compute_mode
         self.changed = changed
-        self.gpus: dict[str, MpsGpu] = {}
-        self._running: set[str] = set()  # UUIDs whose daemon answered last time
-        self._started: dict[str, MpsGpu] = {}  # daemons started (or tried) here, to stop
-        self._failing: set[str] = set()  # UUIDs whose daemon cannot start (said once)
-        self._modes: dict[str, int] = {}  # the compute mode each GPU had, given back on stop
+        self.resources: dict[str, MpsResource] = {}
+        self._running: set[str] = set()  # resources whose daemon answered last time
+        self._started: dict[str, MpsResource] = {}  # daemons started (or tried) here
+        self._failing: set[str] = set()  # resources whose daemon cannot start (said once)
+        self._modes: dict[int, int] = {}  # the compute mode each GPU had, given back on stop
         self._lock = asyncio.Lock()  # one round (start, check or stop) at a time
         self._closed = False
 
-    def healthy(self, uuid: str) -> bool:
-        return uuid in self._running
+    def healthy(self, resource: str) -> bool:
+        return resource in self._running
 
-    async def update(self, gpus: Iterable[MpsGpu]) -> None:
-        """Serve these GPUs: stop the daemons of GPUs gone, start those missing (all at
-        once, so that the first device list already has them running)."""
+    async def update(self, resources: Iterable[MpsResource]) -> None:
+        """Serve these resources: stop the daemons of resources gone or changed, start
+        those missing (all at once, so that the first device list has them running)."""
         async with self._lock:
             if self._closed:
                 return
-            self.gpus = {g.uuid: g for g in gpus}
-            gone = [g for u, g in self._started.items() if u not in self.gpus]
-            await asyncio.gather(*(self._stop(g) for g in gone))
-            await asyncio.gather(*(self._keep(g) for g in self.gpus.values()))
+            self.resources = {r.name: r for r in resources if r.gpus}
+            gone = [r for n, r in self._started.items() if self.resources.get(n) != r]
+            await asyncio.gather(*(self._stop(r) for r in gone))
+            await asyncio.gather(*(self._keep(r) for r in self.resources.values()))
 
     async def supervise(self) -> None:
         """Every `mps.checkSeconds`, ask each daemon; start again those that do not answer."""
@@ -120,86 +127,93 @@ class MpsDaemons:
             async with self._lock:
                 if self._closed:
                     return
-                await asyncio.gather(*(self._keep(g) for g in self.gpus.values()))
+                await asyncio.gather(*(self._keep(r) for r in self.resources.values()))
 
     async def stop(self) -> None:
-        """Stop every daemon started here and give its GPU back the mode it had."""
+        """Stop every daemon started here and give its GPUs back the modes they had."""
         async with self._lock:
             self._closed = True
-            await asyncio.gather(*(self._stop(g) for g in list(self._started.values())))
+            await asyncio.gather(*(self._stop(r) for r in list(self._started.values())))
 
-    async def _keep(self, gpu: MpsGpu) -> None:
-        answers = await self._answers(gpu)
-        if answers and gpu.uuid in self._started:
-            if gpu.uuid not in self._running:
-                self._running.add(gpu.uuid)
+    async def _keep(self, resource: MpsResource) -> None:
+        name = resource.name
+        answers = await self._answers(resource)
+        if answers and name in self._started:
+            if name not in self._running:
+                self._running.add(name)
                 self.changed()
             return
-        if gpu.uuid in self._running:
-            log.warning("MPS control daemon of %s does not answer: starting it again", gpu.uuid)
-            self._running.discard(gpu.uuid)
+        if name in self._running:
+            log.warning("MPS control daemon of %s does not answer: starting it again", name)
+            self._running.discard(name)
             self.changed()
-        self._started[gpu.uuid] = gpu  # the compute mode may change: put back on stop
+        self._started[name] = resource  # the compute modes may change: put back on stop
         try:
-            # One already answering in this GPU's folder was left by an earlier run of
-            # devplug: it is kept and told the limits again.
-            await self._start(gpu, launch=not answers)
+            # One already answering in this resource's folder was left by an earlier run
+            # of devplug (or NVIDIA's daemon): it is kept and told the limits again.
+            await self._start(resource, launch=not answers)
         except (OSError, RuntimeError) as error:
-            if gpu.uuid not in self._failing:
-                log.warning("MPS control daemon of %s cannot start: %s", gpu.uuid, error)
-            self._failing.add(gpu.uuid)
+            if name not in self._failing:
+                log.warning("MPS control daemon of %s cannot start: %s", name, error)
+            self._failing.add(name)
             return
-        self._failing.discard(gpu.uuid)
-        self._running.add(gpu.uuid)
+        self._failing.discard(name)
+        self._running.add(name)
         self.changed()
 
-    async def _stop(self, gpu: MpsGpu) -> None:
-        code, _ = await self._control(gpu, [], "quit\n")
+    async def _stop(self, resource: MpsResource) -> None:
+        code, _ = await self._control(resource, [], "quit\n")
         if code == 0:
-            log.info("MPS control daemon of %s stopped", gpu.uuid)
-        if (mode := self._modes.pop(gpu.uuid, None)) is not None:
-            with contextlib.suppress(Exception):
-                await self.compute_mode(gpu.index, mode)
-        self._started.pop(gpu.uuid, None)
-        self._running.discard(gpu.uuid)
+            log.info("MPS control daemon of %s stopped", resource.name)
+        for gpu in resource.gpus:
+            if (mode := self._modes.pop(gpu.index, None)) is not None:
+                with contextlib.suppress(Exception):
+                    await self.compute_mode(gpu.index, mode)
+        self._started.pop(resource.name, None)
+        self._running.discard(resource.name)
 
-    async def _start(self, gpu: MpsGpu, *, launch: bool) -> None:
-        for path in (gpu.pipe, gpu.log, Path(self.spec.mps.root) / SHM):
+    async def _start(self, resource: MpsResource, *, launch: bool) -> None:
+        for path in (resource.pipe, resource.log, Path(self.spec.mps.root) / SHM):
             path.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(Exception):  # not allowed everywhere: MPS works without
-            before = await self.compute_mode(gpu.index, None)
-            self._modes.setdefault(gpu.uuid, before)
+        for gpu in resource.gpus:
+            with contextlib.suppress(Exception):  # not allowed everywhere: MPS works without
+                before = await self.compute_mode(gpu.index, None)
+                self._modes.setdefault(gpu.index, before)
         if launch:
-            code, output = await self._control(gpu, ["-d"], None)
+            code, output = await self._control(resource, ["-d"], None)
             if code != 0:
                 raise RuntimeError(f"{self.spec.mps.control} -d exited {code}: {output.strip()}")
-        memory, percentage = gpu.limits()
+        memory = resource.memory_limits()
         commands = [
-            f"set_default_device_pinned_mem_limit 0 {memory}",
-            f"set_default_active_thread_percentage {percentage}",
+            *(f"set_default_device_pinned_mem_limit {i} {m}" for i, m in enumerate(memory)),
+            f"set_default_active_thread_percentage {resource.percentage()}",
         ]
-        code, output = await self._control(gpu, [], "\n".join(commands) + "\n")
+        code, output = await self._control(resource, [], "\n".join(commands) + "\n")
         if code != 0:
             raise RuntimeError(f"setting the limits failed ({code}): {output.strip()}")
         log.info(
-            "MPS control daemon of %s %s: %s pinned memory, %s %% of the SMs per replica",
-            gpu.uuid,
+            "MPS control daemon of %s %s on %d GPU(s): %s pinned memory, %s %% of the SMs "
+            "per replica",
+            resource.name,
             "started" if launch else "kept from before",
-            memory,
-            percentage,
+            len(resource.gpus),
+            ", ".join(memory),
+            resource.percentage(),
         )
 
-    async def _answers(self, gpu: MpsGpu) -> bool:
-        code, _ = await self._control(gpu, [], "get_default_active_thread_percentage\n")
+    async def _answers(self, resource: MpsResource) -> bool:
+        code, _ = await self._control(resource, [], "get_default_active_thread_percentage\n")
         return code == 0
 
-    async def _control(self, gpu: MpsGpu, args: list[str], stdin: str | None) -> tuple[int, str]:
-        """Run the control program for `gpu`: (exit status, what it printed)."""
+    async def _control(
+        self, resource: MpsResource, args: list[str], stdin: str | None
+    ) -> tuple[int, str]:
+        """Run the control program for `resource`: (exit status, what it printed)."""
         env = {
             **os.environ,
-            "CUDA_MPS_PIPE_DIRECTORY": str(gpu.pipe),
-            "CUDA_MPS_LOG_DIRECTORY": str(gpu.log),
-            "CUDA_VISIBLE_DEVICES": gpu.uuid,
+            "CUDA_MPS_PIPE_DIRECTORY": str(resource.pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(resource.log),
+            "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in resource.gpus),
         }
         try:
             process = await asyncio.create_subprocess_exec(

@@ -306,8 +306,8 @@ def apply(spec: NvidiaSpec, config: NvidiaFile, source: str) -> None:
     key = "mps" if spec.sharing == "mps" else "timeSlicing"
     spec.rename_shared = shared.rename_by_default
     spec.fail_requests_greater_than_one = shared.fail_requests_greater_than_one
-    if spec.sharing == "mps":
-        spec.fail_requests_greater_than_one = True  # one daemon per GPU: one replica each
+    if spec.sharing == "mps" and shared.fail_requests_greater_than_one is None:
+        spec.fail_requests_greater_than_one = True  # NVIDIA's default with MPS
     renamed = devices = False
     for resource in shared.resources:
         spec.resource_replicas[resource_name(resource.name)] = resource.replicas

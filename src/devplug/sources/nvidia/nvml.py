@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import importlib
 import os
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,8 @@ class GpuInfo:
     # container without the MIG monitor capability); empty when they can.
     mig_problem: str = ""
     max_mig_devices: int = 0
+    # The NVLink fabric it is attached to (cluster UUID, clique ID), or None.
+    fabric: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +199,21 @@ class Nvml:
             migs=migs,
             mig_problem=problem,
             max_mig_devices=max_migs,
+            fabric=self._fabric(handle),
         )
+
+    def _fabric(self, handle: Any) -> tuple[str, str] | None:
+        """(cluster UUID, clique ID) of a GPU whose fabric registration completed, as
+        GFD reads it for gpu.clique; None where NVML has none (before Hopper)."""
+        lib = self.lib
+        info = lib.c_nvmlGpuFabricInfo_t()
+        try:
+            lib.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+        except (lib.NVMLError_NotSupported, lib.NVMLError_FunctionNotFound):
+            return None
+        if info.state != lib.NVML_GPU_FABRIC_STATE_COMPLETED or info.status != 0:
+            return None
+        return str(uuid.UUID(bytes=bytes(info.clusterUuid))), str(info.cliqueId)
 
     def _migs(self, handle: Any, total: int, slots: int) -> tuple[MigInfo, ...]:
         """The MIG devices of a GPU, each named by NVIDIA's rule from its GPU instance's

@@ -20,9 +20,10 @@ from devplug.framework.plugin import AllocationError, Plugin
 from devplug.framework.preferred import prefer_numa_local, spread_replicas
 from devplug.sources.config import ResourceSpec
 from devplug.sources.hardware import DEFAULT_DEV_ROOT
-from devplug.sources.nvidia.cdispec import spec_document
+from devplug.sources.nvidia.cdispec import host_spec, spec_document
 from devplug.sources.nvidia.config import (
     CDI_STRATEGIES,
+    cdi_only,
     fails_requests_greater_than_one,
     replicas_of,
     served_name,
@@ -56,6 +57,20 @@ class NvidiaPlugin(Plugin):
             return (
                 f"{self.resource_name}: NVML is not usable: {self.source.problem} "
                 "(failOnInitError is set: not waiting for it)"
+            )
+        if self.primary and self.nvidia.fail_on_init_error and self.source.layout_problem:
+            return (
+                f"{self.resource_name}: invalid MIG configuration: {self.source.layout_problem} "
+                "(failOnInitError is set)"
+            )
+        if self.primary and cdi_only(self.nvidia) and host_spec(self.nvidia) is None:
+            return (
+                f"{self.resource_name}: deviceListStrategy "
+                f"{','.join(self.nvidia.device_list_strategy)} alone needs the host's NVIDIA "
+                f"CDI spec (kind nvidia.com/gpu, from `nvidia-ctk cdi generate`), and "
+                f"{', '.join(self.nvidia.cdi_spec_dirs)} have none: a container would get "
+                "the GPUs' device nodes but not the driver's libraries; generate it, or add "
+                "envvar to deviceListStrategy"
             )
         if self.nvidia.imex_required and (missing := missing_channels(self.nvidia)):
             return (
@@ -102,8 +117,8 @@ class NvidiaPlugin(Plugin):
         if self.replicas > 1 and len(devices) > 1 and fails_requests_greater_than_one(nvidia):
             if nvidia.sharing == "mps":
                 why = (
-                    "a container gets one MPS replica (one GPU's control daemon, one share "
-                    "of its memory and SMs), as with NVIDIA's plugin"
+                    "a container gets one MPS replica (one share of a GPU's memory and "
+                    "SMs), as with NVIDIA's plugin unless failRequestsGreaterThanOne is false"
                 )
             else:
                 why = (

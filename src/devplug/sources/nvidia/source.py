@@ -27,7 +27,7 @@ from devplug.sources.hardware import DEFAULT_DEV_ROOT
 from devplug.sources.health import check_problem
 from devplug.sources.nvidia import blocking
 from devplug.sources.nvidia.config import NvidiaSpec
-from devplug.sources.nvidia.discovery import Unit, host_path, units
+from devplug.sources.nvidia.discovery import Unit, host_path, layout_problem, units
 from devplug.sources.nvidia.health import (
     HealthThread,
     Probe,
@@ -36,7 +36,7 @@ from devplug.sources.nvidia.health import (
     Round,
     WaitFailed,
 )
-from devplug.sources.nvidia.mps import MpsDaemons, mps_gpu
+from devplug.sources.nvidia.mps import MpsDaemons, MpsGpu, mps_resource
 from devplug.sources.nvidia.nvml import ALL_INSTANCES, RECOVERY_NONE, Nvml, NvmlView, XidEvent
 from devplug.sources.nvidia.xids import ignored_xids, xid_action
 
@@ -56,6 +56,7 @@ class GpuSource:
         self.units: list[Unit] = []
         self.warnings: list[str] = []
         self.problem = ""  # why NVML is not usable now; empty when it is
+        self.layout_problem = ""  # why the MIG layout is not served; empty when it is
         self.ready = asyncio.Event()  # the first attempt is over, success or not
         self._generation = 0
         self._changed = asyncio.Event()
@@ -165,11 +166,11 @@ class GpuSource:
         """Have a running MPS daemon for each GPU served, before the devices are listed."""
         if self.mps is None:
             return
-        await self.mps.update(
-            mps_gpu(self.spec, u.resource, u.uuid, u.gpu.index, u.gpu.memory)
-            for u in self.units
-            if u.mig is None and u.resource == self.name
-        )
+        gpus: dict[str, list[MpsGpu]] = {}
+        for u in self.units:
+            if u.mig is None:
+                gpus.setdefault(u.resource, []).append(MpsGpu(u.uuid, u.gpu.index, u.gpu.memory))
+        await self.mps.update(mps_resource(self.spec, r, found) for r, found in gpus.items())
         if self._mps_task is None:
             self._mps_task = asyncio.create_task(self.mps.supervise(), name=f"mps {self.name}")
 
@@ -467,16 +468,20 @@ class GpuSource:
             return f"Xid {xid}"
         if (action := self._recovery.get(index, RECOVERY_NONE)) != RECOVERY_NONE:
             return f"the driver asks for recovery action {action}"
-        if self.mps is not None and unit.mig is None and not self.mps.healthy(unit.uuid):
+        if self.mps is not None and unit.mig is None and not self.mps.healthy(unit.resource):
             return "MPS control daemon down"
         return ""
 
     def _set_view(self, view: NvmlView | None) -> None:
         self.view = view
+        self.layout_problem = ""
         if view is None:
             self.units, self.warnings = [], []
             return
         self.units, self.warnings = units(view, self.name, self.spec, self.dev_root)
+        if problem := layout_problem(view, self.spec):  # as NVIDIA's plugin: nothing served
+            self.layout_problem = problem
+            self.units, self.warnings = [], [f"invalid MIG configuration: {problem}: serving none"]
 
     def _bump(self) -> None:
         self._generation += 1
