@@ -34,6 +34,7 @@ from common import (
 )
 from dra import bench_dra
 from fleet import bench_fleet
+from gdp import bench_gdp
 from nvidia import bench_nvidia
 from placement import bench_placement
 from placement import summary as placement_summary
@@ -205,6 +206,7 @@ def main() -> int:
         from startup import bench_startup  # bench/startup.py
 
         report["startup"] = bench_startup(root)
+        report["gdp"] = bench_gdp(root)
     report["deploy"] = bench_deploy()
     report["nvidia"] = bench_nvidia()
     report["placement"] = bench_placement()
@@ -287,6 +289,15 @@ def summary(report: dict[str, Any]) -> str:
         parts.append(
             f"gpu allocate p50 {gpus['allocate_1_gpu']['p50_ms']} ms, "
             f"xid->unhealthy p50 {gpus['xid_to_unhealthy']['p50_ms']} ms"
+        )
+    gdp = report.get("gdp", {})
+    if "devplug" in gdp:
+        theirs, ours = gdp["generic_device_plugin"], gdp["devplug"]
+        parts.append(
+            f"beside the generic device plugin: listed {ours['start_to_listed_ms']['median']} "
+            f"vs {theirs['start_to_listed_ms']['median']} ms, allocate p50 "
+            f"{ours['allocate']['p50_ms']} vs {theirs['allocate']['p50_ms']} ms, rss "
+            f"{ours['rss_mib']['after_allocate']} vs {theirs['rss_mib']['after_allocate']} MiB"
         )
     if "placement" in report:
         parts.append(placement_summary(report["placement"]))

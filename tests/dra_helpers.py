@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import stat
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from tests.sim_helpers import cli_command, stop_process
+
+if TYPE_CHECKING:
+    from devplug.simulator import Kubelet
 
 DRIVER = "acc.example.com"
 RESOURCE = "example.com/acc"
@@ -234,3 +238,20 @@ def claim_pod(name: str, claim: str, *, pod_claim: str = "acc") -> dict[str, Any
             ],
         },
     }
+
+
+@contextlib.asynccontextmanager
+async def serving(dirs: NodeDirs, config: Path) -> AsyncIterator[Kubelet]:
+    """The simulated kubelet with the real daemon serving `config`, its driver registered."""
+    async with kubelet_for(dirs) as kubelet:
+        daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+        try:
+            await kubelet.wait_for_registration(DRIVER)
+            yield kubelet
+        finally:
+            daemon.stop()
+
+
+def write_claim(dirs: NodeDirs, name: str, uid: str, devices: list[str]) -> None:
+    dirs.claims.mkdir(exist_ok=True)
+    (dirs.claims / f"{name}.yaml").write_text(yaml.safe_dump(allocated_claim(name, uid, devices)))

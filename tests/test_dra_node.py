@@ -5,10 +5,8 @@ prepare with per-claim CDI specs, idempotence, unprepare, restarts, health, bad 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -22,7 +20,6 @@ from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as healthgrpc
 from devplug.api.pluginregistration.v1 import api_pb2 as regpb
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reggrpc
 from devplug.framework.channel import unix_channel
-from devplug.simulator import Kubelet
 from devplug.simulator.report import node_text
 from devplug.simulator.results import REASON_FAILED_PREPARE, REASON_UNSCHEDULABLE
 from tests.dra_helpers import (
@@ -36,6 +33,8 @@ from tests.dra_helpers import (
     kubelet_for,
     kubelet_process,
     serve_command,
+    serving,
+    write_claim,
 )
 from tests.hw_helpers import validate_cdi
 from tests.serve_helpers import free_port, http_get
@@ -43,23 +42,6 @@ from tests.sim_helpers import run
 
 MODELS = {"acc0": "u250", "acc1": "u280"}
 CDI_KIND = f"{DRIVER}/claim"
-
-
-@contextlib.asynccontextmanager
-async def serving(dirs: NodeDirs, config: Path) -> AsyncIterator[Kubelet]:
-    """The simulated kubelet with the real daemon serving `config`, its driver registered."""
-    async with kubelet_for(dirs) as kubelet:
-        daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
-        try:
-            await kubelet.wait_for_registration(DRIVER)
-            yield kubelet
-        finally:
-            daemon.stop()
-
-
-def write_claim(dirs: NodeDirs, name: str, uid: str, devices: list[str]) -> None:
-    dirs.claims.mkdir(exist_ok=True)
-    (dirs.claims / f"{name}.yaml").write_text(yaml.safe_dump(allocated_claim(name, uid, devices)))
 
 
 @pytest.fixture
@@ -191,6 +173,7 @@ def test_health_stream_reports_a_device_that_went_away(dirs: NodeDirs) -> None:
             assert list(info.supported_versions) == [
                 "v1.DRAPlugin",
                 "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
                 "v1alpha1.DRAResourceHealth",
             ]
             async with unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel:

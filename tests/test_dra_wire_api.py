@@ -11,6 +11,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from devplug.api.dra import constants
 from devplug.api.dra.v1 import api_pb2 as dra_v1
 from devplug.api.dra.v1beta1 import api_pb2 as dra_v1beta1
+from devplug.api.drahealth.v1 import api_pb2 as health_v1
 from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from devplug.api.pluginregistration.v1 import api_pb2 as registration
 
@@ -86,6 +87,7 @@ CASES = [
     (dra_v1, "k8s.io.kubelet.pkg.apis.dra.v1", DRA_V1),
     (dra_v1beta1, "k8s.io.kubelet.pkg.apis.dra.v1beta1", DRA_V1BETA1),
     (health_v1alpha1, "v1alpha1", HEALTH_V1ALPHA1),
+    (health_v1, "v1", HEALTH_V1ALPHA1),  # the same messages, package v1
 ]
 
 
@@ -121,15 +123,16 @@ def test_services_match_the_kubelet() -> None:
         entry = response.fields_by_name["claims"].message_type
         assert entry.GetOptions().map_entry
         assert entry.fields_by_name["key"].type == S
-    assert methods(health_v1alpha1, "DRAResourceHealth") == {
-        "NodeWatchResources": (True, "NodeWatchResourcesRequest", "NodeWatchResourcesResponse")
-    }
-    status = health_v1alpha1.DESCRIPTOR.enum_types_by_name["HealthStatus"]
-    assert {v.name: v.number for v in status.values} == {
-        "UNKNOWN": 0,
-        "HEALTHY": 1,
-        "UNHEALTHY": 2,
-    }
+    for module in (health_v1, health_v1alpha1):
+        assert methods(module, "DRAResourceHealth") == {
+            "NodeWatchResources": (True, "NodeWatchResourcesRequest", "NodeWatchResourcesResponse")
+        }
+        status = module.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+        assert {v.name: v.number for v in status.values} == {
+            "UNKNOWN": 0,
+            "HEALTHY": 1,
+            "UNHEALTHY": 2,
+        }
 
 
 def test_wire_bytes_match_the_kubelet_encoding() -> None:
@@ -147,6 +150,7 @@ def test_constants() -> None:
     modules = {
         "v1.DRAPlugin": dra_v1,
         "v1beta1.DRAPlugin": dra_v1beta1,
+        "v1.DRAResourceHealth": health_v1,
         "v1alpha1.DRAResourceHealth": health_v1alpha1,
     }
     assert tuple(modules) == constants.SUPPORTED_VERSIONS

@@ -266,3 +266,44 @@ def test_list_and_watch_reports_a_removed_node_within_a_second(tmp_path: Path) -
     latency = asyncio.run(scenario())
     log.info("removal to Unhealthy in ListAndWatch: %.2f ms", latency * 1000)
     assert latency < 1.0
+
+
+def test_optional_nodes_and_required_mounts_follow_the_host(tmp_path: Path) -> None:
+    """An optional node joins the device when it comes and leaves when it goes; a
+    required mount makes its device Unhealthy while it is missing; an optional mount is
+    left out while missing."""
+    mknod(tmp_path / "main")
+    plugin = host_plugin(
+        resource(
+            f"      - id: main\n"
+            f"        paths:\n"
+            f"          - {{path: {tmp_path}/main}}\n"
+            f"          - {{path: {tmp_path}/extra, optional: true}}\n"
+            f"      - id: data\n"
+            f"        mounts:\n"
+            f"          - {{hostPath: {tmp_path}/data, containerPath: /data, required: true}}\n"
+            f"          - {{hostPath: {tmp_path}/opt, optional: true}}\n"
+        )
+    )
+    main, extra = str(tmp_path / "main"), str(tmp_path / "extra")
+
+    def device(device_id: str) -> Device:
+        return plugin.devices[device_id]
+
+    async def scenario() -> None:
+        async with scanning(plugin):
+            assert [n.host_path for n in device("main").nodes] == [main]
+            assert not device("data").healthy
+            mknod(Path(extra))
+            await until(plugin, lambda: len(device("main").nodes) == 2)
+            assert [n.host_path for n in device("main").nodes] == [main, extra]
+            os.unlink(extra)
+            await until(plugin, lambda: len(device("main").nodes) == 1)
+            assert device("main").healthy
+            (tmp_path / "data").mkdir()
+            await until(plugin, lambda: device("data").healthy)
+            assert [m.container_path for m in device("data").mounts] == ["/data"]
+            (tmp_path / "opt").mkdir()
+            await until(plugin, lambda: len(device("data").mounts) == 2)
+
+    asyncio.run(scenario())

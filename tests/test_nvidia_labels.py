@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,13 @@ import yaml
 from devplug.testing.fakegpus import FakeGpuHost, fake_host
 
 
-def labels_of(tmp: Path, host_yaml: str, **nvidia: Any) -> dict[str, str]:
+def labels_of(
+    tmp: Path, host_yaml: str, prepare: Callable[[Path], None] | None = None, **nvidia: Any
+) -> dict[str, str]:
+    """The labels `devplug gpus` gives on a fake host (`prepare` adds to its root)."""
     host = FakeGpuHost(tmp, fake_host(host_yaml))
+    if prepare is not None:
+        prepare(Path(host.host_root))
     config = tmp / "devplug.yaml"
     config.write_text(
         yaml.safe_dump({"resources": [{"nvidia": {"hostRoot": host.host_root, **nvidia}}]})
@@ -161,3 +167,37 @@ def test_gpu_clique_from_the_nvlink_fabric_as_gfd_labels_it(short_tmp: Path) -> 
     )
     assert "nvidia.com/gpu.clique" not in labels
     assert "nvidia.com/gpu.clique" not in labels_of(short_tmp / "none", "gpus: [{model: L4}]")
+
+
+def config_space(host_driver: tuple[str, str] | None) -> bytes:
+    """A GPU's 256-byte PCI config space, with a vGPU host's vendor capability."""
+    config = bytearray(256)
+    config[0:2] = b"\xde\x10"
+    if host_driver is not None:
+        config[0x06] = 0x10  # a capability list
+        config[0x34] = 0x40
+        version, branch = (v.encode().ljust(10, b"\0") for v in host_driver)
+        record = bytes([0, 22]) + version + branch
+        capability = bytes([0x09, 0x00, 5 + len(record)]) + b"VF" + record
+        config[0x40 : 0x40 + len(capability)] = capability
+    return bytes(config)
+
+
+def test_vgpu_labels_from_the_pci_config_space_as_gfd_reads_it(short_tmp: Path) -> None:
+    def host_with(config: bytes, name: str) -> dict[str, str]:
+        def pci(root: Path) -> None:
+            device = root / "sys/bus/pci/devices/0000:18:00.0"  # the GPU's
+            device.mkdir(parents=True, exist_ok=True)
+            (device / "vendor").write_text("0x10de\n")
+            (device / "config").write_bytes(config)
+
+        return labels_of(short_tmp / name, "gpus: [{model: L4}]", pci)
+
+    vgpu = host_with(config_space(("550.54.15", "r550_00")), "vgpu")
+    assert vgpu["nvidia.com/vgpu.present"] == "true"
+    assert vgpu["nvidia.com/vgpu.host-driver-version"] == "550.54.15"
+    assert vgpu["nvidia.com/vgpu.host-driver-branch"] == "r550_00"
+    bare = host_with(config_space(None), "bare")
+    assert bare["nvidia.com/vgpu.present"] == "false"
+    # Unprivileged, sysfs gives the first 64 bytes: GFD writes no vGPU label then.
+    assert "nvidia.com/vgpu.present" not in host_with(config_space(None)[:64], "short")

@@ -353,3 +353,28 @@ def test_nvidias_allocation_cases_through_the_kubelet(
             assert sorted(taken.values(), reverse=True) == counts, (policy, gpus, size)
             assert kubelet.delete(pod)
         process.stop()
+
+
+def test_gds_with_cdi_only_is_taken_as_nvidia_takes_it(
+    kubelet: KubeletHarness, four: FakeGpuHost, short_tmp: Path
+) -> None:
+    """NVIDIA accepts gdsEnabled with CDI strategies alone and sends NVIDIA_GDS=enabled;
+    devplug does too, and says in one line that the CDI device of GDS is not written."""
+    host_specs = Path(four.host_root) / "etc" / "cdi"
+    host_specs.mkdir(parents=True)
+    (host_specs / "nvidia.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n"
+    )
+    nvidia_file = short_tmp / "nvidia.yaml"
+    nvidia_file.write_text(
+        "version: v1\nflags: {gdsEnabled: true, plugin: {deviceListStrategy: cdi-cri}}\n"
+    )
+    ref = {"file": str(nvidia_file)}
+    entry = {"cdiDir": str(short_tmp / "cdi"), "nvidiaConfig": ref}
+    block = {"nvidia": {"hostRoot": four.host_root, **FAST, **entry}}
+    process = kubelet.start_serve({"resources": [block]}, env=four.env, wait=False)
+    kubelet.wait_for_resource(GPU, count=4)
+    pod = kubelet.admit({GPU: 1})
+    assert pod.env() == {"NVIDIA_GDS": "enabled"}
+    assert pod.cdi_devices() == [f"k8s.device-plugin.nvidia.com/gpu={pod.devices()[GPU][0]}"]
+    assert "gdsEnabled with CDI strategies only" in process.output

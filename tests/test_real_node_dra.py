@@ -2,7 +2,8 @@
 `devplug serve` as a host process of the node registers its driver, publishes slices,
 and prepares what the real scheduler and the resourceclaim controller allocate: a pod
 with a ResourceClaimTemplate, and a pod asking the driver's extended resource by
-count with no claim. The containers see the device nodes and env of the CDI specs;
+count with no claim. The containers see the device nodes and env of the CDI specs, and
+their device metadata files;
 deleted pods are unprepared; after kubelet restarts (SIGTERM and SIGKILL) the slices
 the kubelet wipes at start are back and new claims are prepared.
 
@@ -118,8 +119,10 @@ def dra(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                     {
                         "name": RESOURCE,
                         "mode": "dra",
+                        # Each container of a claim gets its device metadata file.
+                        "dra": {"deviceMetadata": True},
                         "groups": [
-                            {"id": f"dra{i}", "paths": [{"path": f"/dev/{name}"}]}
+                            {"id": f"dra{i}", "paths": [{"path": f"/dev/{name}"}], "numaNode": i}
                             for i, name in enumerate(DEVICES)
                         ],
                     }
@@ -138,7 +141,9 @@ def dra(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     with log.open("wb") as out:
         process = real_node.popen(*command, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_for_log(log, f"{DRIVER}: registered with the kubelet")
+        # A Python daemon entering the node's namespace and importing the Kubernetes
+        # client takes more than 10 s on a busy machine (seen at a load of 20 on 2 cores).
+        wait_for_log(log, f"{DRIVER}: registered with the kubelet", timeout=90)
         yield DraNode(real_node, log, process)
     finally:
         process.terminate()
@@ -220,6 +225,49 @@ def test_a_claim_and_a_count_are_prepared_through_the_real_kubelet(dra: DraNode)
         dra.gone(ns, "claimed", claimed["resourceClaimName"])
         assert not spec.exists()
         dra.gone(ns, "counted", made)
+
+
+def test_the_container_reads_its_device_metadata_and_the_slice_has_the_standard_numa_node(
+    dra: DraNode,
+) -> None:
+    """Kubernetes 1.37's additions that a 1.36.2 node already carries: the slices hold
+    `resource.kubernetes.io/numaNode` beside `numaNode` (the API server stores it), and
+    the container of a claim made from a template reads its device metadata file at
+    the path its pod spec names, bind-mounted by containerd through the CDI spec."""
+    from kubernetes import client
+
+    node = dra.node
+    published = dra.wait_slice(lambda s: len(s["spec"].get("devices") or []) == 2)
+    numa = {
+        d["name"]: (d["attributes"]["numaNode"], d["attributes"]["resource.kubernetes.io/numaNode"])
+        for d in published["spec"]["devices"]
+    }
+    assert numa == {"dra0": ({"int": 0}, {"int": 0}), "dra1": ({"int": 1}, {"int": 1})}
+    resource = client.ResourceV1Api(node.api)
+    with node.namespace("dra") as ns:
+        resource.create_namespaced_resource_claim_template(ns, claim_template("meta"))
+        node.create(claim_pod(node, "meta", ns, "meta"))
+        pod = dra.running(ns, "meta")
+        device = sees_one_device(dra, ns, "meta")
+        path = (
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/dev/dev/"
+            f"{DRIVER}-metadata.json"
+        )
+        text = dra.in_pod(ns, "meta", f"cat {path}")
+        [doc] = [json.loads(line) for line in text.splitlines()]
+        assert doc["apiVersion"] == "metadata.resource.k8s.io/v1alpha1"
+        assert doc["podClaimName"] == "dev"
+        [request] = doc["requests"]
+        [described] = request["devices"]
+        assert (described["driver"], described["pool"]) == (DRIVER, node.node_name)
+        assert described["name"] == device
+        assert described["attributes"]["resource.kubernetes.io/numaNode"] == {
+            "int": int(device[-1])
+        }
+        # Read-only in the container.
+        assert "Read-only" in dra.in_pod(ns, "meta", f"echo x >> {path}")
+        claim = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        dra.gone(ns, "meta", claim)
 
 
 @pytest.mark.parametrize("kill", [False, True], ids=["SIGTERM", "SIGKILL"])

@@ -89,6 +89,10 @@ def test_health_and_dra_services_are_chosen_from_the_listed_names(short_tmp: Pat
             async with driver(short_tmp, "with-health.example.com", listed) as (reg1, watched):
                 assert (await reg1.status.get()).plugin_registered
                 assert dra.drivers["with-health.example.com"].version == "v1beta1.DRAPlugin"
+                # Without v1 listed, the v1alpha1 stream (a driver made for 1.36).
+                assert dra.drivers["with-health.example.com"].health_service == (
+                    "v1alpha1.DRAResourceHealth"
+                )
                 key = ("with-health.example.com", "node-a", "dev0")
                 await kubelet.wait_for(
                     lambda: dra.device_health.get(key) == "Unhealthy",

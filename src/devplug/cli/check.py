@@ -18,6 +18,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from devplug.cli.serve import add_root_options
 
     add_root_options(parser)
+    from devplug.cli.serve import add_gdp_options
+
+    add_gdp_options(parser)
     parser.add_argument(
         "--node-name",
         metavar="NAME",
@@ -33,11 +36,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from devplug.cli.serve import gdp_settings
     from devplug.sources import ConfigError, build_plugins, load_config, load_default_config
 
     name = args.config or "the packaged default config"
     try:
-        config = load_config(args.config) if args.config else load_default_config()
+        gdp = gdp_settings(args)
+        if gdp is not None:
+            name = gdp.source
+            config = gdp.config
+        else:
+            config = load_config(args.config) if args.config else load_default_config()
         plugins = build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
         report = [_resource_report(p) for p in plugins]
         _add_dra_reports(args, plugins, report)
@@ -48,6 +57,13 @@ def run(args: argparse.Namespace) -> int:
     if args.device_classes:
         objects = _cluster_objects(report)
         style.print_result(objects, args.output, text=lambda: _objects_text(objects), each=True)
+        return style.EXIT_OK
+    if gdp is not None:
+        # The devplug config of the generic device plugin's flags, to move to it.
+        from devplug.sources.gdpfront import to_yaml
+
+        shown = {"config": name, "valid": True, "devplugConfig": gdp.data, "resources": report}
+        style.print_result(shown, args.output, text=lambda: to_yaml(gdp).rstrip("\n"))
         return style.EXIT_OK
     result = {"config": args.config, "valid": True, "resources": report}
     style.print_result(result, args.output, text=lambda: _text(name, report))
@@ -138,6 +154,12 @@ def _add_dra_reports(
         plugin.publish(plugin.discover())
         entry["draDriver"] = driver.name
         entry["slices"] = slice_bodies(driver, node_name(args), generation=1)
+        from devplug.framework.dra.rules import slice_problems
+
+        # What a Kubernetes 1.38 API server would refuse stops here, not on a cluster.
+        if problems := [p for body in entry["slices"] for p in slice_problems(body)]:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ValueError(f"{problems[0]}{more}")
 
 
 def _slices_lines(resource: dict[str, Any]) -> list[str]:

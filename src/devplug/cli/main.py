@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "show a node's devices, their health and the pods holding them"),
 }
 
+# The generic device plugin's flags: its DaemonSet gives them to the image without a
+# sub-command, which then means `serve` (see docs/migrate.md).
+GDP_FLAGS = ("--device", "--domain", "--plugin-directory", "--listen", "--config")
+
 EXIT_USAGE = style.EXIT_USAGE
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 
@@ -39,6 +43,21 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 WITHOUT_TLS = {"serve"}
 # ...unless an option loads a library that imports ssl (prometheus-client does).
 NEEDS_SSL_OPTIONS = {"--metrics-port"}
+
+
+def _gdp_words(words: Sequence[str]) -> list[str]:
+    """`words` with `serve` put before the first generic device plugin flag when no
+    sub-command comes before it (`devplug --device ...`)."""
+    i = 0
+    while i < len(words):
+        word, has_value = words[i].partition("=")[::2]
+        if word in ("--log-level", "--log-format"):
+            i += 1 if has_value else 2
+            continue
+        if word in GDP_FLAGS:
+            return [*words[:i], "serve", *words[i:]]
+        break
+    return list(words)
 
 
 def _command(argv: Sequence[str] | None) -> str | None:
@@ -106,7 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # devplug reports each failure itself, so unless asked for (GRPC_VERBOSITY=debug to
     # see them) they are off. Read when grpc loads, so before any import of it.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
-    words = sys.argv[1:] if argv is None else argv
+    words = _gdp_words(sys.argv[1:] if argv is None else argv)
+    argv = words
     if _command(argv) in WITHOUT_TLS and not any(
         w.partition("=")[0] in NEEDS_SSL_OPTIONS for w in words
     ):

@@ -14,6 +14,7 @@ from devplug.cli import style
 if TYPE_CHECKING:
     from devplug.framework.daemon import Service
     from devplug.sources import Config, SourcePlugin
+    from devplug.sources.gdpfront import Settings as GdpSettings
     from devplug.sources.reload import BuildPlugins
 
 log = logging.getLogger("devplug.serve")
@@ -76,6 +77,58 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "PodResources socket, e.g. /var/lib/kubelet/pod-resources/kubelet.sock",
     )
     add_dra_options(parser)
+    add_gdp_options(parser)
+
+
+def add_gdp_options(parser: argparse.ArgumentParser) -> None:
+    """The generic device plugin's own flags, for its DaemonSet with devplug's image."""
+    group = parser.add_argument_group(
+        "the generic device plugin's flags (with them, --config names its file: see "
+        "docs/migrate.md)"
+    )
+    group.add_argument(
+        "--device",
+        action="append",
+        metavar="SPEC",
+        help="one of its device specs, YAML or JSON (repeatable)",
+    )
+    group.add_argument(
+        "--domain", metavar="DOMAIN", help="the domain of its resource names (default: squat.ai)"
+    )
+    group.add_argument(
+        "--plugin-directory",
+        type=style.folder,
+        metavar="DIR",
+        help="the kubelet's device-plugins folder (as --plugin-dir)",
+    )
+    group.add_argument(
+        "--listen",
+        metavar="[HOST]:PORT",
+        help="where to serve /health, /metrics, /healthz and /readyz (default: :8080)",
+    )
+
+
+def gdp_settings(args: argparse.Namespace) -> GdpSettings | None:
+    """The generic device plugin's flags and file as devplug's config and settings, or
+    None when none of its flags is given and --config is not its file. Raises
+    ConfigError (one line)."""
+    import os
+
+    from devplug.sources.gdpfront import Flags, is_gdp_file, load
+
+    flags = Flags(
+        devices=args.device,
+        domain=args.domain,
+        plugin_directory=args.plugin_directory,
+        listen=args.listen,
+        config=args.config,
+    )
+    if not flags.given() and not (args.config and is_gdp_file(args.config)):
+        return None
+    settings = load(flags, os.environ)
+    for warning in settings.warnings:
+        log.warning("%s", warning)
+    return settings
 
 
 def add_root_options(parser: argparse.ArgumentParser) -> None:
@@ -174,6 +227,13 @@ def run(args: argparse.Namespace) -> int:
 
     text = None
     labels: dict[str, str] | None = None
+    try:
+        gdp = gdp_settings(args)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return style.EXIT_USAGE
+    if gdp is not None:
+        _use_gdp_settings(args, gdp)
     if args.nvidia_config is not None or args.nvidia_flags:
         if args.config:
             return style.fail(
@@ -189,11 +249,14 @@ def run(args: argparse.Namespace) -> int:
     # (once; a failure stops the start with one line).
     nvidiafile.read_node_labels = lambda: _nvidia_node_labels(args)
     try:
-        if text is not None:
+        if gdp is not None:
+            config = gdp.config
+        elif text is not None:
             config = parse_config(text, "--nvidia-config")
         else:
             config = load_config(args.config) if args.config else load_default_config()
         source = "--nvidia-config" if text else args.config or "<packaged default.yaml>"
+        source = gdp.source if gdp is not None else source
         if needs_node_labels(config):
             labels = _node_labels(args)
             apply_node_modes(config, labels, node_name(args), source)
@@ -257,6 +320,24 @@ def run(args: argparse.Namespace) -> int:
         log.debug("stopped on a failure", exc_info=True)
         return style.fail(args, f"stopped on a failure: {error!r}")
     return style.EXIT_OK
+
+
+def _use_gdp_settings(args: argparse.Namespace, gdp: GdpSettings) -> None:
+    """Serve as the generic device plugin would: its folder, its log level (unless
+    --log-level says otherwise), /health and /metrics on its --listen address; its file
+    is not reloaded (it never reloads it)."""
+    if gdp.log_level is not None and args.log_level == "info":
+        from devplug.logs import setup_logging
+
+        setup_logging(gdp.log_level, args.log_format)
+    if gdp.plugin_directory is not None:
+        args.plugin_dir = gdp.plugin_directory
+    if args.metrics_port is None:
+        args.metrics_port, args.metrics_address = gdp.listen_port, gdp.listen_host
+        from devplug.lazy import allow_ssl
+
+        allow_ssl()  # prometheus-client imports it
+    args.config = None
 
 
 def _nvidia_node_labels(args: argparse.Namespace) -> dict[str, str]:

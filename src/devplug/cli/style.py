@@ -60,6 +60,8 @@ OUTPUTS = ("text", "json", "yaml")
 DEFAULT_OUTPUT = "text"
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Other spellings accepted (the generic device plugin's levels).
+LOG_LEVEL_ALIASES = {"all": "debug", "warn": "warning", "none": "error"}
 LOG_FORMATS = ("text", "json")
 
 
@@ -163,6 +165,7 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
+        type=LogLevel(),
         default="info" if top else argparse.SUPPRESS,
         help="the lowest level of log lines shown on stderr (default: info)",
     )
@@ -271,6 +274,23 @@ class Number(OptionType):
         if math.isfinite(self.high):
             examples.append(str(self.kind(self.high) + 1))
         return examples
+
+
+class LogLevel(OptionType):
+    """A log level; its other spellings (`warn`, `all`, `none`) as devplug names them."""
+
+    __name__ = "log level"
+
+    def __call__(self, text: str) -> str:
+        level = LOG_LEVEL_ALIASES.get(text, text)
+        if level not in LOG_LEVELS:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is no log level: expected one of {', '.join(LOG_LEVELS)}"
+            )
+        return level
+
+    def bad_examples(self, scratch: Path) -> list[str]:
+        return ["loud", ""]
 
 
 seconds = Number(float, 0, "a number of seconds above 0", open_low=True)

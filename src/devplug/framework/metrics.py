@@ -90,8 +90,9 @@ class MetricsServer:
 
         def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
             path = environ.get("PATH_INFO", "")
-            if path in ("/healthz", "/readyz"):
-                problems = ask_loop(lambda: [] if path == "/healthz" else _not_ready(daemon))
+            # /health: the generic device plugin's name of /healthz.
+            if path in ("/healthz", "/readyz", "/health"):
+                problems = ask_loop(lambda: _not_ready(daemon) if path == "/readyz" else [])
                 status = "503 Service Unavailable" if problems else "200 OK"
                 body = ("\n".join(problems) if problems else "ok").encode() + b"\n"
                 start_response(status, [("Content-Type", "text/plain; charset=utf-8")])

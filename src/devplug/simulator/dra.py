@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import stat
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,10 @@ from devplug.api.dra.v1 import api_pb2 as v1
 from devplug.api.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from devplug.api.drahealth.v1alpha1 import api_pb2 as health
-from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from devplug.api.drahealth.v1 import api_pb2 as health_v1
+from devplug.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.framework.channel import unix_channel
@@ -55,6 +57,12 @@ _VERSIONS: dict[str, tuple[Any, Any]] = {
     dra.V1: (v1, v1_grpc),
     dra.V1BETA1: (v1beta1, v1beta1_grpc),
 }
+# The device health services this kubelet speaks, the one it prefers first (as a 1.37
+# kubelet: v1, else v1alpha1).
+_HEALTH_VERSIONS: dict[str, tuple[Any, Any]] = {
+    dra.HEALTH_V1: (health_v1, health_v1_grpc),
+    dra.HEALTH_V1ALPHA1: (health_v1alpha1, health_v1alpha1_grpc),
+}
 
 # Event kinds passed to `on_event(kind, driver, detail)`.
 DRIVER_REGISTERED = "dra_driver_registered"
@@ -62,6 +70,16 @@ DRIVER_REFUSED = "dra_driver_refused"
 DRIVER_REMOVED = "dra_driver_removed"
 DEVICE_HEALTH = "dra_device_health"
 SLICES_WIPED = "dra_slices_wiped"  # driver: the one wiped ("" at start: all), detail: how
+
+
+def skips(results: Sequence[Mapping[str, Any]], driver: str, operation: str) -> bool:
+    """Whether every allocated device of `driver` skips `operation` (its slice's
+    `skipNodeOperations`, copied into the allocation: Kubernetes 1.37, alpha), so that
+    the kubelet makes no call to the driver for it."""
+    mine = [r for r in results if r.get("driver") == driver]
+    return bool(mine) and all(
+        {operation, "*"} & set(r.get("skipNodeOperations") or ()) for r in mine
+    )
 
 
 class PrepareError(Exception):
@@ -82,6 +100,8 @@ class RegisteredDriver:
     channel: grpc.aio.Channel
     stub: Any
     health_task: asyncio.Task[None] | None = None
+    # The device health service watched ("v1.DRAResourceHealth"), "" for none.
+    health_service: str = ""
 
 
 class PreparedClaimState(msgspec.Struct):
@@ -372,8 +392,10 @@ class DraManager:
                     pb_grpc.DRAPluginStub(service_channel),
                 )
                 # The health stream is watched only where the driver lists it in its
-                # supported_versions, as the kubelet does (v1alpha1: 1.36 has no other).
-                if dra.HEALTH_V1ALPHA1 in info.supported_versions:
+                # supported_versions, as the kubelet does: v1 where listed, else v1alpha1.
+                listed = [v for v in _HEALTH_VERSIONS if v in info.supported_versions]
+                if listed:
+                    driver.health_service = listed[0]
                     driver.health_task = asyncio.create_task(
                         self._watch_health(driver), name=f"health {info.name}"
                     )
@@ -397,6 +419,7 @@ class DraManager:
     async def _watch_health(self, driver: RegisteredDriver) -> None:
         """Follow the driver's device health stream while it is registered; a driver
         that fails the call (UNIMPLEMENTED too) is simply not watched, as the kubelet does."""
+        health, health_grpc = _HEALTH_VERSIONS[driver.health_service]
         stub = health_grpc.DRAResourceHealthStub(driver.channel)
         names = {health.HEALTHY: "Healthy", health.UNHEALTHY: "Unhealthy"}
         try:
@@ -485,6 +508,8 @@ class DraManager:
             pod.namespace, claim_name, uid, pods=[pod.uid], results=list(results)
         )
         for name in drivers:
+            if skips(results, name, "NodePrepareResources"):
+                continue  # as a 1.37 kubelet with DRAOptionalNodeOperations: not even looked up
             driver = self.drivers.get(name)
             if driver is None:
                 raise PrepareError(f"DRA driver {name} is not registered")
@@ -535,6 +560,8 @@ class DraManager:
 
     async def _unprepare(self, state: PreparedClaimState) -> None:
         for name in state.cdi:
+            if skips(state.results, name, "NodeUnprepareResources"):
+                continue
             driver = self.drivers.get(name)
             if driver is None:
                 log.warning(

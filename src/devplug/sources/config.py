@@ -30,6 +30,7 @@ from devplug.sources.draconfig import (
     Mode,
     check_attributes,
     check_dra,
+    check_node_work,
     driver_name,
     served_twice,
     serves_dra,
@@ -55,13 +56,20 @@ class _Schema(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
 class PathSpec(_Schema):
     path: str
     permissions: str = "rw"
+    # Ending in '/': a folder, where the node keeps its own name (allowed on a glob).
     container_path: str = ""
+    # A node the device is served without while it is missing (left out of Allocate).
+    optional: bool = False
 
 
 class MountSpec(_Schema):
     host_path: str
     container_path: str = ""
     read_only: bool = False
+    # required: the device is Unhealthy while host_path is missing; optional: the mount
+    # is left out while it is missing; neither: mounted as it is.
+    required: bool = False
+    optional: bool = False
 
 
 class GroupSpec(_Schema):
@@ -79,6 +87,8 @@ class GroupSpec(_Schema):
     pci: hardware.PciSelector | None = None
     # What the devices are (model, vendor...): node labels, pools, DRA attributes.
     attributes: dict[str, str | int | bool] = {}
+    # Replicas of each device of this group (default: the resource's count).
+    count: int | None = None
 
 
 class ResourceSpec(_Schema):
@@ -151,6 +161,12 @@ def parse_config(text: str, source: str = "<config>") -> Config:
         raise ConfigError(yaml_problem(e, source)) from None
     if data is None:
         raise ConfigError(f"{source}: the config is empty: expected a mapping with 'resources'")
+    return config_from_data(data, source)
+
+
+def config_from_data(data: object, source: str) -> Config:
+    """Check config data (parsed YAML, or what a front translated from another tool's
+    flags and files); `source` names it in error messages."""
     config = convert(data, Config, source)
     _check(config, source)
     return config
@@ -291,6 +307,7 @@ def _check(config: Config, source: str) -> None:
                 count=resource.nvidia.replicas if resource.nvidia else resource.count,
                 nvidia=nvidia,
             )
+            check_node_work(resource, f"{at}.dra", fail)
         if resource.nvidia is not None:
             if resource.groups is not None or resource.virtual is not None:
                 fail(at, "'nvidia' is set with 'groups' or 'virtual': a resource has one of them")
@@ -327,8 +344,11 @@ def _check(config: Config, source: str) -> None:
             fail(f"{at}.groups", "expected at least one group")
         _check_hardware(resource, at, fail)
         ids: dict[str, str] = {}
+        known = 0  # devices known from the config alone, replicas included
         for j, group in enumerate(resource.groups):
             _check_group(group, f"{at}.groups[{j}]", resource.allow_any_path, fail)
+            if group.count is not None and serves_dra(resource.mode):
+                fail(f"{at}.groups[{j}].count", "not used with mode dra or both: set count")
             if is_selector(group):
                 continue
             if not any(has_glob(p.path) for p in group.paths):
@@ -340,7 +360,8 @@ def _check(config: Config, source: str) -> None:
                         f"device ID {device_id!r} is already the ID of {ids[device_id]}",
                     )
                 ids[device_id] = f"{at}.groups[{j}]"
-        _check_device_count(len(ids) * resource.count, at, config.limits, fail)
+                known += group.count or resource.count
+        _check_device_count(known, at, config.limits, fail)
     check_served_once(config, source)
 
 
@@ -432,8 +453,11 @@ def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -
         hardware.check_usb(group.usb, f"{at}.usb", fail)
     if group.pci is not None:
         hardware.check_pci(group.pci, f"{at}.pci", fail)
-    if not group.paths and not is_selector(group):
-        fail(f"{at}.paths", "expected at least one path (or a 'usb' or 'pci' selector)")
+    if not group.paths and not is_selector(group) and not required_mounts(group):
+        fail(
+            f"{at}.paths",
+            "expected at least one path (or a 'usb' or 'pci' selector, or a required mount)",
+        )
     if is_selector(group):
         if group.id is not None:
             fail(f"{at}.id", "not allowed with a selector: each selected device has its own ID")
@@ -460,10 +484,11 @@ def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -
         if spec.container_path:
             if problem := path_problem(spec.container_path):
                 fail(f"{where}.containerPath", problem)
-            if has_glob(spec.path):
+            if has_glob(spec.path) and not spec.container_path.endswith("/"):
                 fail(
                     f"{where}.containerPath",
-                    "not allowed on a glob path: every match would get the same container path",
+                    "not allowed on a glob path unless it is a folder (ending in '/'): "
+                    "every match would get the same container path",
                 )
     for k, mount in enumerate(group.mounts):
         where = f"{at}.mounts[{k}]"
@@ -473,6 +498,10 @@ def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -
             fail(f"{where}.hostPath", "a mount names one path: globs are not expanded here")
         if mount.container_path and (problem := path_problem(mount.container_path)):
             fail(f"{where}.containerPath", problem)
+        if mount.required and mount.optional:
+            fail(where, "both 'required' and 'optional' are set: a mount is one or the other")
+    if group.count is not None and (problem := _int_problem(group.count, 1, MAX_COUNT)):
+        fail(f"{at}.count", problem)
     for key in group.env:
         if not key or "=" in key or "\0" in key:
             fail(f"{at}.env", f"bad variable name {key!r}")
@@ -527,8 +556,16 @@ _ENV_UNSAFE = re.compile(r"[^A-Za-z0-9]")
 
 
 def group_device_id(group: GroupSpec) -> str:
-    """The ID of a group with no glob: its `id`, or one derived from its first path."""
-    return group.id if group.id is not None else path_device_id(group.paths[0].path)
+    """The ID of a group with no glob: its `id`, or one derived from its first path (or
+    required mount)."""
+    if group.id is not None:
+        return group.id
+    return path_device_id(group.paths[0].path if group.paths else required_mounts(group)[0])
+
+
+def required_mounts(group: GroupSpec) -> list[str]:
+    """The host paths of the mounts a group's devices need (Unhealthy while missing)."""
+    return [m.host_path for m in group.mounts if m.required]
 
 
 def path_device_id(path: str) -> str:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from devplug.framework.dra.driver import ClaimRef, Driver
     from devplug.framework.dra.layout import Layout
     from devplug.framework.plugin import Plugin
+    from devplug.sources.config import ResourceSpec
 
 MODE_DEVICE_PLUGIN = "devicePlugin"
 MODE_DRA = "dra"
@@ -92,6 +93,13 @@ class DraSpec(_Spec):
     # Capacities several claims consume at once (DRAConsumableCapacity): each device
     # may be allocated many times, within them.
     consumable_capacity: dict[str, CapacitySpec] = {}
+    # The devices need nothing done on the node (Kubernetes 1.37, alpha,
+    # DRAOptionalNodeOperations): the slices say so, and a kubelet with the feature
+    # calls neither NodePrepareResources nor NodeUnprepareResources for them.
+    skip_node_operations: bool = False
+    # Each container of a claim gets a file that describes its devices (KEP-5304,
+    # beta in 1.37), bind-mounted through CDI by the runtime.
+    device_metadata: bool = False
 
 
 def serves_device_plugin(mode: str) -> bool:
@@ -131,6 +139,11 @@ def check_dra(
 
     if spec.driver is not None and (problem := driver_name_problem(spec.driver)):
         fail(f"{at}.driver", problem)
+    if spec.skip_node_operations and spec.device_metadata:
+        fail(
+            f"{at}.skipNodeOperations",
+            "not with 'deviceMetadata': the metadata file is written when a claim is prepared",
+        )
     check_attributes(spec.attributes, f"{at}.attributes", fail)
     for key, name in spec.attribute_names.items():
         if problem := attribute_name_problem(name):
@@ -159,6 +172,40 @@ def check_dra(
         _check_partitions(spec.partitions, f"{at}.partitions", fail)
     for name, capacity in spec.consumable_capacity.items():
         _check_capacity(name, capacity, f"{at}.consumableCapacity.{name}", fail)
+
+
+def check_node_work(resource: ResourceSpec, at: str, fail: _Fail) -> None:
+    """`skipNodeOperations` only where a claim's containers get nothing from the node:
+    with it, a kubelet that skips the calls hands them no device node, mount, env or
+    CDI device of devplug's."""
+    spec = resource.dra
+    if spec is None or not spec.skip_node_operations:
+        return
+    at = f"{at}.skipNodeOperations"
+    if spec.partitions is not None or spec.consumable_capacity:
+        fail(at, "not with 'partitions' or 'consumableCapacity': their claims are prepared")
+    if resource.nvidia is not None or resource.cdi is not None:
+        fail(at, "not for GPUs or CDI devices: their containers need the devices on the node")
+    for k, group in enumerate(resource.groups or []):
+        gives = [
+            key
+            for key, value in (
+                ("paths", group.paths),
+                ("mounts", group.mounts),
+                ("env", group.env),
+                ("annotations", group.annotations),
+                ("cdiDevices", group.cdi_devices),
+                ("usb", group.usb),
+                ("pci", group.pci),
+            )
+            if value
+        ]
+        if gives:
+            fail(
+                at,
+                f"groups[{k}] gives containers {', '.join(gives)}: a device that needs "
+                "nothing on the node has none of them",
+            )
 
 
 def _check_partitions(spec: PartitionsSpec, at: str, fail: _Fail) -> None:
@@ -436,6 +483,8 @@ def config_driver(plugin: Any) -> Driver:
         spec.dra.attributes if spec.dra else {},
         spec.dra.attribute_names if spec.dra else {},
         spec.dra.taint_effect if spec.dra else "NoSchedule",
+        skip_node_operations=spec.dra.skip_node_operations if spec.dra else False,
+        device_metadata=spec.dra.device_metadata if spec.dra else False,
     )
     if spec.dra is not None and spec.dra.partitions is not None and spec.dra.partitions.mig:
         from devplug.sources.nvidia.partitions import MigPartitions

@@ -39,6 +39,7 @@ from devplug.sources.config import (
     is_selector,
     path_device_id,
     replica_ids,
+    required_mounts,
 )
 from devplug.sources.health import run_checks, verdicts
 from devplug.sources.sysfs.select import Pool, Selected, selected_devices, vfio_env
@@ -146,9 +147,13 @@ class HostDevicePlugin(Plugin):
             healthy = not reason
             self._health[base.id] = healthy
             group = base.group
-            mounts = tuple(Mount(m.host_path, m.container_path, m.read_only) for m in group.mounts)
+            mounts = tuple(
+                Mount(m.host_path, m.container_path, m.read_only)
+                for m in group.mounts
+                if not m.optional or os.path.exists(m.host_path)
+            )
             numa = base.numa_nodes if group.numa_node is None else (group.numa_node,)
-            for device_id in replica_ids(base.id, self.spec.count):
+            for device_id in replica_ids(base.id, group.count or self.spec.count):
                 devices.append(
                     Device(
                         device_id,
@@ -194,25 +199,29 @@ class HostDevicePlugin(Plugin):
 
     def _discover_paths(self, g: int, group: GroupSpec, warnings: list[str]) -> None:
         """The devices of a group of paths: one for the static paths, one per glob match."""
+        # An optional path missing now is left out; the device is seen again with it
+        # when it comes (`replace`: the nodes of now, not those first seen).
         static = tuple(
             _node(p.path, p.container_path, p.permissions)
             for p in group.paths
-            if not has_glob(p.path)
+            if not has_glob(p.path) and not (p.optional and not os.path.lexists(p.path))
         )
+        replace = any(p.optional for p in group.paths)
         globs = [(k, p) for k, p in enumerate(group.paths) if has_glob(p.path)]
         if not globs:
-            if warning := self._add(_Base(group_device_id(group), (g, -1, ""), static, group)):
+            base = _Base(group_device_id(group), (g, -1, ""), static, group)
+            if warning := self._add(base, replace):
                 warnings.append(warning)
             return
         for k, spec in globs:
             matches = sorted(glob.glob(spec.path))
-            if not matches:
+            if not matches and not spec.optional:
                 where = f"groups[{g}].paths[{k}].path"
                 warnings.append(f"{self.resource_name}: {where}: {spec.path!r} matches nothing")
             for match in matches:
-                node = _node(match, "", spec.permissions)
+                node = _node(match, spec.container_path, spec.permissions)
                 base = _Base(path_device_id(match), (g, k, match), (node, *static), group)
-                if warning := self._add(base):
+                if warning := self._add(base, replace):
                     warnings.append(warning)
 
     def bases(self) -> list[_Base]:
@@ -228,16 +237,16 @@ class HostDevicePlugin(Plugin):
         """Remember `base` (`replace`: its latest sysfs view); a warning if its ID is
         already another path's."""
         known = self._known.setdefault(base.id, base)
-        if replace and known.order[:2] == base.order[:2]:
-            # The same device seen again, maybe on another port or with other nodes.
-            self._known[base.id] = base
-            return None
-        if known.order == base.order:
+        same = known.order[:2] == base.order[:2] if base.selected else known.order == base.order
+        if same:
+            if replace:
+                # The same device seen again, maybe on another port or with other nodes.
+                self._known[base.id] = base
             return None
         # Two paths give one ID (e.g. '/dev/a-b' and '/dev/a/b'): the first seen wins.
         return (
-            f"{self.resource_name}: {base.nodes[0].host_path} gives device ID {base.id!r}, "
-            f"already the ID of {known.nodes[0].host_path}: it is not served"
+            f"{self.resource_name}: {_first_path(base)} gives device ID {base.id!r}, "
+            f"already the ID of {_first_path(known)}: it is not served"
         )
 
     # -- watching -------------------------------------------------------------------
@@ -250,8 +259,10 @@ class HostDevicePlugin(Plugin):
         for group in self.groups:
             if is_selector(group):
                 continue
-            for spec in group.paths:
-                for folder, pattern in _folders_of(spec.path):
+            # The mounts whose presence matters (required or optional) too.
+            mounts = [m.host_path for m in group.mounts if m.required or m.optional]
+            for path in [*(spec.path for spec in group.paths), *mounts]:
+                for folder, pattern in _folders_of(path):
                     interest.setdefault(Path(folder), set()).add(pattern)
         if self.uses_sysfs:
             # The bus folders (a device's link comes and goes), /dev and the folders of
@@ -404,8 +415,19 @@ class HostDevicePlugin(Plugin):
         return device_labels(self.resource_name, self.devices.values())
 
 
+def _first_path(base: _Base) -> str:
+    if base.nodes:
+        return base.nodes[0].host_path
+    return base.group.paths[0].path if base.group.paths else base.id
+
+
 def _nodes_exist(base: _Base) -> bool:
-    return all(os.path.exists(n.host_path) for n in base.nodes)
+    """Its nodes, and the mounts it requires, are there (a group of paths, each optional
+    and missing, has none: nothing to serve)."""
+    mounts = required_mounts(base.group)
+    if not base.nodes and not base.selected and not mounts:
+        return False
+    return all(os.path.exists(path) for path in (*(n.host_path for n in base.nodes), *mounts))
 
 
 def _existing(folder: Path) -> Path:
@@ -416,6 +438,9 @@ def _existing(folder: Path) -> Path:
 
 
 def _node(host_path: str, container_path: str, permissions: str) -> DeviceNode:
+    """A node; a container path ending in '/' is a folder where it keeps its name."""
+    if container_path.endswith("/"):
+        container_path += posixpath.basename(host_path)
     return DeviceNode(host_path, container_path or host_path, permissions)
 
 

@@ -499,6 +499,11 @@ class FakeGpuHost:
             numa = entry.get("numa")
             (folder / "numa_node").write_text(f"{-1 if numa is None else numa}\n")
             (folder / "class").write_text(f"{entry.get('pciClass', '0x030200')}\n")
+            (folder / "vendor").write_text("0x10de\n")
+            if not (folder / "config").exists():  # a test may have written its own
+                space = bytearray(256)  # as root reads it: the whole config space
+                space[0:4] = (0x10DE | entry.get("deviceId", 0x2330) << 16).to_bytes(4, "little")
+                (folder / "config").write_bytes(bytes(space))
         if machine := self.description.get("machine"):  # DMI, as GFD reads it
             dmi = root / "sys/class/dmi/id"
             dmi.mkdir(parents=True, exist_ok=True)

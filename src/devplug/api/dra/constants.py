@@ -12,10 +12,13 @@ DRA_SOCKET: Final = "dra.sock"
 DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 V1: Final = "v1.DRAPlugin"
 V1BETA1: Final = "v1beta1.DRAPlugin"
-# The device health service: v1alpha1 is the only version in Kubernetes 1.36.
+# The device health service: v1 since Kubernetes 1.37, which a kubelet that knows it
+# prefers; v1alpha1, the only version in 1.36, served beside it (the same messages)
+# until the kubelets that know only v1alpha1 are gone (upstream drops it around 1.40).
+HEALTH_V1: Final = "v1.DRAResourceHealth"
 HEALTH_V1ALPHA1: Final = "v1alpha1.DRAResourceHealth"
 # The kubelet takes the first DRA service of this list that it knows: v1 first.
-SUPPORTED_VERSIONS: Final = (V1, V1BETA1, HEALTH_V1ALPHA1)
+SUPPORTED_VERSIONS: Final = (V1, V1BETA1, HEALTH_V1, HEALTH_V1ALPHA1)
 # The resource.k8s.io API group and the limits of its objects.
 RESOURCE_GROUP: Final = "resource.k8s.io"
 RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"
@@ -29,5 +32,11 @@ MAX_VALID_VALUES: Final = 10
 MAX_ATTRIBUTES_AND_CAPACITIES: Final = 32
 MAX_ATTRIBUTE_NAME_LENGTH: Final = 32
 MAX_STRING_ATTRIBUTE_LENGTH: Final = 64
+# The standard attribute of a device's NUMA node (Kubernetes 1.37, KEP-6072): one name
+# for every driver, so that `matchAttribute` aligns a GPU and a NIC of two drivers.
+NUMA_NODE_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"
+# ResourceSliceSpec.skipNodeOperations (1.37, alpha): "NodePrepareResources" (only with
+# the next), "NodeUnprepareResources", or "*" for both.
+SKIP_ALL_NODE_OPERATIONS: Final = "*"
 HEALTHY: Final = "Healthy"
 UNHEALTHY: Final = "Unhealthy"

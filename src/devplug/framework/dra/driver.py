@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Protocol
 
+from devplug.api.dra.constants import NUMA_NODE_ATTRIBUTE
 from devplug.framework.device import Attribute, ContainerEdits, Device
 from devplug.framework.dra.layout import Layout, Partition, partition_device
 from devplug.framework.dra.names import default_driver_name, device_name, driver_name_problem
@@ -147,6 +148,10 @@ class Driver:
     # The effect of an unhealthy device's taint: NoSchedule, NoExecute or None.
     taint_effect: str = "NoSchedule"
     hooks: DraHooks | None = None
+    # The devices need nothing done on the node: the slices say so (skipNodeOperations).
+    skip_node_operations: bool = False
+    # Write each claim's device metadata file for its containers (KEP-5304).
+    device_metadata: bool = False
     # The names of the devices prepared for a claim on this node (the Preparer keeps it).
     held: set[str] = field(default_factory=set)
     _offers: tuple[int, dict[str, Offer]] = field(
@@ -205,7 +210,9 @@ class Driver:
         attributes: dict[str, Attribute] = {}
         capacity: dict[str, int] = {}
         if len(device.numa_nodes) == 1:
+            # The driver's own name, as before, and the standard one beside it.
             attributes["numaNode"] = device.numa_nodes[0]
+            attributes[NUMA_NODE_ATTRIBUTE] = device.numa_nodes[0]
         for key, value in {**device.attributes, **self.attributes}.items():
             name = self.attribute_names.get(key, key)
             if key in CAPACITY_ATTRIBUTES and isinstance(value, int):

@@ -1,5 +1,9 @@
 """The names DRA objects accept: driver names, device names, attribute names.
 
+Attribute and capacity names are checked by the rule of Kubernetes 1.38, stricter than
+1.36's and 1.37's (which let 'a/b/c' through): so devplug never publishes a name that a
+newer API server would refuse.
+
 devplug's device IDs allow characters a ResourceSlice does not ('::', '_', upper
 case), so each device is published under a DNS label derived from its ID, stable
 across restarts.
@@ -59,11 +63,24 @@ def label_name_problem(kind: str, name: str) -> str | None:
 
 
 def attribute_name_problem(name: str) -> str | None:
-    """Why `name` cannot be an attribute or capacity name of a slice device."""
-    if len(name) > MAX_ATTRIBUTE_NAME_LENGTH or not _C_IDENTIFIER.match(name):
+    """Why `name` cannot be an attribute or capacity name of a slice device: a C
+    identifier of at most 32 characters, alone (the driver's own) or after one domain
+    and one '/' ('resource.kubernetes.io/numaNode')."""
+    domain, slash, short = name.rpartition("/")
+    if slash and (not domain or "/" in domain):
+        return (
+            f"attribute name {name!r} must be '<domain>/<name>' with one '/' and both "
+            "parts set, or a name without a domain"
+        )
+    if slash and (len(domain) > MAX_LABEL or not _DNS1123_SUBDOMAIN.match(domain)):
+        return (
+            f"attribute name {name!r}: the domain must be a lower-case DNS subdomain of "
+            f"at most {MAX_LABEL} characters"
+        )
+    if len(short) > MAX_ATTRIBUTE_NAME_LENGTH or not _C_IDENTIFIER.match(short):
         return (
             f"attribute name {name!r} must be a C identifier of at most "
-            f"{MAX_ATTRIBUTE_NAME_LENGTH} characters"
+            f"{MAX_ATTRIBUTE_NAME_LENGTH} characters{' after the domain' if slash else ''}"
         )
     return None
 

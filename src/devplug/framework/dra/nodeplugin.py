@@ -1,6 +1,7 @@
 """The DRA node plugin on the wire: the registration socket the kubelet's plugin
 watcher finds in plugins_registry, and dra.sock with the DRA service (v1 and v1beta1)
-and the device health service (where the kubelet calls it).
+and the device health service (v1 and v1alpha1, one stream each, where the kubelet
+calls it).
 
 Both sockets are served again if they vanish; the kubelet's plugin watcher then
 finds the registration socket anew and registers the driver again.
@@ -24,8 +25,10 @@ from devplug.api.dra.v1 import api_pb2 as v1
 from devplug.api.dra.v1 import api_pb2_grpc as v1_grpc
 from devplug.api.dra.v1beta1 import api_pb2 as v1beta1
 from devplug.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from devplug.api.drahealth.v1alpha1 import api_pb2 as health
-from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from devplug.api.drahealth.v1 import api_pb2 as health_v1
+from devplug.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.framework import observe
@@ -35,6 +38,7 @@ from devplug.framework.dra.claims import ClaimError
 from devplug.framework.dra.claimstatus import ClaimStatusWriter, device_data, status_entry
 from devplug.framework.dra.driver import ClaimRef
 from devplug.framework.dra.prepare import PreparedDevice, Preparer
+from devplug.framework.dra.sockets import socket_path
 from devplug.framework.unixserver import UnixServer
 
 log = logging.getLogger("devplug.dra.nodeplugin")
@@ -163,19 +167,20 @@ class DraServicer:
 
 class HealthServicer:
     """NodeWatchResources: the health of every device of the pool, on connect and after
-    every change."""
+    every change, in one version's messages (`pb`: v1 or v1alpha1, the same fields)."""
 
-    def __init__(self, preparer: Preparer, closing: asyncio.Event) -> None:
+    def __init__(self, preparer: Preparer, closing: asyncio.Event, pb: ModuleType) -> None:
         self.preparer = preparer
         self._closing = closing
+        self.pb = pb
 
-    def _message(self) -> health.NodeWatchResourcesResponse:
-        now = int(time.time())
-        return health.NodeWatchResourcesResponse(
+    def _message(self) -> Any:
+        pb, now = self.pb, int(time.time())
+        return pb.NodeWatchResourcesResponse(
             devices=[
-                health.DeviceHealth(
-                    device=health.DeviceIdentifier(pool_name=self.preparer.pool, device_name=name),
-                    health=health.HEALTHY if offer.device.healthy else health.UNHEALTHY,
+                pb.DeviceHealth(
+                    device=pb.DeviceIdentifier(pool_name=self.preparer.pool, device_name=name),
+                    health=pb.HEALTHY if offer.device.healthy else pb.UNHEALTHY,
                     last_updated_time=now,
                     message=_health_message(offer.device),
                 )
@@ -184,10 +189,8 @@ class HealthServicer:
         )
 
     async def NodeWatchResources(
-        self,
-        request: health.NodeWatchResourcesRequest,
-        context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[health.NodeWatchResourcesResponse]:
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
         plugin = self.preparer.driver.plugin
         generation = plugin.generation
         yield self._message()
@@ -261,9 +264,16 @@ class NodePlugin:
         name = preparer.driver.name
         # With the pod's UID in both socket names, two devplug pods of a rolling update
         # serve side by side: the kubelet registers both and calls the newer.
-        uid = f"-{pod_uid}" if pod_uid else ""
-        self.registration_socket = Path(registry_dir) / f"{name}{uid}-reg.sock"
-        self.dra_socket = Path(plugins_dir) / name / f"dra{uid}.sock"
+        # Where a long driver name and the UID pass the AF_UNIX limit, the UID is
+        # shortened to a hash (said once here); a folder too long for any name fails.
+        self.registration_socket = socket_path(Path(registry_dir), name, pod_uid, "-reg.sock")
+        self.dra_socket = socket_path(Path(plugins_dir) / name, "dra", pod_uid, ".sock")
+        for path, full in (
+            (self.registration_socket, f"{name}-{pod_uid}-reg.sock"),
+            (self.dra_socket, f"dra-{pod_uid}.sock"),
+        ):
+            if pod_uid and path.name != full:
+                log.info("%s: socket %s shortened to %s (AF_UNIX limit)", name, full, path)
         self.registration = RegistrationServicer(name, self.dra_socket)
         self._closing = asyncio.Event()
         self._dra = UnixServer(self.dra_socket, self._add_dra_services)
@@ -277,10 +287,11 @@ class NodePlugin:
             pb_grpc.add_DRAPluginServicer_to_server(
                 DraServicer(self.preparer, pb, self.status), server
             )
-        health_grpc.add_DRAResourceHealthServicer_to_server(
-            HealthServicer(self.preparer, self._closing),  # type: ignore[arg-type]
-            server,
-        )
+        for pb, pb_grpc in ((health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc)):
+            pb_grpc.add_DRAResourceHealthServicer_to_server(
+                HealthServicer(self.preparer, self._closing, pb),
+                server,
+            )
 
     async def _ensure_served(self) -> None:
         # dra.sock first: the kubelet may dial it as soon as it sees the registration socket.

@@ -23,10 +23,12 @@ import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
-from devplug.framework.device import ContainerEdits, Device
+from devplug.framework.device import ContainerEdits, Device, Mount
+from devplug.framework.dra import metadata
 from devplug.framework.dra.claims import ClaimError, ClaimSource, allocated_devices
 from devplug.framework.dra.driver import AllocatedDevice, ClaimRef, Driver, Offer, tolerates
 from devplug.framework.dra.layout import overlapping
@@ -96,7 +98,8 @@ class Preparer:
         self.pool = pool
         self.claims = claims
         self.cdi_dir = Path(cdi_dir)
-        self.checkpoint_path = Path(state_dir) / CHECKPOINT_FILE
+        self.state_dir = Path(state_dir)
+        self.checkpoint_path = self.state_dir / CHECKPOINT_FILE
         self.cdi_kind = f"{driver.name}/{CDI_CLASS}"
         self._lock = asyncio.Lock()
         self.lock_path = Path(state_dir) / LOCK_FILE
@@ -163,11 +166,15 @@ class Preparer:
         return self.cdi_dir / f"{self.driver.name}-{claim_uid}.json"
 
     def _already(self, claim: ClaimRef) -> list[PreparedDevice] | None:
-        """The devices of `claim` if it is prepared (its CDI spec there), else None."""
+        """The devices of `claim` if it is prepared (its CDI spec there, and its
+        metadata files where the driver writes them), else None."""
         done = self.prepared.get(claim.uid)
-        if done is not None and (not done.devices or self.spec_path(claim.uid).exists()):
-            return done.devices
-        return None
+        if done is None or (done.devices and not self.spec_path(claim.uid).exists()):
+            return None
+        folder = metadata.claim_dir(self.state_dir, claim.namespace, claim.name)
+        if done.devices and self.driver.device_metadata and not folder.is_dir():
+            return None
+        return done.devices
 
     async def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
         async with self._serialized():
@@ -188,7 +195,8 @@ class Preparer:
                 raise
             except Exception as error:
                 raise ClaimError(f"preparing failed: {error}") from error
-            prepared = self._write_spec(claim, picks, edits) if picks else []
+            mounts = self._write_metadata(obj, picks) if picks else {}
+            prepared = self._write_spec(claim, picks, edits, mounts) if picks else []
             self.prepared[claim.uid] = PreparedClaim(claim.namespace, claim.name, prepared)
             self._save()
             log.info(
@@ -277,8 +285,29 @@ class Preparer:
             if taint.get("effect") != "None"
         )
 
+    def _write_metadata(self, obj: Mapping[str, Any], picks: Sequence[_Pick]) -> dict[str, Mount]:
+        """The claim's device metadata files, where the driver writes them: the bind
+        mount of each base request."""
+        if not self.driver.device_metadata:
+            return {}
+        from devplug.framework.dra.slices import slice_device
+
+        devices = []
+        for pick in picks:
+            described = {
+                "pool": self.pool,
+                "name": pick.offer.name,
+                "attributes": slice_device(self.driver, pick.offer).get("attributes", {}),
+            }
+            devices += [(request, described) for request in pick.requests]
+        return metadata.write(self.state_dir, self.driver.name, obj, devices)
+
     def _write_spec(
-        self, claim: ClaimRef, picks: Sequence[_Pick], edits: ContainerEdits
+        self,
+        claim: ClaimRef,
+        picks: Sequence[_Pick],
+        edits: ContainerEdits,
+        mounts: Mapping[str, Mount],
     ) -> list[PreparedDevice]:
         """One CDI device per allocated device or share (its nodes and mounts; a share's
         ID and consumed capacity as env), the claim's env and any further edits of the
@@ -301,6 +330,9 @@ class Preparer:
                 # CDI refuses a device without edits: name the device in the env.
                 device_edits.env[f"DEVPLUG_DRA_DEVICE_{label}"] = device.id
             per_device[f"{claim.uid}-{pick.cdi_name}"] = device_edits
+        # A CDI device per request with metadata: its file, bind-mounted read-only.
+        for request, mount in mounts.items():
+            per_device[f"{claim.uid}-metadata-{request}"] = ContainerEdits(mounts=[mount])
         common = ContainerEdits(
             env=dict(edits.env),
             nodes=[n for n in edits.nodes if n.container_path not in own_nodes],
@@ -323,6 +355,12 @@ class Preparer:
                 cdi.qualified_name(self.cdi_kind, f"{claim.uid}-{pick.cdi_name}"),
                 *device.cdi_devices,
             ]
+            bases = dict.fromkeys(metadata.base_request(r) for r in pick.requests)
+            ids += [
+                cdi.qualified_name(self.cdi_kind, f"{claim.uid}-metadata-{base}")
+                for base in bases
+                if base in mounts
+            ]
             partition = pick.offer.partition
             prepared.append(
                 PreparedDevice(
@@ -344,6 +382,7 @@ class Preparer:
             done = self.prepared.get(claim.uid)
             if done is None:
                 remove_quietly(self.spec_path(claim.uid))
+                metadata.remove(self.state_dir, claim.namespace, claim.name)
                 return
             # Each device once (a claim may hold several shares of one); those gone left out.
             offers = self.driver.offers()
@@ -354,6 +393,7 @@ class Preparer:
             except Exception as error:
                 raise ClaimError(f"unpreparing failed: {error}") from error
             remove_quietly(self.spec_path(claim.uid))
+            metadata.remove(self.state_dir, claim.namespace, claim.name)
             del self.prepared[claim.uid]
             self._save()
             log.info("%s: unprepared claim %s/%s", self.driver.name, claim.namespace, claim.name)

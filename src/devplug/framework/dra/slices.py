@@ -22,6 +22,7 @@ from devplug.api.dra.constants import (
     MAX_STRING_ATTRIBUTE_LENGTH,
     MAX_TAINTS_PER_DEVICE,
     RESOURCE_API_VERSION,
+    SKIP_ALL_NODE_OPERATIONS,
 )
 from devplug.framework.device import Attribute
 from devplug.framework.dra.driver import Driver, Offer
@@ -139,8 +140,11 @@ def slice_bodies(
         (counter_slice_name(node, driver.name, i), {"sharedCounters": chunk})
         for i, chunk in enumerate(set_chunks)
     ]
+    # All the operations, as no device of such a driver needs either (Kubernetes 1.37,
+    # alpha: an API server without the feature drops the field, and its kubelet calls).
+    skip = {"skipNodeOperations": [SKIP_ALL_NODE_OPERATIONS]} if driver.skip_node_operations else {}
     named += [
-        (slice_name(node, driver.name, i), {"devices": chunk})
+        (slice_name(node, driver.name, i), {"devices": chunk, **skip})
         for i, chunk in enumerate(device_chunks)
     ]
     bodies = []

@@ -203,18 +203,6 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
         fail(f"{at}.deviceListStrategy", "expected at least one of envvar, volume-mounts, cdi")
     if len(set(strategies)) != len(strategies):
         fail(f"{at}.deviceListStrategy", "a strategy is listed twice")
-    if cdi_only(spec):
-        for key, on in (
-            ("gdsEnabled", spec.gds_enabled),
-            ("mofedEnabled", spec.mofed_enabled),
-            ("gdrcopyEnabled", spec.gdrcopy_enabled),
-        ):
-            if on:
-                fail(
-                    f"{at}.{key}",
-                    "not available with CDI strategies only: devplug does not write the "
-                    "CDI spec of that driver component; add envvar to deviceListStrategy",
-                )
     if spec.imex_channels not in ([], [0]):
         fail(f"{at}.imexChannelIDs", f"channelIDs must be [] or [0]; found {spec.imex_channels}")
     if not spec.cdi_annotation_prefix.endswith("/"):

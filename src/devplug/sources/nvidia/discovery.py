@@ -245,7 +245,8 @@ def resource_names(view: NvmlView | None, name: str, spec: NvidiaSpec) -> list[s
 def devices(unit: Unit, spec: NvidiaSpec, healthy: bool, reason: str = "") -> list[Device]:
     """The unit's Devices: one per replica, each with the container edits it needs
     (and, unhealthy, why: `reason`). With CDI strategies only, the container gets CDI
-    names and no env or device specs, as from NVIDIA's plugin (MPS's folders still)."""
+    names and no device list env or device specs, as from NVIDIA's plugin (MPS's
+    folders and the GDS/MOFED/GDRCOPY switches still)."""
     env: dict[str, str] = {}
     mounts: tuple[Mount, ...] = ()
     cdi: tuple[str, ...] = ()
@@ -256,14 +257,13 @@ def devices(unit: Unit, spec: NvidiaSpec, healthy: bool, reason: str = "") -> li
     if "volume-mounts" in spec.device_list_strategy:
         env[VISIBLE_DEVICES] = VOLUME_MOUNTS_DIR
         mounts = (Mount("/dev/null", f"{VOLUME_MOUNTS_DIR}/{ident}"),)
-    if not only_cdi:
-        for name, on in (
-            ("NVIDIA_GDS", spec.gds_enabled),
-            ("NVIDIA_MOFED", spec.mofed_enabled),
-            ("NVIDIA_GDRCOPY", spec.gdrcopy_enabled),
-        ):
-            if on:
-                env[name] = "enabled"
+    for name, on in (  # sent with CDI strategies alone too, as NVIDIA's plugin does
+        ("NVIDIA_GDS", spec.gds_enabled),
+        ("NVIDIA_MOFED", spec.mofed_enabled),
+        ("NVIDIA_GDRCOPY", spec.gdrcopy_enabled),
+    ):
+        if on:
+            env[name] = "enabled"
     if any(s in CDI_STRATEGIES for s in spec.device_list_strategy):
         cdi = (f"{CDI_KIND}={ident}",)
     if spec.sharing == "mps":

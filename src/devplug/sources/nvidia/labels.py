@@ -17,6 +17,7 @@ from devplug.outputs.nfd import MAX_LABEL_VALUE, label_value
 from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
 from devplug.sources.nvidia.discovery import Unit, host_path, single_problem
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo
+from devplug.sources.nvidia.vgpu import vgpu_labels
 
 if TYPE_CHECKING:
     from devplug.sources.nvidia.source import GpuSource
@@ -142,6 +143,7 @@ def node_labels(
         }
     if clique := _clique(view.gpus):
         labels[f"{gpu}.clique"] = clique
+    labels |= vgpu_labels(spec.host_root, domain)
     labels[f"{domain}/mig.capable"] = str(any(g.mig_capable for g in view.gpus)).lower()
     if spec.mig_strategy != "none":  # GFD labels a strategy only when there is one
         labels[f"{domain}/mig.strategy"] = spec.mig_strategy

@@ -7,6 +7,7 @@ GetPreferredAllocation picks the best-connected GPUs, spreading or packing repli
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,6 +35,8 @@ from devplug.sources.nvidia.imex import add_channels, missing_channels
 from devplug.sources.nvidia.labels import node_labels
 from devplug.sources.nvidia.source import GpuSource
 from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
+
+log = logging.getLogger("devplug.sources.nvidia")
 
 
 class NvidiaPlugin(Plugin):
@@ -84,7 +87,21 @@ class NvidiaPlugin(Plugin):
         notes = [f"{self.resource_name}: {w}" for w in self.source.warnings] if self.primary else []
         if self.source.problem and self.primary:
             notes.append(f"{self.resource_name}: NVML is not usable: {self.source.problem}")
-        if self.primary and not self.nvidia.imex_required:
+        return notes + self._setting_notes()
+
+    def _setting_notes(self) -> list[str]:
+        """What the settings do otherwise than asked (said by `check`, logged by `serve`)."""
+        if not self.primary:
+            return []
+        notes = []
+        extras = [key for key, field in _EXTRAS if getattr(self.nvidia, field)]
+        if extras and cdi_only(self.nvidia):
+            notes.append(
+                f"{self.resource_name}: {', '.join(extras)} with CDI strategies only: the "
+                "NVIDIA_* switch is sent, not the CDI device NVIDIA's plugin generates for "
+                "it (devplug writes no spec of that component)"
+            )
+        if not self.nvidia.imex_required:
             notes += [
                 f"{self.resource_name}: IMEX channel {path} does not exist: not given"
                 for path in missing_channels(self.nvidia)
@@ -103,6 +120,8 @@ class NvidiaPlugin(Plugin):
         ]
 
     async def scan(self) -> None:
+        for note in self._setting_notes():
+            log.warning("%s", note)
         try:  # attach counts this plugin at once: cancelled while it waits, detach
             await self.source.attach()
             generation = -1
@@ -246,6 +265,14 @@ class NvidiaPlugin(Plugin):
 
     def node_labels(self) -> Mapping[str, str]:
         return node_labels(self.source, self.resource, self.primary, self.devices.values())
+
+
+# NVIDIA's switches of driver components: the config key, the spec's field.
+_EXTRAS: tuple[tuple[str, str], ...] = (
+    ("gdsEnabled", "gds_enabled"),
+    ("mofedEnabled", "mofed_enabled"),
+    ("gdrcopyEnabled", "gdrcopy_enabled"),
+)
 
 
 def _unit_of(device_id: str) -> str:

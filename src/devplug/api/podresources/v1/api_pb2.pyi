@@ -5,8 +5,9 @@ The kubelet's PodResources API v1: which devices the node has and which
 containers hold them. Monitoring agents read it on
 /var/lib/kubelet/pod-resources/kubelet.sock; devplug's kubelet simulator serves it.
 
-Mirrors staging/src/k8s.io/kubelet/pkg/apis/podresources/v1/api.proto of Kubernetes v1.36.2
-(wire format checked by tests/test_upstream_protos.py); the comments are devplug's.
+Mirrors staging/src/k8s.io/kubelet/pkg/apis/podresources/v1/api.proto of Kubernetes v1.37
+(wire format checked by tests/test_upstream_protos.py: 1.37 added the pod-level cpu_ids
+and memory of PodResources to the file of v1.36.2); the comments are devplug's.
 Fields about CPUs, memory and dynamic resources are kept so that clients of the
 real API decode our answers unchanged, even though the simulator leaves them empty.
 """
@@ -111,20 +112,30 @@ class PodResources(_message.Message):
     NAME_FIELD_NUMBER: _builtins.int
     NAMESPACE_FIELD_NUMBER: _builtins.int
     CONTAINERS_FIELD_NUMBER: _builtins.int
+    CPU_IDS_FIELD_NUMBER: _builtins.int
+    MEMORY_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     namespace: _builtins.str
     @_builtins.property
     def containers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerResources]: ...
+    @_builtins.property
+    def cpu_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Exclusive CPUs and memory of the pod as a whole (pod-level resources; 1.37)."""
+
+    @_builtins.property
+    def memory(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerMemory]: ...
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         namespace: _builtins.str = ...,
         containers: _abc.Iterable[Global___ContainerResources] | None = ...,
+        cpu_ids: _abc.Iterable[_builtins.int] | None = ...,
+        memory: _abc.Iterable[Global___ContainerMemory] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers", "name", b"name", "namespace", b"namespace"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["containers", b"containers", "cpu_ids", b"cpu_ids", "memory", b"memory", "name", b"name", "namespace", b"namespace"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

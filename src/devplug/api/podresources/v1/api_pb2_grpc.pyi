@@ -5,8 +5,9 @@ The kubelet's PodResources API v1: which devices the node has and which
 containers hold them. Monitoring agents read it on
 /var/lib/kubelet/pod-resources/kubelet.sock; devplug's kubelet simulator serves it.
 
-Mirrors staging/src/k8s.io/kubelet/pkg/apis/podresources/v1/api.proto of Kubernetes v1.36.2
-(wire format checked by tests/test_upstream_protos.py); the comments are devplug's.
+Mirrors staging/src/k8s.io/kubelet/pkg/apis/podresources/v1/api.proto of Kubernetes v1.37
+(wire format checked by tests/test_upstream_protos.py: 1.37 added the pod-level cpu_ids
+and memory of PodResources to the file of v1.36.2); the comments are devplug's.
 Fields about CPUs, memory and dynamic resources are kept so that clients of the
 real API decode our answers unchanged, even though the simulator leaves them empty.
 """
