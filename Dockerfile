@@ -1,5 +1,6 @@
-# The devplug node daemon. Any OCI builder builds it (`docker build -t devplug/devplug .`);
-# `make image` builds this same file with buildah, without a docker engine or a registry.
+# The devplug node daemon. Any OCI builder builds it (`docker build -t REGISTRY/devplug:TAG .`);
+# `make image` builds this same file with buildah, without a docker engine or a registry,
+# as localhost/devplug:VERSION, with the build arguments of the OCI labels below.
 #
 # BASE: a Debian bookworm with CPython 3.11 (`make image` passes one made by mmdebstrap
 # from Debian packages: python3, python3-venv). Both stages use it, so the venv's
@@ -40,6 +41,14 @@ ENV PATH=/opt/devplug/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 USER 0:0
 ENTRYPOINT ["devplug"]
 CMD ["serve", "--config", "/etc/devplug/config.yaml"]
+# What was built from where: `make image` passes the project's version, its source URL
+# (pyproject.toml) and the git commit (with -dirty for uncommitted changes).
+ARG VERSION=unknown
+ARG SOURCE=unknown
+ARG REVISION=unknown
 LABEL org.opencontainers.image.title="devplug" \
       org.opencontainers.image.description="Kubernetes device plugins from a YAML config" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.revision="${REVISION}"

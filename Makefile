@@ -4,15 +4,18 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Every extra, for the tests; the development tools come from the `dev` dependency group
+# (PEP 735, pip >= 25.1), which is not published with the package.
+EXTRAS := dra,envtest,fleet,report,udev
 
-.PHONY: demo test lint proto bench fleet-bench soak clean image image-deps node-deps browser-deps
+.PHONY: demo test lint proto dist bench fleet-bench soak clean image image-deps node-deps browser-deps
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
 	@echo "installing devplug into $(VENV)" >&2
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -m pip install -q --upgrade pip >&2
-	@$(BIN)/python -m pip install -q -e '.[dev]' >&2
+	@$(BIN)/python -m pip install -q --upgrade 'pip>=25.1' >&2
+	@$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]' --group dev >&2
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -28,6 +31,14 @@ lint: $(STAMP)
 
 proto: $(STAMP)
 	$(BIN)/python tools/genproto.py
+
+# The wheel and the sdist in dist/, checked: their metadata (twine), and the LICENSE and
+# py.typed inside each.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build -q --outdir dist . >&2
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python tools/checkdist.py dist
 
 bench: $(STAMP) image
 	@$(BIN)/python bench/run.py
@@ -76,4 +87,4 @@ soak: $(STAMP)
 	$(BIN)/python tests/soak.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build .envtest
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build dist .envtest

@@ -25,7 +25,7 @@ def image_size() -> dict[str, Any]:
     if not ARCHIVE.exists():
         return {"built": False}
     version = re.search(r'^version = "(.*)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    name = f"docker.io/devplug/devplug:{version.group(1) if version else ''}"
+    name = f"localhost/devplug:{version.group(1) if version else ''}"
     # By the ID `make image` built (the name may be another checkout's build in this store).
     built = ROOT / "build" / "image.id"
     image = built.read_text().strip() if built.exists() else name

@@ -17,8 +17,8 @@ def project_version() -> str:
 
 
 def image_name() -> str:
-    # `devplug/devplug:VERSION`, fully qualified as the kubelet reads that name.
-    return f"docker.io/devplug/devplug:{project_version()}"
+    # The DaemonSet's `localhost/devplug:VERSION`: a name no registry resolves.
+    return f"localhost/devplug:{project_version()}"
 
 
 def build_image() -> Path:

@@ -349,11 +349,11 @@ def test_a_node_that_does_not_come_up_exits_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A valid config whose socket path is too long for the nodes' plugin folders:
-    # `devplug serve` starts, then exits 1.
+    # `devplug serve` refuses it before serving (exit 2), and the node never comes up.
     name = "a" * 60 + ".example.com/" + "b" * 60
     config = write(tmp_path / "long.yaml", {"resources": [{"name": name, "virtual": 1}]})
     pods = write(tmp_path / "pods.yaml", pods_yaml(pod("p", {"c": {}})))
     code, out, err = cluster_cli(capsys, "--nodes", "2", "--config", str(config), "-f", str(pods))
     assert code == 1
     assert out == ""
-    assert re.search(r"devplug cluster: node-\d: devplug serve exited with status 1", err)
+    assert re.search(r"devplug cluster: node-\d: devplug serve exited with status 2", err)

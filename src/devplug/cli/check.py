@@ -36,8 +36,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from devplug.api.constants import DEVICE_PLUGIN_PATH
     from devplug.cli.serve import gdp_settings
     from devplug.sources import ConfigError, build_plugins, load_config, load_default_config
+    from devplug.sources.validate import CannotStart, plugins_to_serve
 
     name = args.config or "the packaged default config"
     try:
@@ -47,9 +49,16 @@ def run(args: argparse.Namespace) -> int:
             config = gdp.config
         else:
             config = load_config(args.config) if args.config else load_default_config()
-        plugins = build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
+        plugins = plugins_to_serve(
+            config,
+            name,
+            lambda c: build_plugins(c, sysfs_root=args.sysfs_root, dev_root=args.dev_root),
+            DEVICE_PLUGIN_PATH,
+        )
         report = [_resource_report(p) for p in plugins]
         _add_dra_reports(args, plugins, report)
+    except CannotStart as e:
+        return style.fail(args, str(e))
     except (ConfigError, ValueError) as e:
         problem = str(e) if isinstance(e, ConfigError) else f"{name}: {e}"
         print(problem, file=sys.stderr)
@@ -98,6 +107,12 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
         devices = asyncio.run(plugin.checked_devices())
     else:
         devices = plugin.discover()
+    from devplug.sources.validate import served_devices
+
+    # What serving would publish: the first devices up to limits.maxDevicesPerResource.
+    served, problem = served_devices(plugin.resource_name, devices, plugin.limits)
+    devices = devices[:served]
+    warnings = [*plugin.warnings, *([problem] if problem else [])]
     return {
         "name": plugin.resource_name,
         "kind": getattr(plugin, "kind", "virtual" if isinstance(plugin, VirtualPlugin) else "host"),
@@ -114,7 +129,7 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
             }
             for d in devices
         ],
-        "warnings": list(plugin.warnings),
+        "warnings": warnings,
     }
 
 

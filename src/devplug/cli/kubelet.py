@@ -154,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
 def read_pods(names: list[str]) -> tuple[str, list[list[Any]]]:
     """('', the pod documents of each `-f` file), or (the problem, []): a file that cannot
     be read, is no YAML, holds something other than pods, or no pod at all."""
+    from devplug.inputs import InputError
     from devplug.simulator import ManifestError
     from devplug.simulator.pods import load_documents, parse_pods
 
@@ -164,7 +165,7 @@ def read_pods(names: list[str]) -> tuple[str, list[list[Any]]]:
             documents = load_documents(text, shown)
             if not parse_pods(documents, shown):
                 return f"{shown}: no pods in it", []
-        except (OSError, UnicodeDecodeError) as error:
+        except (OSError, UnicodeDecodeError, InputError) as error:
             return style.input_problem(name, error), []
         except ManifestError as error:
             return str(error), []
@@ -206,6 +207,11 @@ async def _serve(
         claims=claims,
         node_slices=_node_slices(api, args.node_name),
     )
+    from devplug.framework.unixserver import socket_path_problem
+
+    for path in kubelet.sockets():  # said up front, before anything is made
+        if problem := socket_path_problem(path):
+            return style.fail(args, problem, style.EXIT_USAGE)
     code = style.EXIT_OK
     with stop_on_signals() as stop:
         try:

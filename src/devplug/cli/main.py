@@ -121,6 +121,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if _command(argv) == "serve":
+        # First of all: SIGHUP asks a running daemon to reload, it must never end one
+        # that is still starting.
+        from devplug.framework.signals import hold_reload_signal
+
+        hold_reload_signal()
     # gRPC's core logs (absl) bypass Python logging and would break the log format;
     # devplug reports each failure itself, so unless asked for (GRPC_VERBOSITY=debug to
     # see them) they are off. Read when grpc loads, so before any import of it.
@@ -139,8 +145,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from devplug.logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)
+    from devplug.extras import MissingExtra
+
     try:
         code: int = args._module.run(args)
+    except MissingExtra as error:  # any command: one line naming the extra to install
+        return style.fail(args, str(error))
     except BrokenPipeError:
         # The reader went away (`devplug check ... | head`): quietly stop writing.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -76,6 +76,11 @@ def update(args: argparse.Namespace, label: str) -> bool:
     if os.path.lexists(destination) and os.path.realpath(destination) == os.path.realpath(source):
         log.info("already configured with %s", name or "the empty config")
         return False
+    if os.path.lexists(destination) and not os.path.islink(destination):
+        raise ValueError(
+            f"{destination} exists and is not a link the config manager made: left alone "
+            "(remove it, or set another CONFIG_FILE_DST)"
+        )
     temporary = f"{destination}.{os.getpid()}.tmp"
     os.symlink(source, temporary)
     os.replace(temporary, destination)  # at once: the plugin never sees no file

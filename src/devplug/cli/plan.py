@@ -183,10 +183,9 @@ def run(args: argparse.Namespace) -> int:
     except (WorkloadError, KnobError) as error:
         return _fail(str(error))
     if args.html:
-        try:
-            import plotly  # noqa: F401
-        except ImportError:
-            return _fail("--html needs plotly: pip install 'devplug[report]'")
+        from devplug.extras import require
+
+        require("plotly", "report", "--html")
     api: Any = None
     if args.kubeconfig:
         from devplug.fleet.kube import KubeApi

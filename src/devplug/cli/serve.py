@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH
 from devplug.cli import style
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from devplug.framework.daemon import Service
     from devplug.sources import Config, SourcePlugin
     from devplug.sources.gdpfront import Settings as GdpSettings
@@ -165,17 +167,17 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--registry-dir",
-        default=dra.PLUGINS_REGISTRY_PATH,
         type=style.folder,
         metavar="DIR",
-        help="the kubelet's plugin registration folder",
+        help="the kubelet's plugin registration folder (default: plugins_registry beside "
+        f"--plugin-dir, {dra.PLUGINS_REGISTRY_PATH})",
     )
     group.add_argument(
         "--dra-socket-dir",
-        default=dra.PLUGINS_PATH,
         type=style.folder,
         metavar="DIR",
-        help="the folder of each DRA driver's own folder and dra.sock (the kubelet's plugins)",
+        help="the folder of each DRA driver's own folder and dra.sock, the kubelet's plugins "
+        f"(default: plugins beside the registration folder, {dra.PLUGINS_PATH})",
     )
     group.add_argument(
         "--cdi-dir",
@@ -208,6 +210,9 @@ def node_name(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import os
+
+    log.debug("starting, pid %d", os.getpid())
 
     from devplug.framework.daemon import serve
     from devplug.sources import (
@@ -216,9 +221,9 @@ def run(args: argparse.Namespace) -> int:
         load_config,
         load_default_config,
         parse_config,
-        start_problems,
     )
     from devplug.sources.services import build_services
+    from devplug.sources.validate import CannotStart, plugins_to_serve
 
     def build(config: Config) -> list[SourcePlugin]:
         return build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
@@ -260,17 +265,15 @@ def run(args: argparse.Namespace) -> int:
         if needs_node_labels(config):
             labels = _node_labels(args)
             apply_node_modes(config, labels, node_name(args), source)
-        plugins = build(config)
+        plugins = plugins_to_serve(config, source, build, args.plugin_dir)
         services = build_services(config, feature_file=args.feature_file)
-    except nvidiafile.NodeLabelsUnreadable as error:
+    except (nvidiafile.NodeLabelsUnreadable, CannotStart) as error:
         return style.fail(args, str(error))
     except ConfigError as e:
         print(e, file=sys.stderr)
         return style.EXIT_USAGE
     except ValueError as e:  # no usable kubeconfig for the node's labels
         return style.fail(args, f"nodeModeLabel: {e}", style.EXIT_USAGE)
-    if problems := start_problems(plugins):
-        return style.fail(args, "; ".join(problems))
     from devplug.sources.draconfig import serves_device_plugin, serves_dra
 
     device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
@@ -307,7 +310,10 @@ def run(args: argparse.Namespace) -> int:
             apply_node_modes(config, labels, node_name(args), source)
         return [p for p in build(config) if serves_device_plugin(p.spec.mode)]
 
-    services += reload_and_metrics(args, config, build_device_plugins, text)
+    from devplug.sources.services import config_followers
+
+    followers = config_followers(services, feature_file=args.feature_file)
+    services += reload_and_metrics(args, config, build_device_plugins, text, followers)
     from devplug.extras import MissingExtra
     from devplug.framework.daemon import ServiceFailed
 
@@ -402,16 +408,21 @@ def nvidia_config_text(
 
 
 def reload_and_metrics(
-    args: argparse.Namespace, config: Config, build: BuildPlugins, text: str | None = None
+    args: argparse.Namespace,
+    config: Config,
+    build: BuildPlugins,
+    text: str | None = None,
+    followers: Sequence[Callable[[Config], None]] = (),
 ) -> list[Service]:
     """The config reloader (with --config or --nvidia-config, whose `text` it is; `build`
-    as at start-up), the node label watch (when a node label chooses an NVIDIA config)
-    and the metrics server (with --metrics-port), each imported only when used."""
+    as at start-up; `followers` told each applied config), the node label watch (when a
+    node label chooses an NVIDIA config) and the metrics server (with --metrics-port),
+    each imported only when used."""
     services: list[Service] = []
     if args.config or text is not None:
         from devplug.sources.reload import ConfigReloader
 
-        reloader = ConfigReloader(args.config, config, build, text)
+        reloader = ConfigReloader(args.config, config, build, text, followers)
         services.append(reloader)
         if keys := label_keys(config):
             from devplug.sources.nvidia.nodelabel import NodeLabelWatch
@@ -447,16 +458,35 @@ def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
     from devplug.sources.draconfig import config_driver, serves_dra
 
     drivers = [config_driver(plugin) for plugin in plugins if serves_dra(plugin.spec.mode)]
+    registry, sockets = dra_dirs(args)
     settings = DraSettings(
         node_name=node_name(args),
-        registry_dir=Path(args.registry_dir),
-        plugins_dir=Path(args.dra_socket_dir),
+        registry_dir=registry,
+        plugins_dir=sockets,
         cdi_dir=Path(args.cdi_dir),
         kubeconfig=args.kubeconfig,
         claims_dir=Path(args.claims_dir) if args.claims_dir else None,
         pod_uid=args.pod_uid or os.environ.get("POD_UID", ""),
     )
+    from devplug.framework.dra.nodeplugin import driver_sockets
+
+    for driver in drivers:  # before anything is made: one line, a usage error
+        try:
+            driver_sockets(driver.name, registry, sockets, settings.pod_uid)
+        except ValueError as error:
+            raise ValueError(f"driver {driver.name}: {error}") from None
     return DraService(drivers, settings)
+
+
+def dra_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The kubelet's registration folder and DRA plugins folder: those given, else
+    derived from the folders given (a moved --plugin-dir moves both), so that a
+    serve on other folders never makes one on the real kubelet's."""
+    from pathlib import Path
+
+    registry = Path(args.registry_dir or Path(args.plugin_dir).parent / "plugins_registry")
+    sockets = Path(args.dra_socket_dir or registry.parent / "plugins")
+    return registry, sockets
 
 
 def _debug_services() -> list[Service]:

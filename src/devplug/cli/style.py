@@ -178,18 +178,22 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def read_inputs(names: list[str]) -> list[tuple[str, str]]:
-    """(name, text) of each `-f` file, 'stdin' for '-'. Raises OSError or
-    UnicodeDecodeError; `input_problem` words them."""
-    return [("stdin", sys.stdin.read()) if name == "-" else (name, _read(name)) for name in names]
+    """(name, text) of each `-f` file, 'stdin' for '-', bounded (devplug.inputs).
+    Raises InputError; `input_problem` words it."""
+    from devplug import inputs
 
-
-def _read(name: str) -> str:
-    with open(name, encoding="utf-8") as f:
-        return f.read()
+    return [
+        ("stdin" if name == "-" else name, inputs.read_text(name, inputs.LARGE_LIMITS))
+        for name in names
+    ]
 
 
 def input_problem(name: str, error: Exception) -> str:
     """One line for a file that could not be read."""
+    from devplug.inputs import InputError
+
+    if isinstance(error, InputError):
+        return str(error)
     if isinstance(error, UnicodeDecodeError):
         return f"{name}: cannot read it: not UTF-8 text"
     if isinstance(error, OSError):
@@ -327,6 +331,13 @@ class PathType(OptionType):
             return text
         if not text:
             raise argparse.ArgumentTypeError(f"expected a {self.kind} path, got ''")
+        if self.kind == "socket":
+            from pathlib import Path
+
+            from devplug.framework.unixserver import socket_path_problem
+
+            if problem := socket_path_problem(Path(text)):
+                raise argparse.ArgumentTypeError(problem)
         try:
             st = os.stat(text)
         except FileNotFoundError:

@@ -18,9 +18,8 @@ import collections
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from devplug.kube.scoring import least_allocated_score as node_score
 from devplug.simulator.pods import PodSpec
-
-MAX_NODE_SCORE = 100
 
 
 def _add(total: dict[str, int], more: Mapping[str, int]) -> None:
@@ -85,16 +84,7 @@ def insufficient(requests: Mapping[str, int], node: NodeState) -> list[str]:
 def least_allocated_score(requests: Mapping[str, int], node: NodeState) -> int:
     """0-100, higher for a node left emptier by the pod, averaged over its resources
     (integer arithmetic, as the scheduler's)."""
-    scores = []
-    for name, count in requests.items():
-        capacity = node.allocatable.get(name, 0)
-        used = node.requested.get(name, 0) + count
-        scores.append(
-            0
-            if capacity == 0 or used > capacity
-            else (capacity - used) * MAX_NODE_SCORE // capacity
-        )
-    return sum(scores) // len(scores) if scores else 0
+    return node_score(requests, node.allocatable, node.requested)
 
 
 def fit_error(total_nodes: int, unfit: Mapping[str, Sequence[str]]) -> str:

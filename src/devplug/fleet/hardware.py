@@ -61,7 +61,16 @@ def gpu_description(spec: GpuHostSpec) -> dict[str, Any]:
     from devplug.testing.fakegpus import fake_host
 
     if spec.description is not None:
-        loaded: dict[str, Any] = json.loads(Path(spec.description).read_text())
+        from devplug import inputs
+
+        text = inputs.read_text(spec.description, what="the GPU description")
+        try:
+            loaded: dict[str, Any] = json.loads(text)
+        except RecursionError:
+            raise inputs.InputError(spec.description, "nested too deep to read") from None
+        except ValueError as error:
+            problem = f"invalid JSON: {' '.join(str(error).split())}"
+            raise inputs.InputError(spec.description, problem) from None
         return loaded
     per_numa = -(-spec.count // spec.numa_nodes)
     group: dict[str, Any] = {

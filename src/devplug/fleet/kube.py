@@ -67,8 +67,13 @@ class KubeApi:
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, **kwargs: Any) -> KubeApi:
-        """ValueError with a one-line reason when the kubeconfig cannot be used."""
+        """ValueError with a one-line reason when the kubeconfig cannot be used;
+        MissingExtra naming the `fleet` extra when its client libraries are not there."""
+        from devplug.extras import require
         from devplug.framework.dra.kube import configuration
+
+        for module in ("kubernetes", "aiohttp"):
+            require(module, "fleet", "a fleet on an API server (fleet up/down, plan --kubeconfig)")
 
         return cls(configuration(kubeconfig), **kwargs)
 

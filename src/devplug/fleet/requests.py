@@ -12,7 +12,8 @@ from fractions import Fraction
 from typing import Any
 
 from devplug.cluster.scheduler import effective_requests
-from devplug.simulator.pods import InvalidPod, PodSpec, QuantityError, parse_pod, parse_quantity
+from devplug.kube.quantity import QuantityError, parse_quantity
+from devplug.simulator.pods import InvalidPod, PodSpec, parse_pod
 
 NATIVE = ("cpu", "memory")
 

@@ -19,9 +19,10 @@ from typing import Any, Literal, NoReturn
 import msgspec
 import yaml
 
-from devplug.simulator.pods import QuantityError, parse_quantity
+from devplug import inputs
+from devplug.kube.quantity import QuantityError, parse_quantity
 from devplug.simulator.topology import MAX_NUMA_NODES, POLICIES
-from devplug.sources.config import Config, ConfigError, convert, parse_config, yaml_problem
+from devplug.sources.config import Config, ConfigError, convert, parse_config
 
 MAX_NODES = 20_000
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -114,20 +115,18 @@ def load_fleet(path: str | os.PathLike[str]) -> Fleet:
     """Read and check a fleet file; ConfigError with a one-line message."""
     source = os.fspath(path)
     try:
-        text = Path(source).read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"{source}: cannot read the fleet file: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: cannot read the fleet file: not UTF-8 text") from None
+        text = inputs.read_text(source, inputs.LARGE_LIMITS, what="the fleet file")
+    except inputs.InputError as error:
+        raise ConfigError(str(error)) from None
     return parse_fleet(text, source, Path(source).resolve().parent)
 
 
 def parse_fleet(text: str, source: str = "<fleet>", folder: Path | None = None) -> Fleet:
     """Check fleet text; `folder` is where `configFile` and `description` paths start."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(yaml_problem(error, source)) from None
+        data = inputs.load_yaml(text, source, inputs.LARGE_LIMITS)
+    except inputs.InputError as error:
+        raise ConfigError(str(error)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping with 'pools'")
     try:
@@ -244,11 +243,9 @@ def _pool_config(
     assert pool.config_file is not None
     path = base / pool.config_file
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        fail(f"{where}.configFile", f"cannot read {path}: {error.strerror}")
-    except UnicodeDecodeError:
-        fail(f"{where}.configFile", f"cannot read {path}: not UTF-8 text")
+        text = inputs.read_text(path, what=str(path))
+    except inputs.InputError as error:
+        fail(f"{where}.configFile", error.problem)
     return parse_config(text, f"{source}: {where}.configFile: {path}")
 
 
@@ -274,6 +271,8 @@ def _check_gpus(
         gpu_description(gpus)
     except KeyError as error:
         fail(f"{where}.model" if "model" in str(error) else f"{where}.mig", str(error.args[0]))
+    except inputs.InputError as error:
+        fail(f"{where}.description", str(error))
     except ValueError as error:
         fail(f"{where}.mig", str(error))
 

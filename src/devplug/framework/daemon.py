@@ -16,6 +16,7 @@ from devplug.framework.endpoint import Endpoint
 from devplug.framework.generation import Generation
 from devplug.framework.plugin import Plugin
 from devplug.framework.signals import stop_on_signals
+from devplug.framework.watchdog import LoopWatchdog
 
 log = logging.getLogger("devplug.daemon")
 
@@ -113,6 +114,8 @@ class Daemon:
         for service in self.services:
             tasks.add(asyncio.create_task(service.run(self), name=type(service).__name__))
         stopping = asyncio.create_task(stop.wait())
+        watchdog = LoopWatchdog()  # a hook that blocks the loop is said, with its name
+        watchdog.start()
         try:
             while True:
                 self._tasks_changed.clear()
@@ -135,6 +138,7 @@ class Daemon:
             await asyncio.gather(*tasks, return_exceptions=True)
             await asyncio.gather(*(e.stop() for e in self.endpoints))
             self._watcher.close()
+            watchdog.stop()
             log.info("stopped")
 
     def _start_endpoint(self, endpoint: Endpoint) -> None:

@@ -24,6 +24,19 @@ def permissions_problem(permissions: str) -> str | None:
     return f"permissions {permissions!r} must combine r, w and m, each at most once"
 
 
+def env_problem(name: str, value: str) -> str | None:
+    """Why a container cannot get the variable `name=value`: the runtime hands env to
+    execve as 'NAME=VALUE' C strings, so a NUL cuts it and '=' in the name moves the
+    split (containerd then drops or mangles it)."""
+    if not name:
+        return "an env variable needs a name"
+    if "=" in name or "\0" in name:
+        return f"bad env variable name {name!r}: no '=' or NUL character"
+    if "\0" in value:
+        return f"env variable {name!r}: its value contains a NUL character"
+    return None
+
+
 def cdi_name_problem(name: str) -> str | None:
     if _CDI_NAME.match(name):
         return None
@@ -110,6 +123,9 @@ class Device:
         for name in self.cdi_devices:
             if problem := cdi_name_problem(name):
                 raise ValueError(problem)
+        for key, value in self.env.items():
+            if problem := env_problem(key, value):
+                raise ValueError(f"device {self.id!r}: {problem}")
         if any(n < 0 for n in self.numa_nodes):
             raise ValueError(f"device {self.id!r}: NUMA node IDs must be >= 0")
 
@@ -166,6 +182,32 @@ class ContainerEdits:
     nodes: list[DeviceNode] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
     cdi_devices: list[str] = field(default_factory=list)
+
+
+def edits_problem(edits: object) -> str | None:
+    """Why `edits`, as returned by a plugin's allocate hook, cannot go to the kubelet:
+    not ContainerEdits, or parts of the wrong type, or env a container cannot take."""
+    if not isinstance(edits, ContainerEdits):
+        return f"returned {type(edits).__name__}, expected ContainerEdits"
+    parts = (
+        ("env", edits.env, dict, str),
+        ("annotations", edits.annotations, dict, str),
+        ("mounts", edits.mounts, list, Mount),
+        ("nodes", edits.nodes, list, DeviceNode),
+        ("cdi_devices", edits.cdi_devices, list, str),
+    )
+    for name, value, kind, item in parts:
+        if not isinstance(value, kind):
+            want = kind.__name__
+            return f"returned ContainerEdits.{name} of {type(value).__name__}, expected {want}"
+        every = [*value, *value.values()] if isinstance(value, dict) else value
+        if wrong := next((v for v in every if not isinstance(v, item)), None):
+            want = item.__name__
+            return f"returned ContainerEdits.{name} holding {type(wrong).__name__}, expected {want}"
+    for key, text in edits.env.items():
+        if problem := env_problem(key, text):
+            return f"returned {problem}"
+    return None
 
 
 def merge_edits(devices: Iterable[Device]) -> ContainerEdits:

@@ -38,3 +38,14 @@ class Limits:
         """gRPC server options that enforce the request size (gRPC answers
         RESOURCE_EXHAUSTED before our code sees the message)."""
         return [("grpc.max_receive_message_length", self.max_request_bytes)]
+
+
+def device_limit_problem(resource: str, found: int, limits: Limits) -> str | None:
+    """The line said when a resource finds more devices than it may publish (the first
+    `max_devices` are served): by the daemon when it publishes, by `devplug check`."""
+    if found <= limits.max_devices:
+        return None
+    return (
+        f"{resource}: {found} devices, more than the limit of {limits.max_devices} "
+        f"(limits.maxDevicesPerResource): serving the first {limits.max_devices}"
+    )

@@ -25,7 +25,7 @@ ALLOCATED = "allocated"  # fields: containers (list of ID lists), seconds
 REFUSED = "refused"  # fields: method, code, seconds (Allocate only)
 STREAM_OPENED = "stream_opened"
 STREAM_CLOSED = "stream_closed"
-RELOADED = "reloaded"  # fields: added, removed, changed, kept (lists of resource names)
+RELOADED = "reloaded"  # fields: added, removed, changed, kept (resource names), settings (keys)
 RELOAD_REFUSED = "reload_refused"  # fields: error
 # DRA (the resource is the driver's name); `result` is "ok" or "error".
 CLAIM_PREPARED = "claim_prepared"  # fields: claim, result, seconds

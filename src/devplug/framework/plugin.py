@@ -12,7 +12,7 @@ import grpc
 from devplug.framework import observe
 from devplug.framework.device import ContainerEdits, Device, merge_edits
 from devplug.framework.generation import Generation
-from devplug.framework.limits import Limits
+from devplug.framework.limits import Limits, device_limit_problem
 from devplug.framework.names import resource_name_problem
 from devplug.framework.preferred import prefer_numa_local
 
@@ -83,15 +83,8 @@ class Plugin:
             if device.id in table:
                 raise ValueError(f"{self.resource_name}: device ID {device.id!r} published twice")
             table[device.id] = device
-        if len(table) > self.limits.max_devices:
-            log.error(
-                "%s: %d devices, more than the limit of %d (limits.maxDevicesPerResource): "
-                "serving the first %d",
-                self.resource_name,
-                len(table),
-                self.limits.max_devices,
-                self.limits.max_devices,
-            )
+        if problem := device_limit_problem(self.resource_name, len(table), self.limits):
+            log.error("%s", problem)
             table = dict(list(table.items())[: self.limits.max_devices])
         first = not self._published.is_set()
         self._published.set()

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -20,7 +20,7 @@ from devplug.api.constants import HEALTHY, UNHEALTHY
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework import observe
-from devplug.framework.device import ContainerEdits, Device
+from devplug.framework.device import ContainerEdits, Device, edits_problem
 from devplug.framework.observe import show_ids
 from devplug.framework.plugin import AllocationError, Plugin
 
@@ -50,6 +50,11 @@ def edits_to_wire(edits: ContainerEdits) -> pb.ContainerAllocateResponse:
         annotations=edits.annotations,
         cdi_devices=[pb.CDIDevice(name=name) for name in edits.cdi_devices],
     )
+
+
+def hook(plugin: Plugin, name: str) -> str:
+    """How a plugin's hook is named in errors: 'Widgets.allocate'."""
+    return f"{type(plugin).__name__}.{name}"
 
 
 def resolve(plugin: Plugin, ids: Sequence[str], *, need_healthy: bool = True) -> list[Device]:
@@ -159,17 +164,29 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             )
         response = pb.PreferredAllocationResponse()
         try:
+            # The kubelet offers every free device, to each container again: a request
+            # as large as the published list allows is the kubelet's own, whatever
+            # limits.maxIdsPerRequest says (below the device count it would fail every pod).
+            containers = len(request.container_requests)
             self._check_id_count(
                 sum(
                     len(c.available_deviceIDs) + len(c.must_include_deviceIDs)
                     for c in request.container_requests
-                )
+                ),
+                at_least=2 * containers * len(self.plugin.devices),
             )
             for index, creq in enumerate(request.container_requests):
                 ids = await self._preferred_one(index, creq)
                 response.container_responses.add(deviceIDs=ids)
         except AllocationError as error:
             await self._refuse(context, "GetPreferredAllocation", error)
+        except Exception as error:  # a hook failed: the daemon keeps serving
+            log.exception("%s: preferred hook failed", self.plugin.resource_name)
+            await self._refuse(
+                context,
+                "GetPreferredAllocation",
+                AllocationError(f"preferred failed: {error}", grpc.StatusCode.INTERNAL),
+            )
         return response
 
     async def _preferred_one(
@@ -195,7 +212,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             raise AllocationError(
                 prefix + f"allocation size {size} exceeds the {len(available)} available devices"
             )
-        picked = list(await self.plugin.preferred(available, [table[i] for i in must_ids], size))
+        answer = await self.plugin.preferred(available, [table[i] for i in must_ids], size)
+        if isinstance(answer, str | bytes) or not isinstance(answer, Iterable):
+            raise AllocationError(
+                prefix + f"{hook(self.plugin, 'preferred')} returned {type(answer).__name__}, "
+                "expected a sequence of device IDs",
+                grpc.StatusCode.INTERNAL,
+            )
+        picked = list(answer)
         if len(picked) != size or not set(must_ids) <= set(picked) or not set(picked) <= offered:
             raise AllocationError(
                 prefix + "the plugin's preferred() broke its contract", grpc.StatusCode.INTERNAL
@@ -224,6 +248,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                         f"container request {index}: {error}", error.code
                     ) from None
                 edits = await self.plugin.allocate(devices)
+                if problem := edits_problem(edits):
+                    raise AllocationError(
+                        f"{hook(self.plugin, 'allocate')} {problem}", grpc.StatusCode.INTERNAL
+                    )
                 response.container_responses.append(edits_to_wire(edits))
         except AllocationError as error:
             await self._refuse(context, "Allocate", error, started)
@@ -267,8 +295,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             )
         return pb.PreStartContainerResponse()
 
-    def _check_id_count(self, count: int) -> None:
-        limit = self.plugin.limits.max_ids_per_request
+    def _check_id_count(self, count: int, at_least: int = 0) -> None:
+        limit = max(self.plugin.limits.max_ids_per_request, at_least)
         if count > limit:
             raise AllocationError(
                 f"{count} device IDs in one request, the limit "

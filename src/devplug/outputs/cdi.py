@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from devplug.framework.device import ContainerEdits, Device, merge_edits
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import physical_id
-from devplug.outputs.files import NotOurs, OwnedFile, write_atomic
+from devplug.outputs.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile, write_atomic
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:
@@ -186,7 +186,12 @@ class CdiSpecs:
         self.written: dict[Path, OwnedFile] = {}
 
     async def run(self, daemon: Daemon) -> None:
+        import asyncio
+
         from devplug.framework.daemon import ServiceFailed
+
+        keeper = FileKeeper(lambda: list(self.written.values()))
+        elsewhere: set[Path] = set()  # said once each
 
         def update(plugins: Sequence[Plugin]) -> None:
             wanted: dict[Path, tuple[Plugin, str]] = {}
@@ -201,21 +206,31 @@ class CdiSpecs:
                     document = plugin.cdi_spec_document()
                 else:
                     document = spec_document(kind, plugin.devices.values())
-                spec = self.written.get(path) or OwnedFile(path, _spec_of(kind))
+                spec = self.written.setdefault(path, OwnedFile(path, _spec_of(kind)))
                 try:  # logged, not fatal: the next change tries again
                     if spec.write(_spec_text(document)):
                         log.info("%s: CDI spec written to %s", plugin.resource_name, path)
-                    self.written[path] = spec
                 except NotOurs as e:  # another's spec: never replaced
                     raise ServiceFailed(f"{plugin.resource_name}: CDI spec: {e}") from None
+                except OwnedElsewhere as e:  # another live devplug's: its spec serves
+                    if path not in elsewhere:
+                        elsewhere.add(path)
+                        log.warning("%s: CDI spec: %s", plugin.resource_name, e)
                 except OSError as e:
                     log.warning(
                         "%s: cannot write the CDI spec %s: %s", plugin.resource_name, path, e
                     )
 
+        def update_and_keep(plugins: Sequence[Plugin]) -> None:
+            update(plugins)
+            keeper.refresh()
+
+        keeping = asyncio.create_task(keeper.run(), name="keep CDI specs")
         try:
-            await follow(daemon, update, lambda p: self.place(p) is not None)
+            await follow(daemon, update_and_keep, lambda p: self.place(p) is not None)
         finally:
+            keeping.cancel()
+            await asyncio.gather(keeping, return_exceptions=True)
             for spec in self.written.values():
                 spec.remove()
             self.written.clear()

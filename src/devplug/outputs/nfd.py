@@ -10,6 +10,7 @@ another's, never replaced or removed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 from devplug.framework.device import Device
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import physical_id
-from devplug.outputs.files import NotOurs, OwnedFile
+from devplug.outputs.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:
@@ -78,7 +79,19 @@ def feature_labels(plugins: Sequence[Plugin]) -> dict[str, str]:
     """Every plugin's `node_labels()`, sorted by name."""
     labels: dict[str, str] = {}
     for plugin in plugins:
-        labels.update(plugin.node_labels())
+        found = plugin.node_labels()
+        if not isinstance(found, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in found.items()
+        ):
+            log.error(
+                "%s: %s.node_labels returned %s, expected a mapping of strings: its labels "
+                "are left out",
+                plugin.resource_name,
+                type(plugin).__name__,
+                type(found).__name__,
+            )
+            continue
+        labels.update(found)
     return dict(sorted(labels.items()))
 
 
@@ -93,16 +106,55 @@ def parse_features(text: str) -> Mapping[str, str]:
 
 
 class FeatureFile:
-    """A daemon service keeping the feature file at `path` in step with the plugins."""
+    """A daemon service keeping the feature file at `path` in step with the plugins
+    (`path` None: no file until `move` names one)."""
 
-    def __init__(self, path: Path | str = DEFAULT_FEATURE_FILE) -> None:
-        self.path = Path(path)
-        self.file = OwnedFile(self.path, lambda data: data.startswith(HEADER.encode()))
+    def __init__(self, path: Path | str | None = DEFAULT_FEATURE_FILE) -> None:
+        self.path: Path | None = None
+        self.file: OwnedFile | None = None
+        self._moved: asyncio.Event | None = None
+        self.move(path)
+
+    def move(self, path: Path | str | None) -> None:
+        """Keep the file at `path` from now on (None: keep none), removing the one
+        written so far: what a config reload that changes `nodeFeatures` asks."""
+        new = Path(path) if path is not None else None
+        if new == self.path:
+            return
+        if self.file is not None:
+            self.file.remove()
+            log.info("node features moved from %s to %s", self.path, new or "nowhere")
+        self.path = new
+        self.file = None if new is None else OwnedFile(new, _ours)
+        if self._moved is not None:
+            self._moved.set()
 
     async def run(self, daemon: Daemon) -> None:
+        self._moved = moved = asyncio.Event()
+        try:
+            while True:
+                moved.clear()
+                waits: set[asyncio.Future[object]] = {asyncio.ensure_future(moved.wait())}
+                if self.file is not None:
+                    waits.add(asyncio.ensure_future(self._follow(daemon, self.file)))
+                try:
+                    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in waits:
+                        task.cancel()
+                    await asyncio.gather(*waits, return_exceptions=True)
+                for task in done:
+                    task.result()  # a failure of the file's service stops the daemon
+        finally:
+            if self.file is not None:
+                self.file.remove()
+
+    async def _follow(self, daemon: Daemon, file: OwnedFile) -> None:
         from devplug.framework.daemon import ServiceFailed
 
         refused: set[str] = set()
+        elsewhere: list[str] = []  # said once
+        keeper = FileKeeper(lambda: [file])
 
         def update(plugins: Sequence[Plugin]) -> None:
             lines = []
@@ -118,14 +170,25 @@ class FeatureFile:
             # served, and the next change tries again. Another's file there stops the
             # daemon: it is never replaced.
             try:
-                if self.file.write(text):
-                    log.info("node features written to %s", self.path)
+                if file.write(text):
+                    log.info("node features written to %s", file.path)
             except NotOurs as e:
                 raise ServiceFailed(f"node features: {e}; name another --feature-file") from None
+            except OwnedElsewhere as e:  # another live devplug's: its labels stand
+                if not elsewhere:
+                    elsewhere.append(str(e))
+                    log.warning("node features: %s", e)
             except OSError as e:
-                log.warning("cannot write node features to %s: %s", self.path, e)
+                log.warning("cannot write node features to %s: %s", file.path, e)
+            keeper.refresh()
 
+        keeping = asyncio.create_task(keeper.run(), name="keep node features")
         try:
             await follow(daemon, update)
         finally:
-            self.file.remove()
+            keeping.cancel()
+            await asyncio.gather(keeping, return_exceptions=True)
+
+
+def _ours(data: bytes) -> bool:
+    return data.startswith(HEADER.encode())

@@ -25,10 +25,9 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
+from devplug.kube.scoring import MAX_NODE_SCORE, least_allocated
 from devplug.placement.fragmentation import TargetWorkload
 from devplug.placement.state import MILLI, Demand, Node, first_gpu, tightest_gpu, whole_gpus
-
-MAX_NODE_SCORE = 100
 
 
 class Policy(Protocol):
@@ -51,13 +50,6 @@ def _gpus(node: Node, demand: Demand, share_gpu: int) -> tuple[int, ...]:
     return whole_gpus(node, demand.gpus)
 
 
-def _least_allocated(capacity: int, free: int, request: int) -> int:
-    used = capacity - free + request
-    if capacity <= 0 or used > capacity:
-        return 0
-    return (capacity - used) * MAX_NODE_SCORE // capacity
-
-
 class LeastAllocated:
     """The scheduler's default spreading."""
 
@@ -66,8 +58,8 @@ class LeastAllocated:
     def score(self, node: Node, demand: Demand) -> float:
         return float(
             (
-                _least_allocated(node.cpu, node.cpu_free, demand.cpu)
-                + _least_allocated(node.memory, node.memory_free, demand.memory)
+                least_allocated(node.cpu, node.cpu - node.cpu_free + demand.cpu)
+                + least_allocated(node.memory, node.memory - node.memory_free + demand.memory)
             )
             // 2
         )

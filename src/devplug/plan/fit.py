@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devplug.cluster.scheduler import MAX_NODE_SCORE, fit_error
+from devplug.cluster.scheduler import fit_error
+from devplug.kube.scoring import least_allocated_score
+from devplug.kube.tolerations import tolerates
 
 SELECTOR_MISMATCH = "node(s) didn't match Node's node affinity/selector"
 CANNOT_ALLOCATE_CLAIMS = "cannot allocate all claims"
@@ -37,20 +39,6 @@ class NodeView:
         return self.allocatable.get(resource, 0) - self.requested.get(resource, 0)
 
 
-def _tolerated(taint: Mapping[str, str], tolerations: Sequence[Mapping[str, Any]]) -> bool:
-    for toleration in tolerations:
-        effect = toleration.get("effect")
-        if effect and effect != taint.get("effect"):
-            continue
-        key = toleration.get("key")
-        if toleration.get("operator") == "Exists":
-            if not key or key == taint.get("key"):
-                return True
-        elif key == taint.get("key") and (toleration.get("value") or "") == taint.get("value", ""):
-            return True
-    return False
-
-
 def reasons(
     spec: Mapping[str, Any],
     requests: Mapping[str, int],
@@ -64,9 +52,7 @@ def reasons(
         return [SELECTOR_MISMATCH]
     tolerations = spec.get("tolerations") or []
     for taint in node.taints:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(
-            taint, tolerations
-        ):
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
             value = taint.get("value", "")
             return [f"node(s) had untolerated taint {{{taint['key']}: {value}}}"]
     found = []
@@ -82,16 +68,7 @@ def reasons(
 
 def score(requests: Mapping[str, int], node: NodeView) -> int:
     """LeastAllocated over CPU and memory, weight 1 each (integer arithmetic)."""
-    scores = []
-    for name in ("cpu", "memory"):
-        capacity = node.allocatable.get(name, 0)
-        used = node.requested.get(name, 0) + requests.get(name, 0)
-        scores.append(
-            0
-            if capacity == 0 or used > capacity
-            else (capacity - used) * MAX_NODE_SCORE // capacity
-        )
-    return sum(scores) // len(scores)
+    return least_allocated_score(requests, node.allocatable, node.requested, ("cpu", "memory"))
 
 
 def pick(

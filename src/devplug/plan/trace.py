@@ -15,8 +15,8 @@ import csv
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
+from devplug import inputs
 from devplug.placement import MILLI, Demand, Node
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
@@ -36,11 +36,18 @@ class TracePod:
 
 def _rows(path: str, columns: Sequence[str], what: str) -> list[tuple[int, dict[str, str]]]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise TraceError(f"{path}: cannot read the {what}: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise TraceError(f"{path}: cannot read the {what}: not UTF-8 text") from None
+        text = inputs.read_text(path, inputs.LARGE_LIMITS, what=f"the {what}")
+    except inputs.InputError as error:
+        raise TraceError(str(error)) from None
+    try:
+        return _csv_rows(text, path, columns, what)
+    except csv.Error as error:  # a field over csv's 128 KiB, a quote left open...
+        raise TraceError(f"{path}: invalid CSV: {error}") from None
+
+
+def _csv_rows(
+    text: str, path: str, columns: Sequence[str], what: str
+) -> list[tuple[int, dict[str, str]]]:
     reader = csv.DictReader(io.StringIO(text))
     header = [c.strip() for c in reader.fieldnames or []]
     missing = [c for c in columns if c not in header]
@@ -72,9 +79,10 @@ def _number(row: dict[str, str], column: str, where: str, high: int | None = Non
 def is_pod_list(path: str) -> bool:
     """Whether a CSV file has the columns of a trace pod list."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            header = next(csv.reader(handle), [])
-    except (OSError, UnicodeDecodeError):
+        with open(path, encoding="utf-8-sig", errors="replace") as handle:
+            first = handle.readline(64 * 1024)  # a header, not a whole file of one line
+        header = next(csv.reader([first]), [])
+    except (OSError, csv.Error):
         return False
     return {"num_gpu", "gpu_milli"} <= {c.strip() for c in header}
 

@@ -20,12 +20,10 @@ import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from devplug.simulator.pods import QuantityError, parse_quantity
+from devplug import inputs
+from devplug.kube.quantity import QuantityError, parse_quantity
 
 COUNT_ANNOTATION = "devplug.io/count"
 GPU = "nvidia.com/gpu"
@@ -51,16 +49,12 @@ class Workload:
 
 def load_workload(path: str) -> Workload:
     """The workload of a file ('-': YAML on stdin)."""
-    if path == "-":
-        import sys
-
-        return parse_yaml(sys.stdin.read(), "stdin")
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as error:
-        raise WorkloadError(f"{path}: cannot read the workload: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise WorkloadError(f"{path}: cannot read the workload: not UTF-8 text") from None
+        text = inputs.read_text(path, inputs.LARGE_LIMITS, what="the workload")
+    except inputs.InputError as error:
+        raise WorkloadError(str(error)) from None
+    if path == "-":
+        return parse_yaml(text, "stdin")
     if path.endswith(".csv"):
         return parse_csv(text, path)
     return parse_yaml(text, path)
@@ -80,9 +74,10 @@ def _count(value: object, where: str) -> int:
 
 def parse_yaml(text: str, source: str) -> Workload:
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as error:
-        raise WorkloadError(f"{source}: invalid YAML: {' '.join(str(error).split())}") from None
+        loaded = inputs.load_yaml_all(text, source, inputs.LARGE_LIMITS)
+    except inputs.InputError as error:
+        raise WorkloadError(str(error)) from None
+    documents = [d for d in loaded if d is not None]
     pods: list[dict[str, Any]] = []
     for index, doc in enumerate(documents):
         where = f"{source}: document {index + 1}"
@@ -145,6 +140,14 @@ def _unique(pods: Sequence[Mapping[str, Any]], source: str) -> None:
 
 
 def parse_csv(text: str, source: str) -> Workload:
+    try:
+        return _parse_csv(text, source)
+    except csv.Error as error:  # a field over csv's 128 KiB, a quote left open...
+        raise WorkloadError(f"{source}: invalid CSV: {error}") from None
+
+
+def _parse_csv(text: str, source: str) -> Workload:
+    inputs.check_text(text, source, inputs.LARGE_LIMITS)
     reader = csv.DictReader(io.StringIO(text))
     columns = [c.strip().lower() for c in reader.fieldnames or []]
     unknown = [c for c in columns if c.replace("_", "") not in CSV_COLUMNS]

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from devplug.framework.dra.claims import folder_documents
+from devplug.kube.quantity import parse_quantity
 
 DeviceKey = tuple[str, str, str]  # driver, pool, device (or counter set)
 
@@ -32,7 +33,7 @@ class Pools:
     """The newest slices of every pool: their devices and counter sets."""
 
     devices: dict[DeviceKey, Mapping[str, Any]] = field(default_factory=dict)
-    counters: dict[DeviceKey, dict[str, Decimal]] = field(default_factory=dict)
+    counters: dict[DeviceKey, dict[str, Fraction]] = field(default_factory=dict)
 
 
 def read_pools(folder: Path) -> Pools:
@@ -59,10 +60,8 @@ def read_pools(folder: Path) -> Pools:
     return pools
 
 
-def _quantity(value: Any) -> Decimal:
-    from devplug.sources.draconfig import quantity
-
-    return quantity(str(value))
+def _quantity(value: Any) -> Fraction:
+    return parse_quantity(str(value))
 
 
 def _key(result: Mapping[str, Any]) -> DeviceKey:
@@ -83,8 +82,8 @@ def check(
     """Refuse `claim`'s allocation `results` if the scheduler could not have made it
     while the claims of `others` (name, results) hold theirs."""
     held: dict[DeviceKey, str] = {}
-    used: dict[tuple[DeviceKey, str], Decimal] = {}
-    consumed: dict[tuple[DeviceKey, str], Decimal] = {}
+    used: dict[tuple[DeviceKey, str], Fraction] = {}
+    consumed: dict[tuple[DeviceKey, str], Fraction] = {}
     for other, other_results in others:
         for result in other_results:
             if result.get("adminAccess"):
@@ -98,7 +97,7 @@ def check(
             _add_counters(device, key, used)
             for name, amount in (result.get("consumedCapacity") or {}).items():
                 slot = (key, _short(name))
-                consumed[slot] = consumed.get(slot, Decimal(0)) + _quantity(amount)
+                consumed[slot] = consumed.get(slot, Fraction(0)) + _quantity(amount)
     for result in results:
         key = _key(result)
         device = pools.devices.get(key)
@@ -133,7 +132,7 @@ def _check_taints(
 ) -> None:
     """A tainted device (NoSchedule or NoExecute) only for a request that tolerates it:
     the scheduler copies the request's tolerations into the result."""
-    from devplug.framework.dra.driver import tolerates
+    from devplug.kube.tolerations import tolerates
 
     tolerations = [t for t in result.get("tolerations") or () if isinstance(t, Mapping)]
     for taint in device.get("taints") or ():
@@ -146,15 +145,15 @@ def _check_taints(
 
 
 def _add_counters(
-    device: Mapping[str, Any], key: DeviceKey, used: dict[tuple[DeviceKey, str], Decimal]
-) -> dict[tuple[DeviceKey, str], Decimal]:
+    device: Mapping[str, Any], key: DeviceKey, used: dict[tuple[DeviceKey, str], Fraction]
+) -> dict[tuple[DeviceKey, str], Fraction]:
     """Add what `device` consumes to `used`; the new totals of those counters."""
     totals = {}
     for consumption in device.get("consumesCounters") or []:
         set_key = (key[0], key[1], str(consumption.get("counterSet")))
         for counter, amount in (consumption.get("counters") or {}).items():
             slot = (set_key, counter)
-            used[slot] = used.get(slot, Decimal(0)) + _quantity(amount.get("value"))
+            used[slot] = used.get(slot, Fraction(0)) + _quantity(amount.get("value"))
             totals[slot] = used[slot]
     return totals
 
@@ -164,7 +163,7 @@ def _check_share(
     key: DeviceKey,
     device: Mapping[str, Any],
     result: Mapping[str, Any],
-    consumed: dict[tuple[DeviceKey, str], Decimal],
+    consumed: dict[tuple[DeviceKey, str], Fraction],
 ) -> None:
     if not result.get("shareID"):
         raise AllocationError(f"claim {claim}: share of device {key[2]} has no shareID")
@@ -177,7 +176,7 @@ def _check_share(
         amount = amounts[name]
         if problem := _policy_problem(amount, capacity.get("requestPolicy")):
             raise AllocationError(f"claim {claim}: {name} of device {key[2]}: {problem}")
-        total = consumed.get((key, name), Decimal(0)) + amount
+        total = consumed.get((key, name), Fraction(0)) + amount
         value = _quantity(capacity.get("value"))
         if total > value:
             raise AllocationError(
@@ -187,7 +186,7 @@ def _check_share(
         consumed[(key, name)] = total
 
 
-def _policy_problem(amount: Decimal, policy: Mapping[str, Any] | None) -> str | None:
+def _policy_problem(amount: Fraction, policy: Mapping[str, Any] | None) -> str | None:
     """Why the scheduler would never consume `amount` under `policy` (it rounds a
     request up to a valid amount)."""
     if not policy:

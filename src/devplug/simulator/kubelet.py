@@ -218,6 +218,11 @@ class Kubelet:
     def running(self) -> bool:
         return self._running
 
+    def sockets(self) -> list[Path]:
+        """The unix sockets it serves (a path past the unix limit fails at start)."""
+        found = [self.registration_socket, self.pod_resources_socket]
+        return found + ([self.control_socket] if self.control_socket is not None else [])
+
     async def start(self) -> None:
         """Start as the kubelet does: restore the checkpoint, clean the plugin folder,
         serve Registration, PodResources (and the control socket)."""

@@ -17,31 +17,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-import yaml
-
 from devplug.framework.names import resource_name_problem
+from devplug.kube.quantity import QuantityError, parse_quantity
 
 DEFAULT_NAMESPACE = "default"
 
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[a-zA-Z]*)$")
-_SUFFIXES: dict[str, Fraction] = {
-    "": Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 1000),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
-}
 _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
@@ -50,34 +30,6 @@ _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 class ManifestError(ValueError):
     """The input is not YAML, or holds something other than pods."""
-
-
-class QuantityError(ValueError):
-    pass
-
-
-def parse_quantity(value: object) -> Fraction:
-    """A Kubernetes quantity ("2", 2, "500m", "1k", "1Ki", "1e3") as an exact number."""
-    if isinstance(value, bool):
-        raise QuantityError(f"{value!r} is not a quantity")
-    if isinstance(value, int):
-        return Fraction(value)
-    if isinstance(value, float):
-        return Fraction(str(value))
-    if not isinstance(value, str):
-        raise QuantityError(f"{value!r} is not a quantity")
-    match = _QUANTITY.match(value.strip())
-    if match is None:
-        raise QuantityError(
-            f"quantities must match the regular expression "
-            f"'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {value!r}"
-        )
-    number, suffix = match.groups()
-    if suffix[:1] in ("e", "E") and suffix[1:].lstrip("+-").isdigit():
-        return Fraction(number) * Fraction(10) ** int(suffix[1:])
-    if suffix not in _SUFFIXES:
-        raise QuantityError(f"unknown quantity suffix {suffix!r} in {value!r}")
-    return Fraction(number) * _SUFFIXES[suffix]
 
 
 def _show(value: object) -> str:
@@ -127,13 +79,13 @@ def load_documents(
 ) -> list[Any]:
     """The YAML documents of `source` (text, `name` in an error), or `source` itself (dicts)."""
     if isinstance(source, str):
-        from devplug.sources.config import yaml_problem
+        from devplug import inputs
 
         try:
-            docs = [d for d in yaml.safe_load_all(source) if d is not None]
-        except yaml.YAMLError as error:
-            raise ManifestError(yaml_problem(error, name)) from None
-        return docs
+            documents = inputs.load_yaml_all(source, name, inputs.LARGE_LIMITS)
+        except inputs.InputError as error:
+            raise ManifestError(str(error)) from None
+        return [d for d in documents if d is not None]
     if isinstance(source, Mapping):
         return [source]
     return list(source)

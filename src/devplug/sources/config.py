@@ -16,10 +16,10 @@ from collections.abc import Callable, Mapping
 from typing import NoReturn, TypeVar
 
 import msgspec
-import yaml
 
+from devplug import inputs
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
-from devplug.framework.device import cdi_name_problem, permissions_problem
+from devplug.framework.device import cdi_name_problem, env_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
 from devplug.outputs.cdi import default_kind, kind_problem
 from devplug.outputs.nfd import label_name_problem
@@ -38,6 +38,7 @@ from devplug.sources.draconfig import (
 from devplug.sources.limits import LimitsSpec, check_limits
 from devplug.sources.nvidia.config import DEFAULT_RESOURCE as NVIDIA_RESOURCE
 from devplug.sources.nvidia.config import NvidiaSpec, check_nvidia
+from devplug.trust import write_problem
 
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
@@ -129,14 +130,19 @@ class Config(_Schema):
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and check a config file; raise ConfigError with a one-line message."""
     source = os.fspath(path)
+    check_trusted(source)
     try:
-        with open(source, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError(f"{source}: cannot read the config: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: cannot read the config: not UTF-8 text") from None
+        text = inputs.read_text(source, what="the config")
+    except inputs.InputError as e:
+        raise ConfigError(str(e)) from None
     return parse_config(text, source)
+
+
+def check_trusted(path: str | os.PathLike[str]) -> None:
+    """ConfigError unless only root and its owner can change the config at `path`: it
+    decides which programs devplug runs and what containers get (devplug.trust)."""
+    if problem := write_problem(path):
+        raise ConfigError(f"{os.fspath(path)}: refused: {problem}")
 
 
 def load_default_config() -> Config:
@@ -154,11 +160,10 @@ def load_default_config() -> Config:
 
 def parse_config(text: str, source: str = "<config>") -> Config:
     """Check config text; `source` names it in error messages."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        data = yaml.load(text, Loader=loader)
-    except yaml.YAMLError as e:
-        raise ConfigError(yaml_problem(e, source)) from None
+        data = inputs.load_yaml(text, source)
+    except inputs.InputError as e:
+        raise ConfigError(str(e)) from None
     if data is None:
         raise ConfigError(f"{source}: the config is empty: expected a mapping with 'resources'")
     return config_from_data(data, source)
@@ -179,14 +184,6 @@ def convert(data: object, schema: type[_T], source: str) -> _T:
         return msgspec.convert(data, schema)
     except msgspec.ValidationError as e:
         raise ConfigError(_shape_message(source, str(e))) from None
-
-
-def yaml_problem(error: yaml.YAMLError, source: str) -> str:
-    """One line for text that is no YAML: `source:line:column: invalid YAML: problem`."""
-    mark = getattr(error, "problem_mark", None)
-    where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-    problem = getattr(error, "problem", None) or str(error)
-    return f"{where}: invalid YAML: {_one_line(problem)}"
 
 
 def _one_line(text: str) -> str:
@@ -344,9 +341,10 @@ def _check(config: Config, source: str) -> None:
             fail(f"{at}.groups", "expected at least one group")
         _check_hardware(resource, at, fail)
         ids: dict[str, str] = {}
+        reserved_env = framework_env(resource)
         known = 0  # devices known from the config alone, replicas included
         for j, group in enumerate(resource.groups):
-            _check_group(group, f"{at}.groups[{j}]", resource.allow_any_path, fail)
+            _check_group(group, f"{at}.groups[{j}]", resource.allow_any_path, reserved_env, fail)
             if group.count is not None and serves_dra(resource.mode):
                 fail(f"{at}.groups[{j}].count", "not used with mode dra or both: set count")
             if is_selector(group):
@@ -446,7 +444,13 @@ def _check_hardware(resource: ResourceSpec, at: str, fail: _Fail) -> None:
                 fail(f"{at}.split.models", problem)
 
 
-def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -> None:
+def _check_group(
+    group: GroupSpec,
+    at: str,
+    allow_any_path: bool,
+    reserved_env: Mapping[str, str],
+    fail: _Fail,
+) -> None:
     if group.usb is not None and group.pci is not None:
         fail(at, "both 'usb' and 'pci' are set: a group selects one kind of device")
     if group.usb is not None:
@@ -502,9 +506,11 @@ def _check_group(group: GroupSpec, at: str, allow_any_path: bool, fail: _Fail) -
             fail(where, "both 'required' and 'optional' are set: a mount is one or the other")
     if group.count is not None and (problem := _int_problem(group.count, 1, MAX_COUNT)):
         fail(f"{at}.count", problem)
-    for key in group.env:
-        if not key or "=" in key or "\0" in key:
-            fail(f"{at}.env", f"bad variable name {key!r}")
+    for key, value in group.env.items():
+        if problem := env_problem(key, value):
+            fail(f"{at}.env", problem)
+        if key in reserved_env:
+            fail(f"{at}.env.{key}", f"set by devplug to {reserved_env[key]}: use another name")
     for k, name in enumerate(group.cdi_devices):
         if problem := cdi_name_problem(name):
             fail(f"{at}.cdiDevices[{k}]", problem)
@@ -606,3 +612,22 @@ def replica_ids(device_id: str, count: int) -> list[str]:
 def ids_env_name(resource_name: str) -> str:
     """'example.com/kvm' -> 'DEVPLUG_EXAMPLE_COM_KVM'."""
     return "DEVPLUG_" + _ENV_UNSAFE.sub("_", resource_name).upper()
+
+
+def pci_resource_env(resource_name: str) -> str:
+    """KubeVirt's variable for the PCI addresses of a resource:
+    'example.com/fpga-u280' -> 'PCI_RESOURCE_EXAMPLE_COM_FPGA-U280'."""
+    return "PCI_RESOURCE_" + resource_name.upper().replace("/", "_").replace(".", "_")
+
+
+def framework_env(resource: ResourceSpec) -> dict[str, str]:
+    """The variables devplug itself sets in a container of `resource` at Allocate (name
+    -> what), which a group's `env` must not name: the allocated IDs, and for PCI groups
+    KubeVirt's list of addresses (per model pool of a split resource too)."""
+    names = [resource.name]
+    if resource.split is not None:
+        names += [f"{resource.name}-{m}" for m in (resource.split.models or {}).values()]
+    found = {ids_env_name(n): "the allocated device IDs" for n in names}
+    if any(g.pci is not None for g in resource.groups or ()):
+        found |= {pci_resource_env(n): "the allocated PCI addresses" for n in names}
+    return found

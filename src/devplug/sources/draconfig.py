@@ -4,12 +4,13 @@ driver, or both) and how its DRA driver publishes it."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from decimal import Decimal
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import msgspec
 
-from devplug.framework.device import Attribute
+from devplug.framework.device import Attribute, env_problem
+from devplug.kube.quantity import parse_quantity
 
 if TYPE_CHECKING:
     from devplug.framework.device import ContainerEdits, Device
@@ -258,21 +259,14 @@ def _check_partitions(spec: PartitionsSpec, at: str, fail: _Fail) -> None:
                     f"expected 1 to {spec.counters[counter]}, got {amount}",
                 )
         check_attributes(partition.attributes, f"{where}.attributes", fail)
-        for key in partition.env:
-            if not key or "=" in key or "\0" in key:
-                fail(f"{where}.env", f"bad variable name {key!r}")
+        for key, text in partition.env.items():
+            if problem := env_problem(key, text):
+                fail(f"{where}.env", problem)
 
 
-def quantity(value: Quantity) -> Decimal:
-    """A quantity's value ('1Gi' -> 1073741824); ValueError when it is none. The
-    Kubernetes client's parser: the driver that shares capacity loads it anyway."""
-    from devplug.lazy import allow_ssl
-
-    allow_ssl()
-    from kubernetes.utils.quantity import parse_quantity
-
-    result: Decimal = parse_quantity(value)  # type: ignore[no-untyped-call]
-    return result
+def quantity(value: Quantity) -> Fraction:
+    """A quantity's value ('1Gi' -> 1073741824); ValueError when it is none."""
+    return parse_quantity(value)
 
 
 def _check_capacity(name: str, spec: CapacitySpec, at: str, fail: _Fail) -> None:
@@ -284,7 +278,7 @@ def _check_capacity(name: str, spec: CapacitySpec, at: str, fail: _Fail) -> None
     if problem := attribute_name_problem(name):
         fail(at, problem)
 
-    def parsed(value: Quantity, where: str) -> Decimal:
+    def parsed(value: Quantity, where: str) -> Fraction:
         try:
             amount = quantity(value)
         except ValueError:

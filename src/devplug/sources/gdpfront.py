@@ -18,10 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-import yaml
-
+from devplug import inputs
 from devplug.framework.device import permissions_problem
-from devplug.sources.config import Config, ConfigError, config_from_data, yaml_problem
+from devplug.sources.config import Config, ConfigError, check_trusted, config_from_data
 
 DEFAULT_DOMAIN = "squat.ai"
 DEFAULT_PLUGIN_DIRECTORY = "/var/lib/kubelet/device-plugins/"
@@ -93,9 +92,8 @@ def is_gdp_file(path: str) -> bool:
     """Whether the file at `path` is the generic device plugin's (False if unreadable:
     devplug's loader then says why)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = inputs.load_yaml(inputs.read_text(path), path)
+    except inputs.InputError:
         return False
     return is_gdp_data(data)
 
@@ -184,6 +182,8 @@ def to_yaml(settings: Settings) -> str:
         f"# devplug's config for the generic device plugin's {settings.source}.\n"
         f"# Serve it with: devplug serve --config FILE {' '.join(options)}\n"
     )
+    import yaml
+
     return head + yaml.safe_dump(settings.data, sort_keys=False, default_flow_style=False)
 
 
@@ -207,17 +207,11 @@ def _read_file(path: str | None, places: Sequence[str]) -> tuple[str, dict[str, 
         path = next((p for p in places if os.path.isfile(p)), None)
         if path is None:
             return "", {}
+    check_trusted(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        _fail(path, f"cannot read the config file: {e.strerror or e}")
-    except UnicodeDecodeError:
-        _fail(path, "cannot read the config file: not UTF-8 text")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(yaml_problem(e, path)) from None
+        data = inputs.load_yaml(inputs.read_text(path, what="the config file"), path)
+    except inputs.InputError as e:
+        raise ConfigError(str(e)) from None
     if data is None:
         return path, {}
     if not isinstance(data, dict):
@@ -228,10 +222,9 @@ def _read_file(path: str | None, places: Sequence[str]) -> tuple[str, dict[str, 
 def _flag_spec(text: str, where: str) -> object:
     """One `--device` value: YAML, or JSON (which is YAML)."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(yaml_problem(e, where)) from None
-    return data
+        return inputs.load_yaml(text, where)
+    except inputs.InputError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _listen(value: str, where: str) -> tuple[str, int]:

@@ -16,6 +16,7 @@ import msgspec
 
 from devplug.outputs.cdi import CDI_MODES, DEFAULT_CDI_DIR, CdiMode, kind_problem
 from devplug.outputs.nfd import DEFAULT_FEATURE_FILE
+from devplug.trust import program_problem
 
 Fail = Callable[[str, str], NoReturn]
 
@@ -225,6 +226,8 @@ def check_health(health: HealthSpec, at: str, selector: bool, fail: Fail) -> Non
                 fail(f"{where}.command", "expected a program and its arguments")
             for j, arg in enumerate(check.command):
                 check_placeholders(arg, f"{where}.command[{j}]", fail)
+            if "{" not in check.command[0] and (problem := program_problem(check.command[0])):
+                fail(f"{where}.command[0]", problem)
         if not 0 < check.timeout <= MAX_HEALTH_TIMEOUT_S:
             fail(
                 f"{where}.timeout",

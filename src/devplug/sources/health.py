@@ -20,6 +20,7 @@ from typing import Protocol
 from devplug.framework.device import Attribute
 from devplug.sources import hardware
 from devplug.sources.sysfs.select import fill
+from devplug.trust import program_problem
 
 log = logging.getLogger("devplug.sources.health")
 
@@ -85,6 +86,8 @@ async def check_problem(
         return None if exists else f"{path} does not exist"
     assert check.command is not None
     argv = [fill(arg, values) for arg in check.command]
+    if problem := await asyncio.to_thread(program_problem, argv[0]):  # changed since load?
+        return f"not run: {problem}"
     try:
         process = await asyncio.create_subprocess_exec(
             *argv,

@@ -15,17 +15,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 from asyncinotify import Mask
 
+from devplug import inputs
 from devplug.framework import observe
 from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
-from devplug.framework.unixserver import socket_path_problem
-from devplug.sources import Config, ConfigError, build_plugins, parse_config, start_problems
+from devplug.framework.signals import RELOAD_SIGNAL, hold_reload_signal, take_held_reload
+from devplug.sources import Config, ConfigError, build_plugins, parse_config
+from devplug.sources.config import check_trusted
+from devplug.sources.validate import plugins_to_serve
 
 if TYPE_CHECKING:
     from devplug.framework.daemon import Daemon
@@ -39,9 +42,9 @@ log = logging.getLogger("devplug.sources.reload")
 
 def read_text(path: Path) -> str | None:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None  # parse_config via load would say why; the next event tries again
+        return inputs.read_text(path, what="the config")
+    except inputs.InputError:
+        return None  # `reload` says why; the next event tries again
 
 
 def config_inputs(config: Config) -> tuple[list[Path], set[Path]]:
@@ -53,9 +56,9 @@ def config_inputs(config: Config) -> tuple[list[Path], set[Path]]:
         ref = resource.nvidia.nvidia_config if resource.nvidia is not None else None
         if ref is None:
             continue
-        from devplug.sources.nvidia.nvidiafile import inputs
+        from devplug.sources.nvidia.nvidiafile import inputs as read_by
 
-        files += inputs(ref)
+        files += read_by(ref)
         folders.add(Path(ref.folder) if ref.folder else Path(ref.file or "/").parent)
     return files, folders
 
@@ -72,10 +75,14 @@ class ConfigReloader:
         config: Config,
         build: BuildPlugins = build_plugins,
         text: str | None = None,
+        followers: Sequence[Callable[[Config], None]] = (),
     ) -> None:
         self.path = Path(path) if path is not None else None
         self.config = config
         self.build = build  # the same as at start-up, so a reload serves what a start would
+        # Told each applied config: what the config sets beside the plugins (the
+        # node feature file's path).
+        self.followers = list(followers)
         self._fixed = text
         self._text = self._read()
         self._inputs = self._read_inputs(config)
@@ -109,7 +116,9 @@ class ConfigReloader:
         watch()
         events = asyncio.create_task(watcher.run(), name="watch config")
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, self.request)
+        loop.add_signal_handler(RELOAD_SIGNAL, self.request)
+        if take_held_reload():  # came during the start: the file may have changed since
+            self.request()
         try:
             while True:
                 await wake.wait()
@@ -119,16 +128,17 @@ class ConfigReloader:
                 forced, self._asked = self._asked, False
                 if text is None and not forced:
                     continue
-                inputs = self._read_inputs(self.config)
-                if text == self._text and inputs == self._inputs and not forced:
+                others = self._read_inputs(self.config)
+                if text == self._text and others == self._inputs and not forced:
                     continue
-                self._inputs = inputs
+                self._inputs = others
                 await self.reload(daemon, text)
                 self._inputs = self._read_inputs(self.config)
                 watch()
         finally:
             with contextlib.suppress(Exception):
-                loop.remove_signal_handler(signal.SIGHUP)
+                loop.remove_signal_handler(RELOAD_SIGNAL)
+            hold_reload_signal()  # and not the default, which would end the process
             events.cancel()
             await asyncio.gather(events, return_exceptions=True)
             watcher.close()
@@ -136,16 +146,18 @@ class ConfigReloader:
     async def reload(self, daemon: Daemon, text: str | None) -> bool:
         """Apply the config `text` (None: unreadable); False when it is refused."""
         try:
+            if self.path is not None:
+                check_trusted(self.path)
             if text is None:
+                assert self.path is not None
+                inputs.read_text(self.path, what="the config")  # raises: says why
                 raise ConfigError(f"{self.path}: cannot read the config")
-            config = parse_config(text, str(self.path or "--nvidia-config"))
-            plugins = {p.resource_name: p for p in self.build(config)}
-            if problems := start_problems(list(plugins.values())):
-                raise ValueError("; ".join(problems))
-            for plugin in plugins.values():  # what Daemon.add would refuse, before any change
-                if problem := socket_path_problem(daemon.plugin_dir / plugin.socket_name):
-                    raise ValueError(f"{plugin.resource_name}: {problem}")
-        except (ConfigError, ValueError) as error:
+            source = str(self.path or "--nvidia-config")
+            config = parse_config(text, source)
+            # What `serve` and `check` would refuse, before any change.
+            built = plugins_to_serve(config, source, self.build, daemon.plugin_dir)
+            plugins = {p.resource_name: p for p in built}
+        except (ConfigError, ValueError) as error:  # InputError is a ValueError
             self._text = text
             observe.emit(
                 observe.RELOAD_REFUSED,
@@ -172,10 +184,18 @@ class ConfigReloader:
             await daemon.remove(name)
         for name in changed + added:
             daemon.add(plugins[name])
+        settings = changed_settings(self.config, config)
         self.config = config
+        for follower in self.followers:
+            follower(config)
         summary = ", ".join(
             f"{what} {', '.join(names)}"
-            for what, names in (("added", added), ("removed", removed), ("changed", changed))
+            for what, names in (
+                ("added", added),
+                ("removed", removed),
+                ("changed", changed),
+                ("set", settings),
+            )
             if names
         )
         observe.emit(
@@ -187,12 +207,24 @@ class ConfigReloader:
             removed=removed,
             changed=changed,
             kept=kept,
+            settings=settings,
         )
         return True
 
 
-def _built_from(plugin: Plugin) -> tuple[object, object]:
-    """What a plugin is built from: its resource's spec, and for one model of a split
+def changed_settings(old: Config, new: Config) -> list[str]:
+    """The top-level keys other than `resources` whose values differ, as the config
+    spells them ('limits', 'nodeFeatures')."""
+    return [
+        field.encode_name
+        for field in msgspec.structs.fields(Config)
+        if field.name != "resources" and getattr(old, field.name) != getattr(new, field.name)
+    ]
+
+
+def _built_from(plugin: Plugin) -> tuple[object, object, object]:
+    """What a plugin is built from: its resource's spec, for one model of a split
     resource its pool (a per-model or NVML-derived resource has a spec of its own, so it
-    is compared as itself, not by its entry's name)."""
-    return getattr(plugin, "spec", None), getattr(plugin, "pool", None)
+    is compared as itself, not by its entry's name), and the config's `limits` (its
+    server's options and bounds are set when it starts)."""
+    return getattr(plugin, "spec", None), getattr(plugin, "pool", None), plugin.limits

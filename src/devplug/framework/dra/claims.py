@@ -12,8 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
+from devplug import inputs
 from devplug.framework.dra.driver import AllocatedDevice, ClaimRef
 
 
@@ -110,8 +109,8 @@ def folder_documents(folder: Path, kind: str) -> Iterator[Mapping[str, Any]]:
         if path.suffix not in (".yaml", ".yml", ".json"):
             continue
         try:
-            documents = list(yaml.safe_load_all(path.read_text()))
-        except (OSError, yaml.YAMLError):
+            documents = inputs.load_yaml_all(inputs.read_text(path), str(path))
+        except inputs.InputError:
             continue
         for doc in documents:
             if isinstance(doc, Mapping) and doc.get("kind") == kind:

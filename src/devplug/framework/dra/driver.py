@@ -258,20 +258,3 @@ def unhealthy_taint(device: Device, effect: str) -> dict[str, str]:
     if value := label_value(device.health_reason):
         taint["value"] = value
     return taint
-
-
-def tolerates(tolerations: Sequence[Mapping[str, object]], taint: Mapping[str, str]) -> bool:
-    """Whether one of `tolerations` (resource.k8s.io/v1 DeviceToleration) tolerates
-    `taint`, by the API's rules: an empty effect matches every effect; Exists with an
-    empty key matches every key; Equal (the default) needs key and value to match."""
-    for toleration in tolerations:
-        effect = toleration.get("effect") or ""
-        if effect and effect != taint.get("effect"):
-            continue
-        key = toleration.get("key") or ""
-        if (toleration.get("operator") or "Equal") == "Exists":
-            if not key or key == taint.get("key"):
-                return True
-        elif key == taint.get("key") and (toleration.get("value") or "") == taint.get("value", ""):
-            return True
-    return False

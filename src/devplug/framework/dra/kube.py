@@ -36,6 +36,8 @@ def configuration(kubeconfig: str | None = None) -> Any:
 
     path = kubeconfig or os.environ.get("KUBECONFIG")
     settings = client.Configuration()
+    if path:
+        _check_kubeconfigs(path)
     try:
         if path:
             config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -45,10 +47,30 @@ def configuration(kubeconfig: str | None = None) -> Any:
             config.load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=settings
             )
-    except (ConfigException, OSError) as error:
+    except (ConfigException, OSError, TypeError, AttributeError, KeyError) as error:
+        # (the client's own errors for a mapping of the wrong shapes)
         where = f"kubeconfig {path}" if path else "in-cluster config (no --kubeconfig)"
         raise ValueError(f"cannot use the {where}: {error}") from None
     return settings
+
+
+def _check_kubeconfigs(path: str) -> None:
+    """Each file of a kubeconfig path read through devplug.inputs (size, nesting, YAML
+    aliases) before the client parses it; ValueError with one line."""
+    from devplug import inputs
+
+    for file in filter(None, path.split(os.pathsep)):
+        if not os.path.exists(file):
+            continue  # the client names a missing file
+        try:
+            data = inputs.load_yaml(inputs.read_text(file, what="the kubeconfig"), file)
+        except inputs.InputError as error:
+            raise ValueError(f"cannot use the kubeconfig {error.name}: {error.problem}") from None
+        if data is not None and not isinstance(data, dict):
+            raise ValueError(
+                f"cannot use the kubeconfig {file}: expected a mapping of clusters, users "
+                "and contexts"
+            )
 
 
 def node_labels(api: Any, node: str) -> dict[str, str]:

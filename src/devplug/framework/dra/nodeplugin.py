@@ -247,6 +247,17 @@ class RegistrationServicer:
         return reg.RegistrationStatusResponse()
 
 
+def driver_sockets(
+    name: str, registry_dir: Path | str, plugins_dir: Path | str, pod_uid: str = ""
+) -> tuple[Path, Path]:
+    """A driver's registration socket and its DRA socket (the pod's UID in both names,
+    shortened where needed); ValueError, one line, when a folder leaves no room."""
+    return (
+        socket_path(Path(registry_dir), name, pod_uid, "-reg.sock"),
+        socket_path(Path(plugins_dir) / name, "dra", pod_uid, ".sock"),
+    )
+
+
 class NodePlugin:
     """Serves one driver's sockets and keeps them served until cancelled."""
 
@@ -266,8 +277,9 @@ class NodePlugin:
         # serve side by side: the kubelet registers both and calls the newer.
         # Where a long driver name and the UID pass the AF_UNIX limit, the UID is
         # shortened to a hash (said once here); a folder too long for any name fails.
-        self.registration_socket = socket_path(Path(registry_dir), name, pod_uid, "-reg.sock")
-        self.dra_socket = socket_path(Path(plugins_dir) / name, "dra", pod_uid, ".sock")
+        self.registration_socket, self.dra_socket = driver_sockets(
+            name, registry_dir, plugins_dir, pod_uid
+        )
         for path, full in (
             (self.registration_socket, f"{name}-{pod_uid}-reg.sock"),
             (self.dra_socket, f"dra-{pod_uid}.sock"),

@@ -30,8 +30,9 @@ import msgspec
 from devplug.framework.device import ContainerEdits, Device, Mount
 from devplug.framework.dra import metadata
 from devplug.framework.dra.claims import ClaimError, ClaimSource, allocated_devices
-from devplug.framework.dra.driver import AllocatedDevice, ClaimRef, Driver, Offer, tolerates
+from devplug.framework.dra.driver import AllocatedDevice, ClaimRef, Driver, Offer
 from devplug.framework.dra.layout import overlapping
+from devplug.kube.tolerations import tolerates
 from devplug.outputs import cdi
 from devplug.outputs.files import remove_quietly, write_atomic
 

@@ -33,7 +33,7 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 def host_spec(spec: NvidiaSpec) -> tuple[Path, dict[str, Any]] | None:
     """The host's NVIDIA spec (its path and body), or None: the first file of kind
     nvidia.com/gpu in `cdiSpecDirs` (seen under `hostRoot`), devplug's own left out."""
-    import yaml  # JSON is YAML: one parser for both spec formats
+    from devplug import inputs  # JSON is YAML: one parser for both spec formats
 
     for folder in spec.cdi_spec_dirs:
         path = Path(host_path(spec.host_root, folder))
@@ -45,8 +45,8 @@ def host_spec(spec: NvidiaSpec) -> tuple[Path, dict[str, Any]] | None:
             if file.name.startswith("devplug-"):
                 continue
             try:
-                body = yaml.safe_load(file.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+                body = inputs.load_yaml(inputs.read_text(file), str(file), inputs.LARGE_LIMITS)
+            except inputs.InputError as error:
                 log.warning("CDI spec %s cannot be read: %s", file, error)
                 continue
             if isinstance(body, dict) and body.get("kind") == HOST_KIND:

@@ -15,6 +15,7 @@ import msgspec
 
 from devplug.framework.names import resource_name_problem
 from devplug.sources.hardware import HealthSpec, check_health
+from devplug.trust import program_problem
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 MAX_REPLICAS = 256
@@ -196,6 +197,8 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
             fail(f"{at}.mps.root", f"expected an absolute path, got {spec.mps.root!r}")
         if not spec.mps.control:
             fail(f"{at}.mps.control", "expected a program name or path")
+        if problem := program_problem(spec.mps.control):
+            fail(f"{at}.mps.control", problem)
         if not spec.mps.check_seconds > 0:
             fail(f"{at}.mps.checkSeconds", f"expected a number > 0, got {spec.mps.check_seconds}")
     strategies = spec.device_list_strategy

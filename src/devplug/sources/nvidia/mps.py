@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 
 from devplug.framework.device import Mount
 from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
+from devplug.trust import program_problem
 
 log = logging.getLogger("devplug.sources.nvidia.mps")
 
@@ -215,6 +216,8 @@ class MpsDaemons:
             "CUDA_MPS_LOG_DIRECTORY": str(resource.log),
             "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in resource.gpus),
         }
+        if problem := program_problem(self.spec.mps.control):  # changed since load?
+            return 126, f"not run: {problem}"
         try:
             process = await asyncio.create_subprocess_exec(
                 self.spec.mps.control,

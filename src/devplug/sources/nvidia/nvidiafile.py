@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import msgspec
 
 from devplug.framework.names import resource_name_problem
+from devplug.trust import write_problem
 
 if TYPE_CHECKING:
     from devplug.sources.nvidia.config import NvidiaConfigRef, NvidiaSpec
@@ -120,15 +121,14 @@ def parse(text: str, source: str, flags: Mapping[str, Any] | None = None) -> Nvi
     """Check NVIDIA config text (YAML or JSON), with NVIDIA's command-line `flags`
     laid over it; ConfigError with one line naming `source` and the key when it is not
     a config NVIDIA's plugin would start with."""
-    import yaml
-
-    from devplug.sources.config import ConfigError, _shape_message, yaml_problem
+    from devplug import inputs
+    from devplug.sources.config import ConfigError, _shape_message
     from devplug.sources.nvidia.filekeys import match
 
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(yaml_problem(e, source)) from None
+        data = inputs.load_yaml(text, source)
+    except inputs.InputError as e:
+        raise ConfigError(str(e)) from None
     if data is None:  # an empty file (NVIDIA's "empty" config, /dev/null): the defaults
         data = {}
     ignored: list[str] = []
@@ -421,6 +421,8 @@ def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> N
     if ref.file:
         apply(spec, parse(_read(ref.file, key, fail), ref.file, ref.flags), ref.file)
         return
+    if problem := write_problem(path, folder_read=True):
+        fail(key, problem)
     try:
         files = named_configs(Path(path))
     except OSError as error:
@@ -443,8 +445,11 @@ def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> N
 
 
 def _read(path: str, key: str, fail: _Fail) -> str:
+    from devplug import inputs
+
+    if problem := write_problem(path):
+        fail(key, problem)
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as error:
-        fail(key, f"cannot read {path}: {getattr(error, 'strerror', None) or error}")
+        return inputs.read_text(path, what=path)
+    except inputs.InputError as error:
+        fail(key, error.problem)

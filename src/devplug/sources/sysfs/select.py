@@ -17,7 +17,7 @@ from pathlib import Path
 
 from devplug.framework.device import Attribute, Device, DeviceNode
 from devplug.sources import hardware
-from devplug.sources.config import GroupSpec
+from devplug.sources.config import GroupSpec, pci_resource_env
 from devplug.sources.sysfs.tree import VFIO_DRIVER, SysDevice, Sysfs
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
@@ -42,12 +42,6 @@ class Selected:
     numa_nodes: tuple[int, ...]
     sysfs: Path
     pci_path: tuple[str, ...]
-
-
-def pci_resource_env(resource_name: str) -> str:
-    """KubeVirt's variable for the PCI addresses of a resource:
-    'example.com/fpga-u280' -> 'PCI_RESOURCE_EXAMPLE_COM_FPGA-U280'."""
-    return "PCI_RESOURCE_" + resource_name.upper().replace("/", "_").replace(".", "_")
 
 
 def vfio_env(resource_name: str, devices: Iterable[Device]) -> dict[str, str]:
