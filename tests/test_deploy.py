@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from devplug.cli.main import build_parser
-from devplug.framework.dra.driver import tolerates
+from devplug.kube.tolerations import tolerates
 from devplug.sources import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

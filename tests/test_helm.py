@@ -16,7 +16,7 @@ import yaml
 from test_deploy import KUBERNETES_VERSION, by_kind, render
 
 from devplug.cli.main import build_parser
-from devplug.framework.dra.driver import tolerates
+from devplug.kube.tolerations import tolerates
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "devplug"
@@ -279,7 +279,9 @@ def test_the_monitoring_toggles_are_values_off_by_default() -> None:
         monitoring = chart.values["monitoring"]
     assert monitoring["podMonitor"]["enabled"] is False
     assert monitoring["prometheusRule"]["enabled"] is False
+    assert monitoring["dashboard"]["enabled"] is False
     assert set(schema()["properties"]["monitoring"]["properties"]) == {
         "podMonitor",
         "prometheusRule",
+        "dashboard",
     }
