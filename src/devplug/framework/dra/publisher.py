@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from devplug.framework import observe
 from devplug.framework.dra.driver import Driver
 from devplug.framework.dra.slices import MANAGED_BY, slice_bodies
 from devplug.framework.dra.slicewatch import SliceWatch
@@ -94,6 +95,13 @@ class PoolPublisher:
     async def _failed(self, error: BaseException, retry: float) -> float:
         """Say that publishing failed, wait `retry` seconds; the next wait."""
         reason = getattr(error, "reason", None) or error
+        observe.emit(
+            observe.SLICES_PUBLISHED,
+            self.driver.name,
+            f"publishing slices failed: {reason}",
+            logging.DEBUG,
+            result="error",
+        )
         log.warning(
             "%s: publishing slices failed (%s); retrying in %.1f s",
             self.driver.name,
@@ -105,6 +113,13 @@ class PoolPublisher:
 
     def _log_published(self, generation: int) -> None:
         healthy = sum(o.device.healthy for o in self.driver.offers().values())
+        observe.emit(
+            observe.SLICES_PUBLISHED,
+            self.driver.name,
+            f"slices published (pool generation {generation})",
+            logging.DEBUG,
+            result="ok",
+        )
         log.info(
             "%s: published %d device(s) for node %s (pool generation %d)",
             self.driver.name,
