@@ -279,7 +279,9 @@ def test_the_monitoring_toggles_are_values_off_by_default() -> None:
         monitoring = chart.values["monitoring"]
     assert monitoring["podMonitor"]["enabled"] is False
     assert monitoring["prometheusRule"]["enabled"] is False
+    assert monitoring["dashboard"]["enabled"] is False
     assert set(schema()["properties"]["monitoring"]["properties"]) == {
         "podMonitor",
         "prometheusRule",
+        "dashboard",
     }

@@ -73,11 +73,14 @@ def test_metrics_probes_and_pod_labels_follow_what_happens(nodes: Path) -> None:
         pod = kubelet.admit({"example.com/widget": 1}, name="user")
         assert pod.admitted, pod
         (device,) = pod.devices()["example.com/widget"]
-        assert metric_lines(port, "devplug_allocations_total") == [
-            'devplug_allocations_total{resource="example.com/widget"} 1.0'
+        # Every resource's counters are there from the start, at 0 until used.
+        assert sorted(metric_lines(port, "devplug_allocations_total")) == [
+            'devplug_allocations_total{resource="example.com/fake"} 0.0',
+            'devplug_allocations_total{resource="example.com/widget"} 1.0',
         ]
-        assert metric_lines(port, "devplug_allocate_duration_seconds_count") == [
-            'devplug_allocate_duration_seconds_count{resource="example.com/widget"} 1.0'
+        assert sorted(metric_lines(port, "devplug_allocate_duration_seconds_count")) == [
+            'devplug_allocate_duration_seconds_count{resource="example.com/fake"} 0.0',
+            'devplug_allocate_duration_seconds_count{resource="example.com/widget"} 1.0',
         ]
         assert metric_lines(port, "devplug_pod_device_info") == [
             "devplug_pod_device_info{container="

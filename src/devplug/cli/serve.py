@@ -289,6 +289,14 @@ def run(args: argparse.Namespace) -> int:
         except Exception as e:
             print(f"devplug serve: DRA: {e}", file=sys.stderr)
             return style.EXIT_USAGE
+    if config.node_events:
+        from devplug.extras import MissingExtra
+        from devplug.framework.nodeevents import NodeEvents
+
+        try:
+            services.append(NodeEvents(node_name(args), args.kubeconfig))
+        except (MissingExtra, ValueError) as e:
+            return style.fail(args, f"nodeEvents: {e}", style.EXIT_USAGE)
     log.info(
         "serving %s from %s in %s",
         ", ".join(p.resource_name for p in plugins),

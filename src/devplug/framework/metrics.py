@@ -2,11 +2,11 @@
 
 prometheus-client is imported here only, so a daemon without `--metrics-port` never
 loads it; `/healthz` and `/readyz` do not need it (without it, `/metrics` answers 503
-and says so, and the probes still work). Counters and the latency histogram follow the
-framework's events (see `observe`); gauges (devices by health, streams open,
-registered) are read from the daemon when scraped, so they can never drift from what is
-served. The HTTP server runs in threads; it asks the event loop for health and
-readiness, so `/healthz` answers only while the loop runs.
+and says so, and the probes still work). Counters and histograms follow the
+framework's events (`observe`, counted in `eventmetrics`); gauges (devices by health,
+streams open, registered, build info) are read from the daemon when scraped, so they
+can never drift from what is served. The HTTP server runs in threads; it asks the event
+loop for health and readiness, so `/healthz` answers only while the loop runs.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import errno
 import logging
+import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from devplug.framework import observe
 from devplug.framework.daemon import ReadinessReporter
+from devplug.framework.eventmetrics import EventMetrics, dra_registrations
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
@@ -36,7 +38,6 @@ BIND_RETRY_FIRST_S = 0.1
 BIND_RETRY_MAX_S = 2.0
 LOOP_ANSWER_S = 2.0  # /healthz fails when the loop cannot answer within this
 POD_RESOURCES_TIMEOUT_S = 1.0
-ALLOCATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -161,7 +162,7 @@ NO_PROMETHEUS = (
 )
 
 
-def _prometheus(daemon: Daemon, pod_resources: Path | None) -> tuple[Any, _EventMetrics | None]:
+def _prometheus(daemon: Daemon, pod_resources: Path | None) -> tuple[Any, EventMetrics | None]:
     """The WSGI app of /metrics and the event counters; without prometheus-client, an
     app answering 503 with the reason (said once in the log) and no counters."""
     try:
@@ -184,9 +185,15 @@ def _prometheus(daemon: Daemon, pod_resources: Path | None) -> tuple[Any, _Event
     disable_created_metrics()  # type: ignore[no-untyped-call]  # `_created`: noise
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
-    counters = _EventMetrics(registry, Counter, Histogram)
+    counters = EventMetrics(registry, Counter, Histogram)
     registry.register(_StateCollector(daemon, pod_resources))
-    return make_wsgi_app(registry), counters
+    scrape = make_wsgi_app(registry)
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Any:
+        counters.know(daemon)  # the series of a resource served since the last scrape
+        return scrape(environ, start_response)
+
+    return app, counters
 
 
 def _not_ready(daemon: Daemon) -> list[str]:
@@ -204,76 +211,24 @@ def _not_ready(daemon: Daemon) -> list[str]:
     return problems
 
 
-class _EventMetrics:
-    """The counters and the histogram, fed by framework events."""
-
-    def __init__(self, registry: Any, counter: Any, histogram: Any) -> None:
-        def make(kind: Any, name: str, doc: str, labels: list[str], **kw: Any) -> Any:
-            return kind(name, doc, labels, registry=registry, **kw)
-
-        self.allocations = make(
-            counter, "devplug_allocations", "Allocate calls answered.", ["resource"]
-        )
-        self.refused = make(
-            counter,
-            "devplug_refused_requests",
-            "Kubelet requests refused, by method and gRPC status code.",
-            ["resource", "method", "code"],
-        )
-        self.latency = make(
-            histogram,
-            "devplug_allocate_duration_seconds",
-            "Time to answer (or refuse) an Allocate call.",
-            ["resource"],
-            buckets=ALLOCATE_BUCKETS,
-        )
-        self.registrations = make(
-            counter,
-            "devplug_registrations",
-            "Successful registrations with the kubelet.",
-            ["resource"],
-        )
-        self.restarts = make(
-            counter,
-            "devplug_kubelet_restarts_seen",
-            "Registrations with a kubelet other than the one registered with before.",
-            ["resource"],
-        )
-        self.reloads = make(
-            counter, "devplug_config_reloads", "Config reloads, by result.", ["result"]
-        )
-        self.reloads.labels("applied")
-        self.reloads.labels("refused")
-
-    def observe(self, event: observe.Event) -> None:
-        kind, resource, fields = event.kind, event.resource, event.fields
-        if kind == observe.ALLOCATED:
-            self.allocations.labels(resource).inc()
-            self.latency.labels(resource).observe(fields["seconds"])
-        elif kind == observe.REFUSED:
-            self.refused.labels(resource, fields["method"], fields["code"]).inc()
-            if fields.get("seconds") is not None:
-                self.latency.labels(resource).observe(fields["seconds"])
-        elif kind == observe.REGISTERED:
-            self.registrations.labels(resource).inc()
-            if fields.get("kubelet_restart"):
-                self.restarts.labels(resource).inc()
-        elif kind == observe.RELOADED:
-            self.reloads.labels("applied").inc()
-        elif kind == observe.RELOAD_REFUSED:
-            self.reloads.labels("refused").inc()
-
-
 class _StateCollector:
     """Gauges read from the daemon at scrape time (and the pod <-> device mapping)."""
 
     def __init__(self, daemon: Daemon, pod_resources: Path | None) -> None:
         self.daemon = daemon
         self.pod_resources = pod_resources
+        self.build = (_installed_version(), platform.python_version())
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
+        build = GaugeMetricFamily(
+            "devplug_build_info",
+            "1, with the version of devplug and of Python as labels.",
+            labels=["version", "python"],
+        )
+        build.add_metric(list(self.build), 1)
+        yield build
         devices = GaugeMetricFamily(
             "devplug_devices", "Devices served, by health.", labels=["resource", "health"]
         )
@@ -294,9 +249,21 @@ class _StateCollector:
             devices.add_metric([endpoint.name, "Unhealthy"], len(table) - healthy)
             streams.add_metric([endpoint.name], endpoint.streams)
             registered.add_metric([endpoint.name], 1 if endpoint.registered else 0)
-        yield from (devices, streams, registered)
+        yield from (devices, streams, registered, self._dra_registered())
         if self.pod_resources is not None:
             yield self._pod_devices()
+
+    def _dra_registered(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily(
+            "devplug_dra_registered",
+            "1 while the kubelet has registered the DRA driver.",
+            labels=["driver"],
+        )
+        for name, registered in dra_registrations(self.daemon):
+            family.add_metric([name], 1 if registered else 0)
+        return family
 
     def _pod_devices(self) -> Any:
         from prometheus_client.core import GaugeMetricFamily
@@ -319,3 +286,13 @@ class _StateCollector:
             if h.resource in served:
                 family.add_metric([h.resource, h.device, h.namespace, h.pod, h.container], 1)
         return family
+
+
+def _installed_version() -> str:
+    """devplug's version as installed ('unknown' when run from a source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("devplug")
+    except PackageNotFoundError:
+        return "unknown"

@@ -27,6 +27,13 @@ STREAM_OPENED = "stream_opened"
 STREAM_CLOSED = "stream_closed"
 RELOADED = "reloaded"  # fields: added, removed, changed, kept (resource names), settings (keys)
 RELOAD_REFUSED = "reload_refused"  # fields: error
+# DRA (the resource is the driver's name); `result` is "ok" or "error".
+CLAIM_PREPARED = "claim_prepared"  # fields: claim, result, seconds
+CLAIM_UNPREPARED = "claim_unprepared"  # fields: claim, result, seconds
+SLICES_PUBLISHED = "slices_published"  # fields: result
+CLAIM_STATUS_WRITTEN = "claim_status_written"  # fields: claim, result
+XID = "xid"  # fields: gpu (UUID), xid, action (ignore/transient/reset)
+RESULTS = ("ok", "error")
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,6 +119,8 @@ class Config(_Schema):
     sysfs_root: str = hardware.DEFAULT_SYSFS_ROOT
     dev_root: str = hardware.DEFAULT_DEV_ROOT
     node_features: hardware.NodeFeaturesSpec | None = None
+    # A Kubernetes Event on the Node for each change of a device's health.
+    node_events: bool = False
     limits: LimitsSpec = msgspec.field(default_factory=LimitsSpec)
 
 

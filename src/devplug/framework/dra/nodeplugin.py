@@ -31,6 +31,7 @@ from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from devplug.framework import observe
 from devplug.framework.device import Device
 from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.dra.claims import ClaimError
@@ -45,6 +46,23 @@ log = logging.getLogger("devplug.dra.nodeplugin")
 
 def _claim_ref(claim: Any) -> ClaimRef:
     return ClaimRef(claim.namespace, claim.name, claim.uid)
+
+
+def _tell(kind: str, driver: str, claim: ClaimRef, error: str, started: float) -> None:
+    """One event per claim prepared or unprepared (metrics count them by result)."""
+    if not observe.heard(logging.DEBUG):
+        return
+    verb = "prepared" if kind == observe.CLAIM_PREPARED else "unprepared"
+    seconds = time.perf_counter() - started
+    observe.emit(
+        kind,
+        driver,
+        f"claim {claim.namespace}/{claim.name} " + (f"not {verb}: {error}" if error else verb),
+        logging.DEBUG,
+        claim=f"{claim.namespace}/{claim.name}",
+        result="error" if error else "ok",
+        seconds=seconds,
+    )
 
 
 class DraServicer:
@@ -93,24 +111,21 @@ class DraServicer:
         for claim in request.claims:
             entry = response.claims[claim.uid]
             ref = _claim_ref(claim)
+            driver = self.preparer.driver.name
+            started = time.perf_counter()
             try:
                 devices = await self.preparer.prepare(ref)
             except ClaimError as error:
-                log.warning(
-                    "%s: claim %s/%s: %s",
-                    self.preparer.driver.name,
-                    claim.namespace,
-                    claim.name,
-                    error,
-                )
+                log.warning("%s: claim %s/%s: %s", driver, claim.namespace, claim.name, error)
                 entry.error = str(error)
+                _tell(observe.CLAIM_PREPARED, driver, ref, entry.error, started)
                 continue
             except OSError as error:  # the CDI spec or the checkpoint cannot be written
-                log.exception(
-                    "%s: claim %s/%s", self.preparer.driver.name, claim.namespace, claim.name
-                )
+                log.exception("%s: claim %s/%s", driver, claim.namespace, claim.name)
                 entry.error = f"cannot prepare: {error}"
+                _tell(observe.CLAIM_PREPARED, driver, ref, entry.error, started)
                 continue
+            _tell(observe.CLAIM_PREPARED, driver, ref, "", started)
             self._write_status(ref, devices)
             entry.devices.extend(
                 self.pb.Device(
@@ -131,17 +146,20 @@ class DraServicer:
         for claim in request.claims:
             entry = response.claims[claim.uid]
             ref = _claim_ref(claim)
+            driver = self.preparer.driver.name
+            started = time.perf_counter()
             try:
                 await self.preparer.unprepare(ref)
             except ClaimError as error:
                 entry.error = str(error)
+                _tell(observe.CLAIM_UNPREPARED, driver, ref, entry.error, started)
                 continue
             except OSError as error:
-                log.exception(
-                    "%s: claim %s/%s", self.preparer.driver.name, claim.namespace, claim.name
-                )
+                log.exception("%s: claim %s/%s", driver, claim.namespace, claim.name)
                 entry.error = f"cannot unprepare: {error}"
+                _tell(observe.CLAIM_UNPREPARED, driver, ref, entry.error, started)
                 continue
+            _tell(observe.CLAIM_UNPREPARED, driver, ref, "", started)
             if self.status is not None:
                 self.status.clear(ref)
         return response

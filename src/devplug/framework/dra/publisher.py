@@ -27,8 +27,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+<<<<<<< HEAD
 from devplug.apiserver import failures
 from devplug.apiserver.backoff import Backoff
+=======
+from devplug.framework import observe
+>>>>>>> nvidia
 from devplug.framework.dra.driver import Driver
 from devplug.framework.dra.slices import MANAGED_BY, slice_bodies
 from devplug.framework.dra.slicewatch import SliceWatch
@@ -93,6 +97,7 @@ class PoolPublisher:
         """Publish the devices, and again after every change, until cancelled."""
         raise NotImplementedError
 
+<<<<<<< HEAD
     async def _failed(self, error: BaseException, backoff: Backoff) -> None:
         """Say that publishing failed and wait: the backoff's next wait, or its longest
         for a permanent failure (not trusted, not allowed), said as an error."""
@@ -100,6 +105,19 @@ class PoolPublisher:
         retry = backoff.most if permanent else backoff.next()
         log.log(
             logging.ERROR if permanent else logging.WARNING,
+=======
+    async def _failed(self, error: BaseException, retry: float) -> float:
+        """Say that publishing failed, wait `retry` seconds; the next wait."""
+        reason = getattr(error, "reason", None) or error
+        observe.emit(
+            observe.SLICES_PUBLISHED,
+            self.driver.name,
+            f"publishing slices failed: {reason}",
+            logging.DEBUG,
+            result="error",
+        )
+        log.warning(
+>>>>>>> nvidia
             "%s: publishing slices failed (%s); retrying in %.1f s",
             self.driver.name,
             failures.say(error) if not isinstance(error, OSError) or permanent else error,
@@ -109,6 +127,13 @@ class PoolPublisher:
 
     def _log_published(self, generation: int) -> None:
         healthy = sum(o.device.healthy for o in self.driver.offers().values())
+        observe.emit(
+            observe.SLICES_PUBLISHED,
+            self.driver.name,
+            f"slices published (pool generation {generation})",
+            logging.DEBUG,
+            result="ok",
+        )
         log.info(
             "%s: published %d device(s) for node %s (pool generation %d)",
             self.driver.name,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from devplug.apiserver.backoff import CONNECT_TIMEOUT_S, WATCH_MARGIN_S
+from devplug.framework import observe
 
 log = logging.getLogger("devplug.dra.slicewatch")
 
@@ -62,11 +64,15 @@ class SliceWatch:
                 response.shutdown()
 
     def _deliver(self, objects: Mapping[str, dict[str, Any] | None], complete: bool) -> None:
+        self._call(self._on_update, objects, complete)
+
+    def _call(self, function: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """Run `function` in the event loop (the thread only reports)."""
         loop = self._loop
         if loop is None or self._stop.is_set():
             return
         try:
-            loop.call_soon_threadsafe(self._on_update, objects, complete)
+            loop.call_soon_threadsafe(functools.partial(function, *args, **kwargs))
         except RuntimeError:  # the loop is closed: the daemon is exiting
             self._stop.set()
 
@@ -109,6 +115,14 @@ class SliceWatch:
                 self.driver,
                 failures.say(failure),
                 delay,
+            )
+            self._call(
+                observe.emit,
+                observe.SLICES_PUBLISHED,
+                self.driver,
+                f"publishing slices failed: {failures.say(failure)}",
+                logging.DEBUG,
+                result="error",
             )
             version = None
             self._stop.wait(delay)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devplug.framework import observe
 from devplug.sources.config import ResourceSpec
 from devplug.sources.hardware import DEFAULT_DEV_ROOT
 from devplug.sources.health import check_problem
@@ -393,6 +394,15 @@ class GpuSource:
             log.warning("%s: Xid %d on an unknown GPU", self.name, event.xid)
             return
         action = xid_action(event.xid, self._ignored)
+        observe.emit(
+            observe.XID,
+            self.name,
+            f"{gpu.uuid}: Xid {event.xid} ({action})",
+            logging.DEBUG,
+            gpu=gpu.uuid,
+            xid=event.xid,
+            action=action,
+        )
         if action == "ignore":
             log.info("%s: GPU %d: Xid %d (ignored)", self.name, gpu.index, event.xid)
             return
