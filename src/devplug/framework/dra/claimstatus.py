@@ -24,12 +24,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from devplug.api.dra.constants import RESOURCE_API_VERSION
-<<<<<<< HEAD
 from devplug.apiserver import failures
 from devplug.apiserver.backoff import Backoff
-=======
 from devplug.framework import observe
->>>>>>> nvidia
 from devplug.framework.device import Device
 from devplug.framework.dra.driver import ClaimRef
 
@@ -139,19 +136,12 @@ class ClaimStatusWriter:
                 )
             except ApiException as error:
                 if error.status in (404, 409) and not entries:
-<<<<<<< HEAD
-                    return  # gone, or another claim by now: nothing of ours to clear
+                    self._tell(claim, "")  # gone, or another claim by now: nothing to clear
+                    return
                 problem = failures.say(error)
                 final = error.status == 404 or not failures.transient(error)
             except (HTTPError, OSError, failures.Permanent) as error:
                 problem, final = failures.say(error), not failures.transient(error)
-=======
-                    self._tell(claim, "")  # gone, or another claim by now: nothing to clear
-                    return
-                problem, final = f"{error.status} {error.reason}", error.status == 404
-            except (HTTPError, OSError) as error:
-                problem, final = str(error), False
->>>>>>> nvidia
             else:
                 self._tell(claim, "")
                 return
@@ -165,11 +155,7 @@ class ClaimStatusWriter:
                 )
                 self._tell(claim, problem)
                 return
-<<<<<<< HEAD
             await asyncio.sleep(backoff.next())
-=======
-            await asyncio.sleep(delay)
-            delay *= 2
 
     def _tell(self, claim: ClaimRef, problem: str) -> None:
         """One event per status write, retries included (metrics count them by result)."""
@@ -182,4 +168,3 @@ class ClaimStatusWriter:
             claim=f"{claim.namespace}/{claim.name}",
             result="error" if problem else "ok",
         )
->>>>>>> nvidia

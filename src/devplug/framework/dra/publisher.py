@@ -27,12 +27,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-<<<<<<< HEAD
 from devplug.apiserver import failures
 from devplug.apiserver.backoff import Backoff
-=======
 from devplug.framework import observe
->>>>>>> nvidia
 from devplug.framework.dra.driver import Driver
 from devplug.framework.dra.slices import MANAGED_BY, slice_bodies
 from devplug.framework.dra.slicewatch import SliceWatch
@@ -97,27 +94,20 @@ class PoolPublisher:
         """Publish the devices, and again after every change, until cancelled."""
         raise NotImplementedError
 
-<<<<<<< HEAD
     async def _failed(self, error: BaseException, backoff: Backoff) -> None:
         """Say that publishing failed and wait: the backoff's next wait, or its longest
         for a permanent failure (not trusted, not allowed), said as an error."""
         permanent = failures.kind(error) == failures.PERMANENT
         retry = backoff.most if permanent else backoff.next()
-        log.log(
-            logging.ERROR if permanent else logging.WARNING,
-=======
-    async def _failed(self, error: BaseException, retry: float) -> float:
-        """Say that publishing failed, wait `retry` seconds; the next wait."""
-        reason = getattr(error, "reason", None) or error
         observe.emit(
             observe.SLICES_PUBLISHED,
             self.driver.name,
-            f"publishing slices failed: {reason}",
+            f"publishing slices failed: {failures.say(error)}",
             logging.DEBUG,
             result="error",
         )
-        log.warning(
->>>>>>> nvidia
+        log.log(
+            logging.ERROR if permanent else logging.WARNING,
             "%s: publishing slices failed (%s); retrying in %.1f s",
             self.driver.name,
             failures.say(error) if not isinstance(error, OSError) or permanent else error,
