@@ -421,7 +421,7 @@ def test_the_config_manager_replaces_only_its_link_never_a_file(tmp_path: Path) 
 OWNED_PLACES = {
     "cli/fleet.py:_check:rmtree": "its own mkdtemp folder",
     "cli/nvidia_config_manager.py:update:replace": "only a link (test_the_config_manager...)",
-    "cli/fleet.py:_up:rmtree": "its own mkdtemp folder",
+    "cli/fleet.py:_run_up:rmtree": "its own mkdtemp folder",
     "cli/plan.py:run:rmtree": "its own mkdtemp folder",
     "cluster/cluster.py:Cluster.kill_now:rmtree": "its own mkdtemp folder (_own_root)",
     "demo/script.py:_make_workdir:rmdir": "the empty folder it made (test_the_demo_removes...)",

@@ -95,4 +95,4 @@ def test_node_events_without_an_api_server_to_post_to_refuse_to_start(short_tmp:
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     [line] = done.stderr.splitlines()
-    assert line.startswith("devplug serve: nodeEvents: cannot use the in-cluster config")
+    assert line.startswith("devplug serve: nodeEvents: no kubeconfig")

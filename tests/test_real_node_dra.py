@@ -137,6 +137,9 @@ def dra(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         *(sys.executable, "-m", "devplug.cli.main", "serve", "--config", str(config)),
         *("--kubeconfig", str(real_node.kubeconfig), "--node-name", real_node.node_name),
         *("--plugin-dir", str(folder / "dp")),  # no device plugin: kept off the kubelet's
+        # ...but the DRA driver registers with the kubelet's own folders.
+        *("--registry-dir", "/var/lib/kubelet/plugins_registry"),
+        *("--dra-socket-dir", "/var/lib/kubelet/plugins"),
     ]
     with log.open("wb") as out:
         process = real_node.popen(*command, stdout=out, stderr=subprocess.STDOUT)

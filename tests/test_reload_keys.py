@@ -137,9 +137,30 @@ CHANGES: dict[str, Change] = {
 }
 
 
+# Keys a reload refuses to change, saying so in one line (each has a case below).
+AT_START = {
+    "nodeEvents": ({"resources": virtual(1)}, {"resources": virtual(1), "nodeEvents": True})
+}
+
+
 def test_every_top_level_key_of_the_config_has_a_reload_case() -> None:
     keys = {field.encode_name for field in msgspec.structs.fields(Config)}
-    assert keys == set(CHANGES), "each top-level key needs a case in CHANGES"
+    assert keys == set(CHANGES) | set(AT_START), "each top-level key needs a case"
+
+
+@pytest.mark.parametrize("key", AT_START)
+def test_a_reload_refuses_a_change_it_cannot_apply_in_one_line(key: str, short_tmp: Path) -> None:
+    before, after = AT_START[key]
+    config = short_tmp / "devplug.yaml"
+    write(config, before)
+    with KubeletHarness(short_tmp / "kubelet") as kubelet:
+        serve = kubelet.start_serve(config)
+        write(config, after)
+        output = wait_for_output(serve, "config reload refused")
+        [line] = [line for line in output.splitlines() if "config reload refused" in line]
+        assert f"{key}: a change takes effect when devplug serve starts again" in line
+        assert kubelet.admit({V: 1}).admitted  # the previous config keeps serving
+        assert serve.stop() == 0
 
 
 def write(path: Path, config: dict[str, object]) -> None:

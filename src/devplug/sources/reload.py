@@ -154,6 +154,11 @@ class ConfigReloader:
                 raise ConfigError(f"{self.path}: cannot read the config")
             source = str(self.path or "--nvidia-config")
             config = parse_config(text, source)
+            if config.node_events != self.config.node_events:
+                raise ConfigError(
+                    f"{source}: nodeEvents: a change takes effect when devplug serve starts "
+                    "again (its API server client is made at the start)"
+                )
             # What `serve` and `check` would refuse, before any change.
             built = plugins_to_serve(config, source, self.build, daemon.plugin_dir)
             plugins = {p.resource_name: p for p in built}
