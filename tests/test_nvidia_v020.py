@@ -21,32 +21,14 @@ from typing import Any
 import pytest
 import yaml
 
-from devplug.sources import ConfigError, parse_config
-from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.testing import KubeletHarness
 from devplug.testing.fakegpus import fake_host, gpu_uuid
 from devplug.testing.fakenvml import FakeGpuHost
+from tests.test_nvidia_file import problem, spec_of
 
 GPU = "nvidia.com/gpu"
 UUID = "b1028956-cfa2-0990-bf4a-5da9abb51763"  # NVIDIA's example UUID
 FAST = {"probeSeconds": 0.05, "retryMaxSeconds": 0.2, "nvmlTimeoutSeconds": 2}
-
-
-def spec_of(text: str, tmp_path: Path) -> NvidiaSpec:
-    path = tmp_path / "nvidia-config.yaml"
-    path.write_text(text)
-    block = {"nvidiaConfig": {"file": str(path)}}
-    [resource] = parse_config(yaml.safe_dump({"resources": [{"nvidia": block}]})).resources
-    assert resource.nvidia is not None
-    return resource.nvidia
-
-
-def problem(text: str, tmp_path: Path) -> str:
-    with pytest.raises(ConfigError) as caught:
-        spec_of(text, tmp_path)
-    message = str(caught.value)
-    assert "\n" not in message
-    return message.removeprefix(f"{tmp_path / 'nvidia-config.yaml'}: ")
 
 
 # -- keys as Go's decoder matches them -----------------------------------------------------
