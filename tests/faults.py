@@ -1,7 +1,7 @@
 """Fault scenarios: the real `devplug serve` process against the kubelet simulator.
 
 Each scenario takes an iteration count and returns an `Outcome` (failures, leaks,
-wall time); tests/test_faults.py runs short versions and asserts a clean outcome,
+wall time); tests/process/test_faults.py runs short versions and asserts a clean outcome,
 tests/soak.py (`make soak`) long ones and prints the table. Nothing waits for a
 fixed time: every wait is for an event (a registration, a device list, a file, a
 log line), and the "random moments" of the faults are chosen by counting events.

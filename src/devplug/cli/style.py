@@ -1,5 +1,5 @@
 """The one style of every `devplug` sub-command, kept in one place so commands cannot drift
-apart (tests/test_cli_style.py walks every parser and holds them to it).
+apart (tests/unit/test_cli_style.py walks every parser and holds them to it).
 
 A sub-command module uses it like this:
 

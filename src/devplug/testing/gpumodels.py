@@ -8,7 +8,7 @@ the MIG user guide publishes them ("Supported MIG Profiles"; placements from
 was found the row says `derived`: its memory is the published fraction of the next
 printed row, its SMs per slice those of a 1-slice instance. Each GPU's total memory is
 what NVML reports for it (`nvmlDeviceGetMemoryInfo`), which the naming rule divides by:
-a name here that the rule does not reproduce fails `tests/test_nvidia_mig.py`. Models
+a name here that the rule does not reproduce fails `tests/unit/test_nvidia_mig.py`. Models
 without MIG are here for discovery, labels and architecture families; their memory is
 nominal.
 """
