@@ -128,7 +128,7 @@ class Plugin:
         """What one container needs for `devices` (validated: known, unique, healthy)."""
         edits = merge_edits(devices)
         if self.ids_env:
-            edits.env[self.ids_env] = ",".join(d.id for d in devices)
+            edits.env[self.ids_env] = ",".join([d.id for d in devices])
         return edits
 
     async def preferred(
