@@ -3,10 +3,12 @@
 each started RUNS times, interleaved, against the kubelet simulator.
 
 Per run and side: start to registered (process spawned to the kubelet's Register
-received), Allocate latency (sequential, one grpcio client), Allocate throughput (8
-clients at once, one channel each) and RSS after the load. The report gives each
-side's median over the runs and the framework's ratio to the floor; the targets are
-ratios, since on a shared machine only a side-by-side comparison means anything.
+received) and the CPU the plugin used until then, Allocate latency (sequential, one
+grpcio client) and the plugin's CPU per call, Allocate throughput (8 clients at once,
+one channel each) and RSS after the load. The report gives each side's median over
+the runs and the framework's ratio to the floor, the median of each run's pair; the
+targets are ratios, since on a shared machine only a side-by-side comparison means
+anything (and CPU times swing less than wall times there).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from common import allocate_request, percentiles, rss_mib, timed_calls
+from common import allocate_request, cpu_seconds, percentiles, rss_mib, timed_calls
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
@@ -77,14 +79,18 @@ async def _bench(root: Path, runs: int) -> dict[str, Any]:
                         for e in kubelet.events
                         if e.seq > after and e.kind == "registered" and e.resource == resource
                     ]
+                    cpu_registered = cpu_seconds(proc.pid)
                     path = plugin_dir / socket.format(resource.replace("/", "-"))
-                    load = await asyncio.to_thread(_load, path)
+                    load = await asyncio.to_thread(_load, path, proc.pid)
                     if run == 0:
                         continue
                     samples = found[side]
                     samples.setdefault("start_to_registered_ms", []).append(
                         (registered - started) * 1000
                     )
+                    # CPU the plugin used until then (and per Allocate, below): the same
+                    # work whatever else the machine runs, where wall times swing.
+                    samples.setdefault("cpu_to_registered_ms", []).append(cpu_registered * 1000)
                     for key, value in load.items():
                         samples.setdefault(key, []).append(value)
                     samples.setdefault("rss_mib", []).append(rss_mib(proc.pid))
@@ -95,16 +101,23 @@ async def _bench(root: Path, runs: int) -> dict[str, Any]:
         side: {key: round(statistics.median(values), 3) for key, values in samples.items()}
         for side, samples in found.items()
     }
-    bare, ours = medians["bare_grpc_aio"], medians["framework"]
+    bare, ours = found["bare_grpc_aio"], found["framework"]
+
+    def ratio(key: str) -> float:
+        """The median of the runs' ratios: each run's pair ran back to back, so a
+        machine that slows down meanwhile slows both sides of a pair alike."""
+        pairs = zip(ours[key], bare[key], strict=True)
+        return round(statistics.median(o / b for o, b in pairs), 3)
+
     ratios = {
-        "allocate_p50": round(ours["allocate_p50_ms"] / bare["allocate_p50_ms"], 3),
-        "concurrent_calls_per_s": round(
-            ours["concurrent_calls_per_s"] / bare["concurrent_calls_per_s"], 3
+        "allocate_p50": ratio("allocate_p50_ms"),
+        "allocate_cpu": ratio("allocate_cpu_us"),
+        "concurrent_calls_per_s": ratio("concurrent_calls_per_s"),
+        "start_to_registered": ratio("start_to_registered_ms"),
+        "cpu_to_registered": ratio("cpu_to_registered_ms"),
+        "rss_extra_mib": round(
+            medians["framework"]["rss_mib"] - medians["bare_grpc_aio"]["rss_mib"], 1
         ),
-        "start_to_registered": round(
-            ours["start_to_registered_ms"] / bare["start_to_registered_ms"], 3
-        ),
-        "rss_extra_mib": round(ours["rss_mib"] - bare["rss_mib"], 1),
     }
     return {
         "runs": runs,
@@ -117,8 +130,9 @@ async def _bench(root: Path, runs: int) -> dict[str, Any]:
     }
 
 
-def _load(socket: Path) -> dict[str, float]:
-    """Allocate of two devices: sequential p50, then CLIENTS clients at once."""
+def _load(socket: Path, pid: int) -> dict[str, float]:
+    """Allocate of two devices: sequential p50 and the plugin's CPU per call, then
+    CLIENTS clients at once."""
     request = allocate_request(["dev-0", "dev-1"])
 
     def client() -> tuple[grpc.Channel, pb_grpc.DevicePluginStub]:
@@ -130,7 +144,9 @@ def _load(socket: Path) -> dict[str, float]:
     channel, stub = client()
     with channel:
         timed_calls(lambda: stub.Allocate(request), WARMUP_CALLS)
+        cpu = cpu_seconds(pid)
         sequential = timed_calls(lambda: stub.Allocate(request), SEQUENTIAL_CALLS)
+        cpu = cpu_seconds(pid) - cpu
     barrier = threading.Barrier(CLIENTS + 1)
 
     def hammer() -> None:
@@ -150,6 +166,7 @@ def _load(socket: Path) -> dict[str, float]:
     elapsed = time.perf_counter() - started
     return {
         "allocate_p50_ms": percentiles(sequential)["p50_ms"],
+        "allocate_cpu_us": round(cpu / SEQUENTIAL_CALLS * 1e6, 1),
         "concurrent_calls_per_s": round(CLIENTS * CALLS_PER_CLIENT / elapsed),
     }
 
@@ -157,8 +174,10 @@ def _load(socket: Path) -> dict[str, float]:
 def summary(report: dict[str, Any]) -> str:
     r = report["framework_vs_bare"]
     return (
-        f"framework/bare grpc.aio: allocate p50 {r['allocate_p50']}x, 8 clients "
-        f"{r['concurrent_calls_per_s']}x, start to registered {r['start_to_registered']}x, "
+        f"framework/bare grpc.aio: allocate p50 {r['allocate_p50']}x "
+        f"(cpu {r['allocate_cpu']}x), 8 clients "
+        f"{r['concurrent_calls_per_s']}x, start to registered {r['start_to_registered']}x "
+        f"(cpu {r['cpu_to_registered']}x), "
         f"rss {r['rss_extra_mib']:+} MiB"
     )
 
@@ -170,6 +189,7 @@ if __name__ == "__main__":
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else RUNS
     with tempfile.TemporaryDirectory(prefix="dp-floor-") as tmp:
         report = bench_floor(Path(tmp), runs)
-        report.pop("samples")
+        if "--samples" not in sys.argv:
+            report.pop("samples")
         print(json.dumps(report, indent=2))
         print(summary(report), file=sys.stderr)
