@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import enum
 import logging
 import os
 import struct
@@ -26,8 +25,9 @@ from pathlib import Path
 log = logging.getLogger("devplug.dirwatch")
 
 
-class Mask(enum.IntFlag):
-    """inotify's event bits (linux/inotify.h)."""
+class Mask:
+    """inotify's event bits (linux/inotify.h), as plain ints: an enum.IntFlag of them
+    costs every daemon start a millisecond or two to build."""
 
     ACCESS = 0x1
     MODIFY = 0x2
@@ -95,7 +95,7 @@ def _events(data: bytes) -> Iterator[tuple[int, int, str]]:
 
 
 class DirWatcher:
-    def __init__(self, callback: Callback, mask: Mask = ENTRY_EVENTS) -> None:
+    def __init__(self, callback: Callback, mask: int = ENTRY_EVENTS) -> None:
         self._callback = callback
         self._mask = mask
         fd = _inotify().inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
