@@ -109,3 +109,29 @@ def test_a_closed_watcher_holds_no_descriptor(tmp_path: Path) -> None:
     watcher.close()
     assert len(os.listdir("/proc/self/fd")) == before
     assert not watcher.watch(tmp_path / "x")
+
+
+def test_a_watcher_closed_while_it_runs_leaves_the_loop_clean(tmp_path: Path) -> None:
+    """The loop forgets the descriptor before it is closed: a descriptor of the same
+    number made next can be read by the loop."""
+
+    async def scenario() -> None:
+        watcher = DirWatcher(lambda folder, name: None)
+        assert watcher.watch(tmp_path)
+        task = asyncio.create_task(watcher.run())
+        await asyncio.sleep(0)  # run() registers its reader
+        watcher.close()
+        read, write = os.pipe()
+        try:
+            readable = asyncio.Event()
+            asyncio.get_running_loop().add_reader(read, readable.set)
+            os.write(write, b"x")
+            await asyncio.wait_for(readable.wait(), 10)
+            asyncio.get_running_loop().remove_reader(read)
+        finally:
+            os.close(read)
+            os.close(write)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    run(scenario())

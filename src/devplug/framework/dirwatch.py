@@ -105,6 +105,7 @@ class DirWatcher:
         self._fd = fd
         self._watches: dict[Path, int] = {}
         self._folders: dict[int, Path] = {}  # by watch descriptor, until IGNORED
+        self._reader: asyncio.AbstractEventLoop | None = None  # the loop `run` reads in
 
     @property
     def folders(self) -> set[Path]:
@@ -139,6 +140,7 @@ class DirWatcher:
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
         loop.add_reader(self._fd, readable.set)
+        self._reader = loop
         try:
             while True:
                 await readable.wait()
@@ -151,8 +153,12 @@ class DirWatcher:
                     for wd, mask, name in _events(data):
                         self._dispatch(wd, mask, name)
         finally:
-            if self._fd >= 0:
-                loop.remove_reader(self._fd)
+            self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        if self._reader is not None and self._fd >= 0:
+            self._reader.remove_reader(self._fd)
+        self._reader = None
 
     def _dispatch(self, wd: int, mask: int, name: str) -> None:
         folder = self._folders.get(wd)
@@ -168,6 +174,9 @@ class DirWatcher:
         self._callback(folder, name)
 
     def close(self) -> None:
+        """Stop watching; a `run` still going then waits for nothing more (the loop
+        forgets the descriptor before it is closed and its number reused)."""
+        self._stop_reading()
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
