@@ -34,6 +34,8 @@ from common import (
 )
 from dra import bench_dra
 from fleet import bench_fleet
+from floor import bench_floor
+from floor import summary as floor_summary
 from gdp import bench_gdp
 from nvidia import bench_nvidia
 from placement import bench_placement
@@ -207,6 +209,7 @@ def main() -> int:
 
         report["startup"] = bench_startup(root)
         report["gdp"] = bench_gdp(root)
+        report["floor"] = bench_floor(root)
     report["deploy"] = bench_deploy()
     report["nvidia"] = bench_nvidia()
     report["placement"] = bench_placement()
@@ -299,6 +302,8 @@ def summary(report: dict[str, Any]) -> str:
             f"{ours['allocate']['p50_ms']} vs {theirs['allocate']['p50_ms']} ms, rss "
             f"{ours['rss_mib']['after_allocate']} vs {theirs['rss_mib']['after_allocate']} MiB"
         )
+    if "floor" in report:
+        parts.append(floor_summary(report["floor"]))
     if "placement" in report:
         parts.append(placement_summary(report["placement"]))
     real = report.get("real_node", {})

@@ -202,10 +202,9 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
 
 
 def node_name(args: argparse.Namespace) -> str:
-    import os
-    import socket
+    from devplug.framework.names import this_node
 
-    name: str = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    name: str = args.node_name or this_node()
     return name
 
 

@@ -23,7 +23,7 @@ import yaml
 
 from devplug.fleet.spec import GpuHostSpec, Pool
 from devplug.framework.device import Attribute
-from devplug.framework.dra.driver import Driver
+from devplug.framework.dra.driver import DriverBinding
 from devplug.sources import SourcePlugin, build_plugins
 from devplug.sources.config import Config
 from devplug.sources.draconfig import plugin_driver_name, serves_device_plugin, serves_dra
@@ -41,7 +41,7 @@ class PoolHardware:
     # Served through the device plugin API (counted in the Node's capacity).
     device_plugins: list[SourcePlugin] = field(default_factory=list)
     # Served through DRA (published in ResourceSlices, prepared per claim).
-    drivers: list[Driver] = field(default_factory=list)
+    drivers: list[DriverBinding] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
 
     def capacity(self) -> dict[str, int]:
@@ -131,11 +131,11 @@ def build_pool(pool: Pool, folder: Path) -> PoolHardware:
     return hardware
 
 
-def config_driver(plugin: SourcePlugin) -> Driver:
+def config_driver(plugin: SourcePlugin) -> DriverBinding:
     """The DRA driver of a config-built plugin, named and described as its config says."""
     dra = plugin.spec.dra
     attributes: dict[str, Attribute] = dict(dra.attributes) if dra else {}
-    return Driver(
+    return DriverBinding(
         plugin,
         plugin_driver_name(plugin.resource_name, plugin.spec.name, dra),
         attributes,

@@ -51,3 +51,12 @@ def device_id_problem(device_id: str) -> str | None:
     if not device_id.isprintable() or any(c.isspace() for c in device_id) or "," in device_id:
         return f"device ID {device_id!r} contains whitespace, commas or unprintable characters"
     return None
+
+
+def this_node() -> str:
+    """The node's name when none is given: $NODE_NAME (the downward API's
+    spec.nodeName in a DaemonSet), else the host name."""
+    import os
+    import socket
+
+    return os.environ.get("NODE_NAME") or socket.gethostname()

@@ -257,9 +257,7 @@ class FileKeeper:
         import asyncio
         import logging
 
-        from asyncinotify import Mask
-
-        from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
+        from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher, Mask
 
         log = logging.getLogger("devplug.outputs")
         names: set[tuple[Path, str]] = set()

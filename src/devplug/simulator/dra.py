@@ -540,13 +540,13 @@ class DraManager:
         return state
 
     def _check_allocation(self, claim: str, results: list[dict[str, Any]]) -> None:
-        from devplug.simulator.allocation import AllocationError, check, read_pools
+        from devplug.simulator.allocation import InvalidAllocation, check, read_pools
 
         assert self._slices_dir is not None
         others = [(f"{c.namespace}/{c.name}", c.results) for c in self._state.claims.values()]
         try:
             check(claim, results, others, read_pools(self._slices_dir))
-        except (AllocationError, ValueError) as error:
+        except (InvalidAllocation, ValueError) as error:
             raise PrepareError(str(error), REASON_UNSCHEDULABLE) from None
 
     async def unprepare_pod(self, pod: PodSpec) -> None:
