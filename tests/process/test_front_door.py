@@ -16,7 +16,7 @@ import yaml
 from tests.dra_helpers import NODE, NodeDirs, allocated_claim, claim_pod, kubelet_for
 from tests.sim_helpers import pod, run, stop_process
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GADGET = "example.com/gadget"
 DRIVER = "widget.example.com"
 
