@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sim_helpers import FOO, PluginProcess, cli_command, device, devplug, kubelet_process, plugin
 
-from devplug.framework.unixserver import SocketPathTaken, UnixServer, socket_identity
+from devplug.ground.unixserver import SocketPathTaken, UnixServer, socket_identity
 from devplug.simulator import Kubelet
 from devplug.testing.realnode import RealNode
 
@@ -513,7 +513,7 @@ def test_every_place_that_removes_or_replaces_a_file_is_one_that_checks_ownershi
 def test_an_owner_whose_lock_file_is_removed_takes_the_lock_anew(short_tmp: Path) -> None:
     """Someone removes the hidden lock file of a live owner: the owner makes it again and
     holds it, so a second devplug cannot become a second owner of the same file."""
-    from devplug.outputs.files import OwnedElsewhere, OwnedFile
+    from devplug.ground.files import OwnedElsewhere, OwnedFile
 
     path = short_tmp / "cdi" / "devplug-example.com_x.json"
     first = OwnedFile(path, lambda _data: True)

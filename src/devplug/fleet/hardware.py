@@ -61,7 +61,7 @@ def gpu_description(spec: GpuHostSpec) -> dict[str, Any]:
     from devplug.testing.fakegpus import fake_host
 
     if spec.description is not None:
-        from devplug import inputs
+        from devplug.ground import inputs
 
         text = inputs.read_text(spec.description, what="the GPU description")
         try:

@@ -19,7 +19,7 @@ from typing import Any, Literal, NoReturn
 import msgspec
 import yaml
 
-from devplug import inputs
+from devplug.ground import inputs
 from devplug.kube.quantity import QuantityError, parse_quantity
 from devplug.simulator.topology import MAX_NUMA_NODES, POLICIES
 from devplug.sources.config import Config, ConfigError, convert, parse_config

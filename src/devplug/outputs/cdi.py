@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from devplug.framework.device import ContainerEdits, Device, merge_edits
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import physical_id
-from devplug.outputs.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile, write_atomic
+from devplug.ground.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile, write_atomic
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from devplug.framework.device import Device
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import physical_id
-from devplug.outputs.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile
+from devplug.ground.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:

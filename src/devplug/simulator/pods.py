@@ -79,7 +79,7 @@ def load_documents(
 ) -> list[Any]:
     """The YAML documents of `source` (text, `name` in an error), or `source` itself (dicts)."""
     if isinstance(source, str):
-        from devplug import inputs
+        from devplug.ground import inputs
 
         try:
             documents = inputs.load_yaml_all(source, name, inputs.LARGE_LIMITS)

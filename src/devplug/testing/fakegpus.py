@@ -32,7 +32,7 @@ from typing import Any
 import pynvml as _real
 import yaml
 
-from devplug.outputs.files import write_atomic
+from devplug.ground.files import write_atomic
 from devplug.testing.gpumodels import COMPUTE_PLACEMENTS, GpuModel, MigRow, model, row
 
 DESCRIPTION_ENV = "DEVPLUG_FAKE_NVML"

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import pynvml as _real
 
-from devplug.outputs.files import write_atomic
+from devplug.ground.files import write_atomic
 from devplug.testing import fakegpus as _state
 from devplug.testing.fakegpus import (
     DESCRIPTION_ENV,

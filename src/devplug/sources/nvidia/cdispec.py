@@ -33,7 +33,7 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 def host_spec(spec: NvidiaSpec) -> tuple[Path, dict[str, Any]] | None:
     """The host's NVIDIA spec (its path and body), or None: the first file of kind
     nvidia.com/gpu in `cdiSpecDirs` (seen under `hostRoot`), devplug's own left out."""
-    from devplug import inputs  # JSON is YAML: one parser for both spec formats
+    from devplug.ground import inputs  # JSON is YAML: one parser for both spec formats
 
     for folder in spec.cdi_spec_dirs:
         path = Path(host_path(spec.host_root, folder))

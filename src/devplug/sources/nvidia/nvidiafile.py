@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import msgspec
 
 from devplug.framework.names import resource_name_problem
-from devplug.trust import write_problem
+from devplug.ground.trust import write_problem
 
 if TYPE_CHECKING:
     from devplug.sources.nvidia.config import NvidiaConfigRef, NvidiaSpec
@@ -121,7 +121,7 @@ def parse(text: str, source: str, flags: Mapping[str, Any] | None = None) -> Nvi
     """Check NVIDIA config text (YAML or JSON), with NVIDIA's command-line `flags`
     laid over it; ConfigError with one line naming `source` and the key when it is not
     a config NVIDIA's plugin would start with."""
-    from devplug import inputs
+    from devplug.ground import inputs
     from devplug.sources.config import ConfigError, _shape_message
     from devplug.sources.nvidia.filekeys import match
 
@@ -445,7 +445,7 @@ def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> N
 
 
 def _read(path: str, key: str, fail: _Fail) -> str:
-    from devplug import inputs
+    from devplug.ground import inputs
 
     if problem := write_problem(path):
         fail(key, problem)

@@ -259,7 +259,7 @@ class FileKeeper:
 
         from asyncinotify import Mask
 
-        from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
+        from devplug.ground.dirwatch import ENTRY_EVENTS, DirWatcher
 
         log = logging.getLogger("devplug.outputs")
         names: set[tuple[Path, str]] = set()
