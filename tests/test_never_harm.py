@@ -438,7 +438,7 @@ OWNED_PLACES = {
     "ground/unixserver.py:_link_into_place:unlink": "its hidden temporary socket",
     "ground/unixserver.py:bind_problem:unlink": "its probe socket",
     "ground/unixserver.py:clear_stale_socket:unlink": "a stale socket (connect refused)",
-    "outputs/cdi.py:write_spec:write_atomic": "a DRA claim spec, under serialize.lock",
+    "framework/cdi.py:write_spec:write_atomic": "a DRA claim spec, under serialize.lock",
     "ground/files.py:OwnedFile.remove:remove_quietly": "owner lock held, same identity",
     "ground/files.py:OwnedFile.write:write_atomic": "owner lock held, content devplug's",
     "ground/files.py:OwnerLock.acquire:ftruncate": "the lock file it holds",

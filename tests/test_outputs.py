@@ -9,8 +9,8 @@ from pathlib import Path
 
 from hw_helpers import validate_cdi, wait_file
 
+from devplug.framework.cdi import qualified_name, spec_document
 from devplug.framework.device import Device
-from devplug.outputs.cdi import qualified_name, spec_document
 from devplug.outputs.nfd import (
     HEADER,
     device_labels,

@@ -20,16 +20,17 @@ import msgspec
 import yaml
 
 from devplug.ground import inputs
+from devplug.kube.names import (
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_value,
+    is_qualified_name_part,
+)
 from devplug.kube.quantity import QuantityError, parse_quantity
 from devplug.simulator.topology import MAX_NUMA_NODES, POLICIES
 from devplug.sources.config import Config, ConfigError, convert, parse_config
 
 MAX_NODES = 20_000
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
@@ -139,7 +140,7 @@ def parse_fleet(text: str, source: str = "<fleet>", folder: Path | None = None) 
         raise ConfigError(f"{source}: {field}: {problem}")
 
     name = spec.name if spec.name is not None else _stem_name(source)
-    if len(name) > 63 or not _DNS1123_LABEL.match(name):
+    if not is_dns_label(name):
         fail("name", f"{name!r} is not a DNS label (lower case letters, digits, '-')")
     if not spec.pools:
         fail("pools", "expected at least one pool")
@@ -183,14 +184,14 @@ def _stem_name(source: str) -> str:
 def _check_pool(
     pool: PoolSpec, where: str, base: Path, source: str, fail: Callable[[str, str], NoReturn]
 ) -> Pool:
-    if len(pool.name) > 63 or not _DNS1123_LABEL.match(pool.name):
+    if not is_dns_label(pool.name):
         fail(f"{where}.name", f"{pool.name!r} is not a DNS label (lower case letters, digits, '-')")
     if not 1 <= pool.count <= MAX_NODES:
         fail(f"{where}.count", f"expected an integer from 1 to {MAX_NODES}, got {pool.count}")
     prefix = pool.name_prefix if pool.name_prefix is not None else f"{pool.name}-"
     nodes = tuple(f"{prefix}{i}" for i in range(pool.count))
     for node in (nodes[0], nodes[-1]):
-        if len(node) > 253 or not _DNS1123_SUBDOMAIN.match(node):
+        if not is_dns_subdomain(node):
             fail(f"{where}.namePrefix", f"node name {node!r} is not a DNS subdomain")
     for key, value in pool.labels.items():
         if problem := _label_problem(key, value):
@@ -279,10 +280,10 @@ def _check_gpus(
 
 def _label_problem(key: str, value: str) -> str | None:
     prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)):
+    if prefix and not is_dns_subdomain(prefix):
         return f"{key!r}: the prefix must be a DNS subdomain"
-    if not name or len(name) > 63 or not _LABEL_VALUE.match(name):
+    if not is_qualified_name_part(name):
         return f"{key!r}: the name must be 1-63 characters of [A-Za-z0-9-_.]"
-    if len(value) > 63 or not _LABEL_VALUE.match(value):
+    if not is_label_value(value):
         return f"{key}={value!r}: the value must be at most 63 characters of [A-Za-z0-9-_.]"
     return None

@@ -18,11 +18,11 @@ from typing import NoReturn, TypeVar
 import msgspec
 
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
+from devplug.framework.cdi import default_kind, kind_problem
 from devplug.framework.device import cdi_name_problem, env_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
 from devplug.ground import inputs
 from devplug.ground.trust import write_problem
-from devplug.outputs.cdi import default_kind, kind_problem
 from devplug.outputs.nfd import label_name_problem
 from devplug.sources import hardware
 from devplug.sources.draconfig import (

@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from devplug.framework import cdi
 from devplug.framework.device import ContainerEdits, Device, Mount
 from devplug.framework.dra import metadata
 from devplug.framework.dra.claims import ClaimError, ClaimSource, allocated_devices
@@ -34,7 +35,6 @@ from devplug.framework.dra.driver import AllocatedDevice, ClaimRef, Driver, Offe
 from devplug.framework.dra.layout import overlapping
 from devplug.ground.files import remove_quietly, write_atomic
 from devplug.kube.tolerations import tolerates
-from devplug.outputs import cdi
 
 log = logging.getLogger("devplug.dra.prepare")
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from devplug.framework.cdi import CDI_VERSION, edits_json
 from devplug.framework.device import ContainerEdits
-from devplug.outputs.cdi import CDI_VERSION, edits_json
 from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.sources.nvidia.discovery import CDI_KIND, SHARED_NODES, Unit, container_id, host_path
 

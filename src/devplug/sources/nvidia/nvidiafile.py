@@ -25,6 +25,7 @@ import msgspec
 
 from devplug.framework.names import resource_name_problem
 from devplug.ground.trust import write_problem
+from devplug.kube.names import is_dns_subdomain
 
 if TYPE_CHECKING:
     from devplug.sources.nvidia.config import NvidiaConfigRef, NvidiaSpec
@@ -39,7 +40,6 @@ NAMED_FALLBACK = "default"  # the config the `named` fallback looks for
 ALLOCATION_POLICIES = ("distributed", "packed")  # NVIDIA's sharedDevicesAllocationPolicy
 
 _Fail = Callable[[str, str], NoReturn]
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _GPU_INDEX = re.compile(r"[0-9]+")
 _MIG_INDEX = re.compile(r"[0-9]+:[0-9]+")
 _HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -229,7 +229,7 @@ def _check_name(raw: str, at: str, fail: _Fail) -> None:
         fail(at, f"fully-qualified resource name must be {MAX_NAME} characters or less: {name}")
     if problem := resource_name_problem(name):
         fail(at, problem)
-    if not _DNS_SUBDOMAIN.fullmatch(name.partition("/")[2]):
+    if not is_dns_subdomain(name.partition("/")[2]):
         fail(
             at,
             f"incorrect format for resource name {name!r}: after '{DOMAIN}/' a lower-case "
