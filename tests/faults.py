@@ -35,11 +35,11 @@ from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework.debug import DEBUG_STATE_ENV
 from devplug.framework.plugin import default_socket_name
 from devplug.ground.channel import unix_channel
+from devplug.ground.process import ChildProcess
 from devplug.ground.unixserver import UnixServer
 from devplug.simulator import Kubelet
 from devplug.simulator.results import REASON_UNEXPECTED_ADMISSION
 from devplug.testing import pod_manifest
-from devplug.testing.process import ChildProcess
 
 VIRT = "fault.devplug.io/virt"
 NODE = "fault.devplug.io/node"

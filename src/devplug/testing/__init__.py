@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING
 from devplug.ground.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from devplug.ground.process import ChildProcess
     from devplug.testing.harness import (
         KubeletHarness,
         PluginExited,
         PluginProcess,
     )
     from devplug.testing.pods import PodAdmission, pod_manifest
-    from devplug.testing.process import ChildProcess
     from devplug.testing.sysfs import FakeSysfs
 
 _EXPORTS = {
-    "ChildProcess": "devplug.testing.process",
+    "ChildProcess": "devplug.ground.process",
     "FakeSysfs": "devplug.testing.sysfs",
     "KubeletHarness": "devplug.testing.harness",
     "PluginExited": "devplug.testing.harness",
