@@ -311,7 +311,7 @@ def test_gpus_through_dra_carry_their_memory_as_a_capacity(short_tmp: Path) -> N
     and memory, which a 'GPU with at least 40 GiB' selector compares."""
     import os
 
-    from devplug.testing.fakenvml import FakeGpuHost, eight_gpus
+    from devplug.fakes.nvml import FakeGpuHost, eight_gpus
 
     host = FakeGpuHost(short_tmp / "host", eight_gpus())
     config = short_tmp / "gpu.yaml"

@@ -41,7 +41,7 @@ def main() -> int:
         nvidia: dict[str, object] = {}
         env: dict[str, str] = {}
         if args.fake:
-            from devplug.testing.fakegpus import FakeGpuHost, gpu
+            from devplug.fakes.gpus import FakeGpuHost, gpu
 
             description = {
                 "driver": {"loaded": True},

@@ -58,7 +58,7 @@ class PoolHardware:
 def gpu_description(spec: GpuHostSpec) -> dict[str, Any]:
     """The fake NVML description of a pool's GPUs (KeyError for an unknown model or
     MIG profile, ValueError for MIG instances that do not fit the GPU)."""
-    from devplug.testing.fakegpus import fake_host
+    from devplug.fakes.gpus import fake_host
 
     if spec.description is not None:
         from devplug.ground import inputs
@@ -87,7 +87,7 @@ def gpu_description(spec: GpuHostSpec) -> dict[str, Any]:
 def _fake_nvml(folder: Path, spec: GpuHostSpec) -> Iterator[str]:
     """Point NVML at the pool's fake host while its plugins are built; yields the
     host root (its /dev and /sys) for the config's `hostRoot`."""
-    from devplug.testing.fakegpus import FakeGpuHost
+    from devplug.fakes.gpus import FakeGpuHost
 
     host = FakeGpuHost(folder, gpu_description(spec))
     saved = {key: os.environ.get(key) for key in _NVML_ENV}

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from devplug.ground.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from devplug.fakes.sysfs import FakeSysfs
     from devplug.ground.process import ChildProcess
     from devplug.testing.harness import (
         KubeletHarness,
@@ -27,11 +28,10 @@ if TYPE_CHECKING:
         PluginProcess,
     )
     from devplug.testing.pods import PodAdmission, pod_manifest
-    from devplug.testing.sysfs import FakeSysfs
 
 _EXPORTS = {
     "ChildProcess": "devplug.ground.process",
-    "FakeSysfs": "devplug.testing.sysfs",
+    "FakeSysfs": "devplug.fakes.sysfs",
     "KubeletHarness": "devplug.testing.harness",
     "PluginExited": "devplug.testing.harness",
     "PluginProcess": "devplug.testing.harness",
