@@ -10,6 +10,7 @@ A bad file gives one line naming the file, the pool and the field:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -266,8 +267,6 @@ def _check_gpus(
             f"{where}.numaNodes",
             f"expected an integer from 1 to {MAX_NUMA_NODES}, got {gpus.numa_nodes}",
         )
-    from devplug.fleet.hardware import gpu_description
-
     try:
         gpu_description(gpus)
     except KeyError as error:
@@ -287,3 +286,29 @@ def _label_problem(key: str, value: str) -> str | None:
     if not is_label_value(value):
         return f"{key}={value!r}: the value must be at most 63 characters of [A-Za-z0-9-_.]"
     return None
+
+
+def gpu_description(spec: GpuHostSpec) -> dict[str, Any]:
+    """The fake NVML description of a pool's GPUs (KeyError for an unknown model or
+    MIG profile, ValueError for MIG instances that do not fit the GPU)."""
+    from devplug.fakes.gpus import fake_host
+
+    if spec.description is not None:
+        text = inputs.read_text(spec.description, what="the GPU description")
+        try:
+            loaded: dict[str, Any] = json.loads(text)
+        except RecursionError:
+            raise inputs.InputError(spec.description, "nested too deep to read") from None
+        except ValueError as error:
+            problem = f"invalid JSON: {' '.join(str(error).split())}"
+            raise inputs.InputError(spec.description, problem) from None
+        return loaded
+    per_numa = -(-spec.count // spec.numa_nodes)
+    group: dict[str, Any] = {
+        "model": spec.model,
+        "count": spec.count,
+        "numa": [i // per_numa for i in range(spec.count)],
+    }
+    if spec.mig:
+        group["mig"] = spec.mig
+    return fake_host(yaml.safe_dump({"gpus": [group], "nvlink": spec.nvlink}))
