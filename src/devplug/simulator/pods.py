@@ -19,6 +19,7 @@ from typing import Any
 from devplug.framework.names import resource_name_problem
 from devplug.kube.names import is_dns_label, is_dns_subdomain
 from devplug.kube.quantity import QuantityError, parse_quantity
+from devplug.kube.requests import pod_requests
 
 DEFAULT_NAMESPACE = "default"
 
@@ -270,3 +271,13 @@ def _is_extended(resource: str) -> bool:
     # Native resources have no domain or a kubernetes.io one; everything else with a
     # domain is an extended resource (hugepages-*, cpu, memory... are native).
     return "/" in resource and "kubernetes.io/" not in resource
+
+
+def effective_requests(pod: PodSpec) -> dict[str, int]:
+    """The pod's extended resource requests as the scheduler computes them (the
+    `PodRequests` helper: devplug.kube.requests)."""
+    requests = pod_requests(
+        (c.devices for c in pod.containers),
+        ((c.devices, c.restartable) for c in pod.init_containers),
+    )
+    return {name: count for name, count in sorted(requests.items()) if count > 0}
