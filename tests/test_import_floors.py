@@ -46,7 +46,7 @@ def lint(python_path: Path | None = None) -> subprocess.CompletedProcess[str]:
 def test_every_import_points_down_the_floors_and_closes_no_cycle() -> None:
     result = lint()
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 2 kept, 0 broken." in result.stdout
+    assert "Contracts: 3 kept, 0 broken." in result.stdout
 
 
 @pytest.fixture
@@ -79,6 +79,13 @@ def test_an_import_between_two_packages_of_one_floor_breaks_the_floors(copy: Pat
     out = broken(copy)
     assert "Imports point down the floors BROKEN" in out
     assert "devplug.kube.names -> devplug.fakes.gpumodels" in out
+
+
+def test_product_code_importing_the_test_kit_breaks_its_contract(copy: Path) -> None:
+    add_import(copy, "plan/variants.py", "import devplug.testing.harness")
+    out = broken(copy)
+    assert "Product code does not stand on the test kit BROKEN" in out
+    assert "devplug.plan.variants -> devplug.testing.harness" in out
 
 
 def test_a_package_given_no_floor_breaks_the_floors(copy: Path) -> None:
