@@ -302,7 +302,7 @@ def test_the_nodes_are_real_and_their_host_paths_follow_dev_root(
 
     import yaml
 
-    from devplug.fakes.gpus import CONTROL_MINOR, NVIDIA_MAJOR, driver_major
+    from devplug.fakes.devnodes import CONTROL_MINOR, NVIDIA_MAJOR, driver_major
     from devplug.sources.nvidia.config import NvidiaSpec
     from devplug.sources.nvidia.discovery import units
     from tests.test_dra_config import devplug
