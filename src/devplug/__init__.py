@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from devplug.lazy import lazy_exports
+from devplug.ground.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from devplug.api.constants import HEALTHY, UNHEALTHY, VERSION

@@ -1,4 +1,4 @@
-"""Every file devplug reads is bounded before the work (devplug.inputs): size, nesting
+"""Every file devplug reads is bounded before the work (devplug.ground.inputs): size, nesting
 and YAML alias expansion, each refused in one line naming the file, the limit and the
 value. Fuzzed over every reader (config, pods, fleet, workload YAML and CSV, NVIDIA's
 config, kubeconfig) with shapes, sizes, encodings, byte-order marks, deep nesting and
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sim_helpers import cli_command
 
-from devplug import inputs
+from devplug.ground import inputs
 
 # A command reading a bad file runs in well under these, whatever the file.
 MEMORY_LIMIT = 1536 * 1024 * 1024

@@ -219,7 +219,7 @@ def check_on_fake_gpus(
 ) -> str:
     """`devplug check` of `config` on a fake NVML host (its hostRoot set), run by
     `python`: the output."""
-    from devplug.testing.fakenvml import FakeGpuHost
+    from devplug.fakes.nvml import FakeGpuHost
 
     host = FakeGpuHost(folder, description)
     data = yaml.safe_load(config.read_text())
@@ -244,7 +244,7 @@ def test_the_gpu_overlay_config_serves_gpus_through_nvml(variant: str, short_tmp
     """`devplug check` on the overlay's ConfigMaps, with the fake NVML driver of an
     8-GPU host: the `nvidia:` block finds every GPU (per node: with the default config,
     a node without the label)."""
-    from devplug.testing.fakenvml import eight_gpus
+    from devplug.fakes.nvml import eight_gpus
 
     config = materialise(render(variant), short_tmp / "pod")
     out = check_on_fake_gpus(config, eight_gpus(), short_tmp / "host")
@@ -325,7 +325,7 @@ def test_each_named_config_serves_what_it_says(
 ) -> None:
     """Each of the overlay's NVIDIA configs, chosen (as the default here: the label's
     choice is proven on the real node), on a fake host: what its comment promises."""
-    from devplug.testing.fakenvml import eight_gpus, mig_layout
+    from devplug.fakes.nvml import eight_gpus, mig_layout
 
     config = materialise(render(PER_NODE), short_tmp / "pod")
     data = yaml.safe_load(config.read_text())

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from devplug.fakes.nvml import FakeGpuHost, gpu, gpu_uuid
 from devplug.framework.dra.claims import ApiClaims
 from devplug.framework.dra.classes import device_class
 from devplug.framework.dra.kube import api_client
@@ -24,7 +25,6 @@ from devplug.simulator import Kubelet, PodResult
 from devplug.simulator.apipods import ApiPodFollower
 from devplug.simulator.dra import NodeSlices
 from devplug.testing.controlplane import watch_until
-from devplug.testing.fakenvml import FakeGpuHost, gpu, gpu_uuid
 from tests.dra_helpers import (
     DRIVER,
     NODE,
@@ -1491,7 +1491,7 @@ def test_the_scheduler_allocates_mig_partitions_that_never_overlap(
     import yaml
     from kubernetes import client
 
-    from devplug.testing.fakegpus import gpu as mig_gpu
+    from devplug.fakes.gpus import gpu as mig_gpu
 
     core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
     driver = "mig.devplug.io"

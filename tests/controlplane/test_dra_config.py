@@ -16,8 +16,8 @@ import yaml
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.channel import FAST_RECONNECT
 from devplug.framework.dra.names import default_driver_name, device_name
+from devplug.ground.channel import FAST_RECONNECT
 from devplug.sources import ConfigError, parse_config
 from tests.dra_helpers import DRIVER, NodeDirs, accelerator_config
 
@@ -311,7 +311,7 @@ def test_gpus_through_dra_carry_their_memory_as_a_capacity(short_tmp: Path) -> N
     and memory, which a 'GPU with at least 40 GiB' selector compares."""
     import os
 
-    from devplug.testing.fakenvml import FakeGpuHost, eight_gpus
+    from devplug.fakes.nvml import FakeGpuHost, eight_gpus
 
     host = FakeGpuHost(short_tmp / "host", eight_gpus())
     config = short_tmp / "gpu.yaml"

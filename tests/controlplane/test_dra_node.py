@@ -19,7 +19,7 @@ from devplug.api.drahealth.v1alpha1 import api_pb2 as healthpb
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as healthgrpc
 from devplug.api.pluginregistration.v1 import api_pb2 as regpb
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reggrpc
-from devplug.framework.channel import unix_channel
+from devplug.ground.channel import unix_channel
 from devplug.simulator.report import node_text
 from devplug.simulator.results import REASON_FAILED_PREPARE, REASON_UNSCHEDULABLE
 from tests.dra_helpers import (

@@ -15,7 +15,7 @@ from devplug.api.drahealth.v1 import api_pb2 as health_v1
 from devplug.api.drahealth.v1 import api_pb2_grpc as health_v1_grpc
 from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from devplug.framework.channel import unix_channel
+from devplug.ground.channel import unix_channel
 from tests.dra_helpers import DRIVER, NodeDirs, accelerator_config, serving
 from tests.sim_helpers import run
 

@@ -20,7 +20,7 @@ import yaml
 
 from devplug.api.dra.v1 import api_pb2 as drapb
 from devplug.api.dra.v1 import api_pb2_grpc as dragrpc
-from devplug.framework.channel import unix_channel
+from devplug.ground.channel import unix_channel
 from tests.dra_helpers import (
     DRIVER,
     NODE,

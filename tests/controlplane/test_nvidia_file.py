@@ -16,12 +16,12 @@ import pytest
 import yaml
 from sim_helpers import cli_command
 
+from devplug.fakes.nvml import FakeGpuHost, eight_gpus, gpu_uuid, mig_layout, mig_uuid
 from devplug.outputs.nfd import parse_features
 from devplug.sources import ConfigError, parse_config
 from devplug.sources.nvidia import nvidiafile
 from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.testing import KubeletHarness
-from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid, mig_layout, mig_uuid
 from tests.hw_helpers import validate_cdi
 
 GPU = "nvidia.com/gpu"

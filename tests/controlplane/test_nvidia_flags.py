@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from devplug.cli.nvidia_plugin import serve_argv
+from devplug.fakes.gpus import mig_layout
+from devplug.fakes.nvml import FakeGpuHost, eight_gpus, gpu_uuid
 from devplug.sources.nvidia.nvidiaflags import FlagError, resolve
 from devplug.testing import KubeletHarness
-from devplug.testing.fakegpus import mig_layout
-from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid
 
 # What NVIDIA's chart renders for `helm install --set migStrategy=mixed
 # --set compatWithCPUManager=true --set deviceListStrategy=envvar` with a config map:

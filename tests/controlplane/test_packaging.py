@@ -288,7 +288,7 @@ def test_the_declared_floors_serve_gpus_through_nvml(
 ) -> None:
     """The GPU overlay's config checked with nvidia-ml-py at its floor, on the fake NVML
     driver of an 8-GPU host (the NVML names devplug and its fake driver use exist)."""
-    from devplug.testing.fakenvml import eight_gpus
+    from devplug.fakes.nvml import eight_gpus
     from tests.controlplane.test_deploy import check_on_fake_gpus, materialise
     from tests.controlplane.test_deploy import render as kustomize
 
@@ -326,6 +326,6 @@ def test_below_the_floors_devplug_breaks(floors_venv: FloorsVenv, kubeconfig: st
     # Both back at their floors: devplug works again.
     assert floors_venv.run(floors_venv.python, "-c", DRA_CHECK, kubeconfig).returncode == 0
     with below_floor(floors_venv, "nvidia-ml-py"):
-        nvml = floors_venv.run(floors_venv.python, "-c", "import devplug.testing.fakenvml")
+        nvml = floors_venv.run(floors_venv.python, "-c", "import devplug.fakes.nvml")
     assert nvml.returncode != 0
     assert "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION" in nvml.stderr

@@ -336,7 +336,7 @@ def open_in_chromium(page: Path, profile: Path) -> tuple[str, list[str]]:
 def test_thirty_pools_get_thirty_colours_and_a_legend_that_grows_below() -> None:
     import plotly.graph_objects as go
 
-    from devplug.plan.html import legend_below, palette
+    from devplug.plan.plotstyle import legend_below, palette
 
     assert len(set(palette(30))) == 30
     assert len(set(palette(48))) == 48

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from sim_helpers import devplug
 
+from devplug.fakes.sysfs import make_node
 from devplug.testing import KubeletHarness
-from devplug.testing.sysfs import make_node
 
 LONG = "example.com/" + "x" * 63  # its socket path passes 107 bytes in any plugin folder
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
+from devplug.fakes.gpumodels import MODELS
+from devplug.fakes.gpus import FakeGpuHost, gpu, gpu_uuid
 from devplug.simulator.results import REASON_UNSCHEDULABLE
 from devplug.sources import ConfigError, parse_config
-from devplug.testing.fakegpus import FakeGpuHost, gpu, gpu_uuid
-from devplug.testing.gpumodels import MODELS
 from tests.dra_helpers import NODE, Daemon, NodeDirs, kubelet_for, serve_command
 from tests.process.test_dra_partitions import claim, pod, prepare, unprepare
 from tests.sim_helpers import run

@@ -15,8 +15,8 @@ import yaml
 
 from devplug.api.dra.v1 import api_pb2 as drapb
 from devplug.api.dra.v1 import api_pb2_grpc as dragrpc
-from devplug.framework.channel import unix_channel
 from devplug.framework.dra.slices import slice_bodies
+from devplug.ground.channel import unix_channel
 from devplug.simulator.results import REASON_UNSCHEDULABLE
 from devplug.sources import ConfigError, build_plugins, parse_config
 from devplug.sources.draconfig import config_driver

@@ -18,7 +18,7 @@ from devplug.fleet.local import LocalEndpoint
 from devplug.fleet.node import FleetNode
 from devplug.fleet.spec import load_fleet, parse_fleet
 from devplug.framework.servicer import DevicePluginServicer
-from devplug.framework.unixserver import UnixServer
+from devplug.ground.unixserver import UnixServer
 from devplug.simulator.endpoint import Endpoint, EndpointError
 from devplug.sources import ConfigError, build_plugins, parse_config
 

@@ -15,7 +15,7 @@ from devplug import AllocationError, ContainerEdits, Daemon, Device, DeviceNode,
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework import observe
-from devplug.framework.channel import unix_channel
+from devplug.ground.channel import unix_channel
 
 TIMEOUT = 10
 

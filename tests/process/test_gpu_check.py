@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devplug.testing.fakenvml import gpu_uuid
+from devplug.fakes.nvml import gpu_uuid
 
 ROOT = Path(__file__).resolve().parents[2]
 # Top-level modules of the test extras (pyproject's `dev`, `dra`, `envtest`).

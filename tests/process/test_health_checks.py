@@ -10,8 +10,8 @@ from pathlib import Path
 from hw_helpers import hardware_config, standard_tree
 from sim_helpers import devplug
 
+from devplug.fakes.sysfs import Node, UsbInterface
 from devplug.testing import KubeletHarness
-from devplug.testing.sysfs import Node, UsbInterface
 
 
 def test_health_checks(kubelet: KubeletHarness) -> None:

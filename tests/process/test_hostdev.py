@@ -20,7 +20,7 @@ from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework.daemon import Daemon
 from devplug.framework.device import Device
-from devplug.framework.dirwatch import DirWatcher
+from devplug.ground.dirwatch import DirWatcher
 from devplug.sources import HostDevicePlugin, build_plugins, parse_config
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """The Xid and health-transition counters of a real `devplug serve` of NVIDIA GPUs (the
-fake NVML driver of devplug.testing.fakenvml standing in for the host)."""
+fake NVML driver of devplug.fakes.nvml standing in for the host)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devplug.fakes.nvml import FakeGpuHost, eight_gpus, gpu_uuid
 from devplug.testing import KubeletHarness
-from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid
 from tests.metrics_helpers import scrape, value
 from tests.serve_helpers import free_port, wait_for_output
 

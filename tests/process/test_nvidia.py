@@ -1,5 +1,5 @@
 """NVIDIA GPUs served by the real `devplug serve` against the kubelet simulator, with the
-fake NVML driver (devplug.testing.fakenvml) standing in for a GPU host."""
+fake NVML driver (devplug.fakes.nvml) standing in for a GPU host."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devplug.outputs.nfd import parse_features
-from devplug.testing import KubeletHarness, PodAdmission, pod_manifest
-from devplug.testing.fakenvml import (
+from devplug.fakes.nvml import (
     FakeGpuHost,
     eight_gpus,
     fake_host,
@@ -24,6 +22,8 @@ from devplug.testing.fakenvml import (
     mig_layout,
     mig_uuid,
 )
+from devplug.outputs.nfd import parse_features
+from devplug.testing import KubeletHarness, PodAdmission, pod_manifest
 
 GPU = "nvidia.com/gpu"
 FAST = {"probeSeconds": 0.05, "retryMaxSeconds": 0.2, "nvmlTimeoutSeconds": 2}

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from devplug.testing.fakegpus import FakeGpuHost, fake_host
+from devplug.fakes.gpus import FakeGpuHost, fake_host
 
 
 def labels_of(

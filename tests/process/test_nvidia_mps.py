@@ -1,5 +1,5 @@
 """MPS sharing as NVIDIA's plugin does it: `devplug serve` starts and supervises one
-control daemon per shared resource (the stand-in `devplug.testing.fakemps`, which speaks
+control daemon per shared resource (the stand-in `devplug.fakes.mps`, which speaks
 the documented control interface) at NVIDIA's paths, tells it each GPU's share, and
 each replica's container gets what NVIDIA's plugin gives it (cmd/mps-control-daemon,
 internal/plugin/mps.go)."""
@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
+from devplug.fakes.mps import PID_FILE, STATE, script
+from devplug.fakes.nvml import FakeGpuHost, eight_gpus, gpu_uuid
 from devplug.outputs.nfd import parse_features
 from devplug.sources import ConfigError, parse_config
 from devplug.testing import KubeletHarness
-from devplug.testing.fakemps import PID_FILE, STATE, script
-from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid
 
 GPU = "nvidia.com/gpu"
 FAST = {"probeSeconds": 0.05, "retryMaxSeconds": 0.2, "nvmlTimeoutSeconds": 5}

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from devplug.fakes.gpus import fake_host
+from devplug.fakes.mps import script
+from devplug.fakes.nvml import FakeGpuHost, eight_gpus
 from devplug.outputs.nfd import parse_features
 from devplug.testing import KubeletHarness
-from devplug.testing.fakegpus import fake_host
-from devplug.testing.fakemps import script
-from devplug.testing.fakenvml import FakeGpuHost, eight_gpus
 from devplug.testing.harness import PluginProcess
 
 # "Configuration file" section: the file that sets NVIDIA's defaults explicitly.

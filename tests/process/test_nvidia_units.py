@@ -14,13 +14,13 @@ from typing import Any
 import pynvml
 import pytest
 
+from devplug.fakes import nvml as fakenvml
+from devplug.fakes.nvml import FakeGpuHost, eight_gpus, gpu_uuid, mig_layout
 from devplug.sources import ConfigError, parse_config
 from devplug.sources.nvidia import blocking
 from devplug.sources.nvidia import nvml as nvml_module
 from devplug.sources.nvidia.nvml import Nvml, NvmlView, bus_id
 from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
-from devplug.testing import fakenvml
-from devplug.testing.fakenvml import FakeGpuHost, eight_gpus, gpu_uuid, mig_layout
 
 
 def error(text: str) -> str:

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
+from devplug.fakes.gpus import fake_host, gpu_uuid
+from devplug.fakes.nvml import FakeGpuHost
 from devplug.testing import KubeletHarness
-from devplug.testing.fakegpus import fake_host, gpu_uuid
-from devplug.testing.fakenvml import FakeGpuHost
 from tests.controlplane.test_nvidia_file import problem, spec_of
 
 GPU = "nvidia.com/gpu"

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from hw_helpers import validate_cdi, wait_file
 
+from devplug.fakes.sysfs import make_node as mknod
+from devplug.framework.cdi import qualified_name, spec_document
 from devplug.framework.device import Device
-from devplug.outputs.cdi import qualified_name, spec_document
 from devplug.outputs.nfd import (
     HEADER,
     device_labels,
@@ -20,7 +21,6 @@ from devplug.outputs.nfd import (
 )
 from devplug.sources.config import path_device_id
 from devplug.testing import KubeletHarness
-from devplug.testing.sysfs import make_node as mknod
 
 
 def config(tmp: Path) -> str:

@@ -199,7 +199,7 @@ def test_a_reload_reads_the_hardware_where_serve_was_told_and_follows_it_in_labe
 def test_new_hardware_roots_in_the_config_serve_every_resource_again(short_tmp: Path) -> None:
     from hw_helpers import add_u250, roots
 
-    from devplug.testing.sysfs import FakeSysfs
+    from devplug.fakes.sysfs import FakeSysfs
 
     before, after = FakeSysfs(short_tmp / "a"), FakeSysfs(short_tmp / "b")
     add_u250(before)

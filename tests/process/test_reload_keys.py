@@ -16,9 +16,9 @@ import pytest
 import yaml
 from serve_helpers import wait_for_gone, wait_for_output, wait_for_path
 
+from devplug.fakes.sysfs import FakeSysfs, Node, make_node
 from devplug.sources.config import Config
 from devplug.testing import KubeletHarness
-from devplug.testing.sysfs import FakeSysfs, Node, make_node
 
 RELOADED = "config reloaded from"
 V = "example.com/v"

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from devplug.api.constants import KUBELET_SOCKET
-from devplug.framework.unixserver import socket_identity
+from devplug.ground.unixserver import socket_identity
 from devplug.simulator import Kubelet
 
 FAKE = "test.devplug.io/fake"
@@ -275,7 +275,7 @@ def test_a_kubelet_sock_changed_while_connecting_is_tried_again(short_tmp: Path)
     and must try again at once rather than wait for an event that never comes."""
     from devplug.api.v1beta1 import api_pb2 as pb
     from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-    from devplug.framework.unixserver import UnixServer
+    from devplug.ground.unixserver import UnixServer
 
     registered: list[str] = []
     heard = asyncio.Event()
@@ -355,7 +355,7 @@ def test_a_new_kubelet_sock_not_listening_yet_is_tried_again_soon(short_tmp: Pat
 
     from devplug.api.v1beta1 import api_pb2 as pb
     from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-    from devplug.framework.unixserver import UnixServer
+    from devplug.ground.unixserver import UnixServer
 
     registered: list[str] = []
     heard = asyncio.Event()

@@ -14,7 +14,7 @@ from devplug.api.drahealth.v1alpha1 import api_pb2 as health
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from devplug.framework.unixserver import UnixServer
+from devplug.ground.unixserver import UnixServer
 from devplug.simulator.dra import DRIVER_REFUSED
 from tests.dra_helpers import NodeDirs, kubelet_for
 from tests.sim_helpers import run

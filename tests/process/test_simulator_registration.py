@@ -11,7 +11,7 @@ from sim_helpers import FOO, PluginProcess, device, plugin, pod, run
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.channel import unix_channel
+from devplug.ground.channel import unix_channel
 from devplug.simulator import REASON_UNEXPECTED_ADMISSION, Kubelet
 
 

@@ -13,7 +13,7 @@ from sim_helpers import FOO, PluginProcess, device, plugin, pod, run
 from devplug.api.podresources.v1 import api_pb2 as pr
 from devplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.api.v1beta1 import api_pb2 as pb
-from devplug.framework.channel import unix_channel
+from devplug.ground.channel import unix_channel
 from devplug.simulator import Kubelet, checkpoint
 
 

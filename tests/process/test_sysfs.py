@@ -24,8 +24,8 @@ from hw_helpers import (
 )
 from sim_helpers import devplug
 
+from devplug.fakes.sysfs import FakeSysfs, Node, UsbInterface, make_node
 from devplug.testing import KubeletHarness
-from devplug.testing.sysfs import FakeSysfs, Node, UsbInterface, make_node
 
 
 def check_json(config: Path) -> dict[str, dict[str, object]]:

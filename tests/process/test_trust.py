@@ -16,7 +16,7 @@ import pytest
 from serve_helpers import wait_for_log
 from sim_helpers import devplug
 
-from devplug.trust import program_problem, write_problem
+from devplug.ground.trust import program_problem, write_problem
 
 WAIT_S = 60
 OTHER_UID = 4321

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from devplug.fakes.gpus import FakeGpuHost, gpu
 from devplug.testing.controlplane import watch_until
-from devplug.testing.fakegpus import FakeGpuHost, gpu
 from devplug.testing.realnode import RealNode, pod_ready, unschedulable
 from tests.dra_helpers import Daemon
 from tests.hw_helpers import wait_file

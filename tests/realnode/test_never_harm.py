@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sim_helpers import FOO, PluginProcess, cli_command, device, devplug, kubelet_process, plugin
 
-from devplug.framework.unixserver import SocketPathTaken, UnixServer, socket_identity
+from devplug.ground.unixserver import SocketPathTaken, UnixServer, socket_identity
 from devplug.simulator import Kubelet
 from devplug.testing.realnode import RealNode
 
@@ -433,20 +433,26 @@ OWNED_PLACES = {
     "framework/dra/prepare.py:Preparer.unprepare:remove_quietly": "claim spec, checkpointed",
     "framework/dra/publisher.py:FolderSlicePublisher._sync:remove_quietly": "its slices",
     "framework/dra/publisher.py:FolderSlicePublisher._sync:write_atomic": "its slices",
-    "framework/unixserver.py:UnixServer.start:unlink": "a stale socket (connect refused)",
-    "framework/unixserver.py:UnixServer.stop:unlink": "its socket, same identity",
-    "framework/unixserver.py:_link_into_place:unlink": "its hidden temporary socket",
-    "framework/unixserver.py:bind_problem:unlink": "its probe socket",
-    "framework/unixserver.py:clear_stale_socket:unlink": "a stale socket (connect refused)",
-    "outputs/cdi.py:write_spec:write_atomic": "a DRA claim spec, under serialize.lock",
-    "outputs/files.py:OwnedFile.remove:remove_quietly": "owner lock held, same identity",
-    "outputs/files.py:OwnedFile.write:write_atomic": "owner lock held, content devplug's",
-    "outputs/files.py:OwnerLock.acquire:ftruncate": "the lock file it holds",
-    "outputs/files.py:OwnerLock.release:unlink": "the lock file it holds",
-    "outputs/files.py:keep_aside:unlink": "after a hard link keeps the file",
-    "outputs/files.py:remove_quietly:unlink": "the helper above",
-    "outputs/files.py:write_atomic:replace": "the helper above",
-    "outputs/files.py:write_atomic:unlink": "its own temporary file",
+    "ground/unixserver.py:UnixServer.start:unlink": "a stale socket (connect refused)",
+    "ground/unixserver.py:UnixServer.stop:unlink": "its socket, same identity",
+    "ground/unixserver.py:_link_into_place:unlink": "its hidden temporary socket",
+    "ground/unixserver.py:bind_problem:unlink": "its probe socket",
+    "ground/unixserver.py:clear_stale_socket:unlink": "a stale socket (connect refused)",
+    "fakes/gpus.py:FakeGpuHost.write:write_atomic": "the description of the host it made",
+    "fakes/mps.py:_Daemon.serve:unlink": "its control endpoint, in its pipe folder",
+    "fakes/nvml/driver.py:_save:write_atomic": "the fake host's description, MIG written back",
+    "fakes/sysfs.py:FakeSysfs._link:unlink": "a link of the tree it built",
+    "fakes/sysfs.py:FakeSysfs.remove:rmtree": "a device folder of the tree it built",
+    "fakes/sysfs.py:FakeSysfs.remove:unlink": "links and nodes of the tree it built",
+    "framework/cdi.py:write_spec:write_atomic": "a DRA claim spec, under serialize.lock",
+    "ground/files.py:OwnedFile.remove:remove_quietly": "owner lock held, same identity",
+    "ground/files.py:OwnedFile.write:write_atomic": "owner lock held, content devplug's",
+    "ground/files.py:OwnerLock.acquire:ftruncate": "the lock file it holds",
+    "ground/files.py:OwnerLock.release:unlink": "the lock file it holds",
+    "ground/files.py:keep_aside:unlink": "after a hard link keeps the file",
+    "ground/files.py:remove_quietly:unlink": "the helper above",
+    "ground/files.py:write_atomic:replace": "the helper above",
+    "ground/files.py:write_atomic:unlink": "its own temporary file",
     "simulator/checkpoint.py:CheckpointWriter.write:write_atomic": "state dir, control lock",
     "simulator/checkpoint.py:write:write_atomic": "state dir, control lock",
     "simulator/control.py:ControlServer.stop:unlink": "its socket, same identity",
@@ -513,7 +519,7 @@ def test_every_place_that_removes_or_replaces_a_file_is_one_that_checks_ownershi
 def test_an_owner_whose_lock_file_is_removed_takes_the_lock_anew(short_tmp: Path) -> None:
     """Someone removes the hidden lock file of a live owner: the owner makes it again and
     holds it, so a second devplug cannot become a second owner of the same file."""
-    from devplug.outputs.files import OwnedElsewhere, OwnedFile
+    from devplug.ground.files import OwnedElsewhere, OwnedFile
 
     path = short_tmp / "cdi" / "devplug-example.com_x.json"
     first = OwnedFile(path, lambda _data: True)

@@ -33,7 +33,7 @@ from node_helpers import (
 )
 
 from devplug.api.v1beta1 import api_pb2 as pb
-from devplug.framework.unixserver import SocketIdentity, socket_identity
+from devplug.ground.unixserver import SocketIdentity, socket_identity
 from devplug.simulator import checkpoint
 from devplug.testing.controlplane import watch_until
 from devplug.testing.realnode import (

@@ -9,7 +9,7 @@ import pytest
 from devplug import Device, DeviceNode, Mount, merge_edits
 from devplug.framework.names import device_id_problem, resource_name_problem
 from devplug.framework.preferred import prefer_numa_local
-from devplug.outputs.files import remove_quietly, write_atomic
+from devplug.ground.files import remove_quietly, write_atomic
 
 
 @pytest.mark.parametrize(

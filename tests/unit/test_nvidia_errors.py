@@ -9,11 +9,11 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from devplug.fakes import nvml as fakenvml
+from devplug.fakes.gpus import FakeGpuHost, eight_gpus, fake_host
 from devplug.sources import parse_config
 from devplug.sources.nvidia.nvml import DOUBLE_BIT_ECC, RECOVERY_NONE, Nvml
 from devplug.sources.nvidia.source import GpuSource
-from devplug.testing import fakenvml
-from devplug.testing.fakegpus import FakeGpuHost, eight_gpus, fake_host
 
 
 @pytest.fixture

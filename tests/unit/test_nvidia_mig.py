@@ -11,6 +11,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from devplug.fakes import nvml as nv
+from devplug.fakes.gpumodels import MODELS
+from devplug.fakes.gpus import FakeGpuHost, fake_host, gpu, mig_uuid
 from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.sources.nvidia.discovery import resource_names
 from devplug.sources.nvidia.mig import (
@@ -21,9 +24,6 @@ from devplug.sources.nvidia.mig import (
     resource_suffix,
 )
 from devplug.sources.nvidia.nvml import Nvml, NvmlView
-from devplug.testing import fakenvml as nv
-from devplug.testing.fakegpus import FakeGpuHost, fake_host, gpu, mig_uuid
-from devplug.testing.gpumodels import MODELS
 
 MIG_MODELS = [key for key, m in MODELS.items() if m.mig]
 
@@ -302,9 +302,9 @@ def test_the_nodes_are_real_and_their_host_paths_follow_dev_root(
 
     import yaml
 
+    from devplug.fakes.devnodes import CONTROL_MINOR, NVIDIA_MAJOR, driver_major
     from devplug.sources.nvidia.config import NvidiaSpec
     from devplug.sources.nvidia.discovery import units
-    from devplug.testing.fakegpus import CONTROL_MINOR, NVIDIA_MAJOR, driver_major
     from tests.controlplane.test_dra_config import devplug
     from tests.process.test_nvidia_units import loaded, read_view
 

@@ -9,10 +9,10 @@ import textwrap
 import pytest
 from hw_helpers import roots
 
+from devplug.fakes.sysfs import FakeSysfs
 from devplug.framework.device import Device
 from devplug.framework.preferred import _spread_order, pick, spread_replicas
 from devplug.testing import KubeletHarness
-from devplug.testing.sysfs import FakeSysfs
 
 
 def tree_of_switches(kubelet: KubeletHarness) -> FakeSysfs:

@@ -1,4 +1,4 @@
-from devplug.tables import table
+from devplug.ground.tables import table
 
 
 def test_columns_are_padded_to_the_widest_cell() -> None:

@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
-from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.endpoint import Endpoint
 from devplug.framework.generation import Generation
 from devplug.framework.plugin import Plugin
-from devplug.framework.signals import stop_on_signals
 from devplug.framework.watchdog import LoopWatchdog
+from devplug.ground.dirwatch import DirWatcher
+from devplug.ground.signals import stop_on_signals
 
 if TYPE_CHECKING:
     from devplug.framework.dra.driver import DriverBinding

@@ -257,7 +257,7 @@ class DriverBinding:
 
 def unhealthy_taint(device: Device, effect: str) -> dict[str, str]:
     """devplug.io/unhealthy with `effect`, valued with the health reason if any."""
-    from devplug.outputs.nfd import label_value
+    from devplug.kube.names import label_value
 
     taint = {"key": UNHEALTHY_TAINT, "effect": effect}
     if value := label_value(device.health_reason):

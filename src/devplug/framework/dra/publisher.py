@@ -150,7 +150,7 @@ class FolderSlicePublisher(PoolPublisher):
 
     def _sync(self) -> int:
         """Write the current devices as the next pool generation; returns it."""
-        from devplug.outputs.files import remove_quietly, write_atomic
+        from devplug.ground.files import remove_quietly, write_atomic
 
         self.pool_generation += 1
         bodies = slice_bodies(self.driver, self.node, self.pool_generation)

@@ -257,7 +257,7 @@ class FileKeeper:
         import asyncio
         import logging
 
-        from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher, Mask
+        from devplug.ground.dirwatch import ENTRY_EVENTS, DirWatcher, Mask
 
         log = logging.getLogger("devplug.outputs")
         names: set[tuple[Path, str]] = set()
