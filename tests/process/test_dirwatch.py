@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher, Mask
+from devplug.ground.dirwatch import ENTRY_EVENTS, DirWatcher, Mask
 from tests.sim_helpers import run
 
 Seen = asyncio.Queue[tuple[Path, str]]

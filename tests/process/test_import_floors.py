@@ -15,7 +15,7 @@ import pytest
 
 import devplug
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 PACKAGE = Path(devplug.__file__).parent
 LINT = (
