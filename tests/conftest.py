@@ -41,13 +41,15 @@ TIERS = ("unit", "process", "controlplane", "realnode", "image")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier marker from the folder (`pytest -m unit` runs the pure tier alone), and
-    one xdist group for the tests of the real node: its cluster is one per machine, so the
-    worker that starts it runs all of them."""
+    one xdist group for the tests of the real node and of the image: the cluster is one
+    per machine, so the worker that starts it runs all of them."""
     for item in items:
         tier = item.path.parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        if "real_node" in getattr(item, "fixturenames", ()):
+        # The image's build folder is one too: the image tier builds where the real node's
+        # tests import from.
+        if tier == "image" or "real_node" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("realnode"))
 
 
