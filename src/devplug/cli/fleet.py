@@ -275,6 +275,7 @@ def _stopped(runner: FleetRunner, output: str) -> None:
     record = {
         "event": "stopped",
         "admitted": c.admitted,
+        "claims_prepared": c.claims_prepared,
         "rejected": c.rejected,
         "waiting": c.waiting,
         "deleted": c.deleted,

@@ -85,6 +85,7 @@ class Options:
 class Counters:
     registered: int = 0
     admitted: int = 0
+    claims_prepared: int = 0  # ResourceClaims of admitted pods, prepared by their node
     rejected: int = 0
     waiting: int = 0
     deleted: int = 0
@@ -397,6 +398,7 @@ class FleetRunner:
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
         if admission.admitted:
             self.counters.admitted += 1
+            self.counters.claims_prepared += len(node.held[uid].claims)
         elif admission.status:
             self.counters.rejected += 1
             self._done.add(uid)
