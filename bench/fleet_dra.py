@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -209,6 +210,8 @@ def _bench(
         for k in (
             "admitted",
             "claims_prepared",
+            "claim_reads_s",
+            "admit_s",
             "rejected",
             "waiting",
             "status_writes",
@@ -309,6 +312,7 @@ async def pods_through(
 
     before = {k: _cpu(v) for k, v in processes.items()}
     before["bench_client"] = _own_cpu()
+    machine_before = _machine_cpu()
     watcher = asyncio.create_task(watch())
     gate = asyncio.Semaphore(CREATE_CONCURRENCY)
     created: dict[str, float] = {}
@@ -329,12 +333,19 @@ async def pods_through(
     elapsed = time.monotonic() - started
     cpu = {k: _cpu(v) - before[k] for k, v in processes.items()}
     cpu["bench_client"] = _own_cpu() - before["bench_client"]
+    (busy_now, total_now), (busy_then, total_then) = _machine_cpu(), machine_before
+    busy, total = busy_now - busy_then, total_now - total_then
     control_plane = sum(v for k, v in cpu.items() if k not in ("fleet", "bench_client"))
     created_at = {name: {"created": at} for name, at in created.items()}
     stamps = {name: {**created_at.get(name, {}), **steps} for name, steps in seen.items()}
 
     def between(first: str, then: str) -> list[float]:
         return [s[then] - s[first] for s in stamps.values() if first in s and then in s]
+
+    def rate(step: str) -> float:
+        """Pods per second through one step, from its first pod to its last."""
+        times = [s[step] for s in stamps.values() if step in s]
+        return round(len(times) / max(max(times) - min(times), 1e-9), 1) if times else 0.0
 
     steps = {
         "claim_made": between("created", "claim"),
@@ -348,9 +359,17 @@ async def pods_through(
         "all_running_s": round(elapsed, 2),
         "pods_per_s": round(count / elapsed, 1),
         "step_s": {k: _spread(v) for k, v in steps.items()},
+        "step_pods_per_s": {k: rate(k) for k in ("created", "claim", "bound", "running")},
         "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
         "cpu_share_of_wall": {k: round(v / elapsed, 3) for k, v in cpu.items()},
+        "cpu_ms_per_pod": {k: round(v / count * 1000, 1) for k, v in cpu.items()},
         "fleet_share_of_cpu": round(cpu["fleet"] / max(cpu["fleet"] + control_plane, 1e-9), 3),
+        # The whole machine's CPU over the run (/proc/stat): busy, and the share of it
+        # that these processes used (the rest is everything else the machine ran).
+        "machine_cpu_busy": round(busy / max(total, 1e-9), 3),
+        "ours_of_machine_busy": round(
+            sum(cpu.values()) * os.sysconf("SC_CLK_TCK") / max(busy, 1e-9), 3
+        ),
     }
 
 
@@ -393,8 +412,14 @@ async def allocation_check(
     }
 
 
-def _own_cpu() -> float:
-    import os
+def _machine_cpu() -> tuple[int, int]:
+    """The machine's busy and total CPU ticks since boot (the `cpu` line of /proc/stat)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    total = sum(fields[:8])  # without guest time, counted in user already
+    return total - idle, total
 
+
+def _own_cpu() -> float:
     times = os.times()
     return times.user + times.system
