@@ -551,17 +551,24 @@ class FleetRunner:
                 act(name)
 
     async def _renew_leases(self) -> None:
-        renewing: set[str] = set()
+        renewing: dict[str, asyncio.Task[None]] = {}
 
         def renew(name: str) -> None:
             if name in renewing:  # the last renewal is still waiting for the server
                 self.counters.lease_late += 1
                 return
-            renewing.add(name)
             task = asyncio.create_task(self._renew(name))
-            task.add_done_callback(lambda _: renewing.discard(name))
+            renewing[name] = task
+            task.add_done_callback(lambda _: renewing.pop(name, None))
 
-        await self._spread(self.options.renew_s, renew)
+        try:
+            await self._spread(self.options.renew_s, renew)
+        finally:
+            # Stopping: the renewals in flight end here, before the session closes.
+            in_flight = list(renewing.values())
+            for task in in_flight:
+                task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
 
     async def _renew(self, name: str) -> None:
         lease = self._leases.get(name)
