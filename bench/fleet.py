@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import cpu_seconds, rss_mib
+from common import cpu_of, cpu_seconds, own_cpu, pids_with, rss_mib
 from fleet_dra import QPS, bench_fleet_dra
 
 from devplug.testing.components import Component, parse_metrics, scheduler_summary
@@ -51,31 +50,6 @@ def bench_fleet(
         return _bench(root / "fleet", kubeconfig, plane.bin_dir, nodes, pods, qps)
     finally:
         plane.stop()
-
-
-def _pids(pattern: str) -> list[int]:
-    """Processes whose command line contains `pattern`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if pattern in line:
-            found.append(int(entry.name))
-    return found
-
-
-def _cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            total += cpu_seconds(pid)
-        except OSError:
-            continue
-    return total
 
 
 def _fleet_file(folder: Path, nodes: int) -> Path:
@@ -131,24 +105,24 @@ async def _compare_clients(kubeconfig: str) -> dict[str, Any]:
     result: dict[str, Any] = {"calls": CLIENT_CALLS}
     async with KubeApi.from_kubeconfig(kubeconfig) as api:
         await api.call("POST", "/api/v1/nodes", body)
-        started = _own_cpu()
+        started = own_cpu()
         for i in range(CLIENT_CALLS):
             patch["metadata"]["labels"]["bench"] = f"lean-{i}"
             await api.call(
                 "PATCH", "/api/v1/nodes/bench-client-node", patch, content_type=MERGE_PATCH
             )
-        result["lean_cpu_ms_per_call"] = round((_own_cpu() - started) / CLIENT_CALLS * 1000, 3)
+        result["lean_cpu_ms_per_call"] = round((own_cpu() - started) / CLIENT_CALLS * 1000, 3)
         settings = client.Configuration()
         await config.load_kube_config(config_file=kubeconfig, client_configuration=settings)
         async with client.ApiClient(settings) as official:
             core = client.CoreV1Api(official)
             await core.read_node("bench-client-node")  # warm-up: the first call loads models
-            started = _own_cpu()
+            started = own_cpu()
             for i in range(CLIENT_CALLS):
                 patch["metadata"]["labels"]["bench"] = f"official-{i}"
                 await core.patch_node("bench-client-node", patch)
             result["official_aio_cpu_ms_per_call"] = round(
-                (_own_cpu() - started) / CLIENT_CALLS * 1000, 3
+                (own_cpu() - started) / CLIENT_CALLS * 1000, 3
             )
         await api.call("DELETE", "/api/v1/nodes/bench-client-node")
     result["official_over_lean"] = round(
@@ -157,18 +131,13 @@ async def _compare_clients(kubeconfig: str) -> dict[str, Any]:
     return result
 
 
-def _own_cpu() -> float:
-    times = os.times()
-    return times.user + times.system
-
-
 def _bench(
     folder: Path, kubeconfig: str, bin_dir: Path, nodes: int, pods: int, qps: int | None
 ) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     plane_dir = str(Path(kubeconfig).parent)
-    apiserver = _pids(f"--cert-dir={plane_dir}/certs")
-    etcd = _pids(f"--data-dir={plane_dir}/etcd")
+    apiserver = pids_with(f"--cert-dir={plane_dir}/certs")
+    etcd = pids_with(f"--data-dir={plane_dir}/etcd")
     report: dict[str, Any] = {
         "nodes": nodes,
         "devices_per_node": DEVICES_PER_NODE,
@@ -283,9 +252,9 @@ async def _pods_through(
     cpu_before = {
         "fleet": cpu_seconds(fleet_pid),
         "scheduler": cpu_seconds(scheduler_pid),
-        "apiserver": _cpu(apiserver),
-        "etcd": _cpu(etcd),
-        "bench_client": _own_cpu(),
+        "apiserver": cpu_of(apiserver),
+        "etcd": cpu_of(etcd),
+        "bench_client": own_cpu(),
     }
     watcher = asyncio.create_task(watch())
     gate = asyncio.Semaphore(16)
@@ -303,9 +272,9 @@ async def _pods_through(
     cpu = {
         "fleet": cpu_seconds(fleet_pid) - cpu_before["fleet"],
         "scheduler": cpu_seconds(scheduler_pid) - cpu_before["scheduler"],
-        "apiserver": _cpu(apiserver) - cpu_before["apiserver"],
-        "etcd": _cpu(etcd) - cpu_before["etcd"],
-        "bench_client": _own_cpu() - cpu_before["bench_client"],
+        "apiserver": cpu_of(apiserver) - cpu_before["apiserver"],
+        "etcd": cpu_of(etcd) - cpu_before["etcd"],
+        "bench_client": own_cpu() - cpu_before["bench_client"],
     }
     result = {
         "pods_running": len(running),

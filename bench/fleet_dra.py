@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import cpu_seconds
+from common import cpu_of, machine_cpu, own_cpu, pids_with
 
 from devplug.testing.components import (
     Component,
@@ -126,31 +126,6 @@ def dra_pod(name: str, scheduler: str = SCHEDULER, template: str = TEMPLATE) -> 
     }
 
 
-def _pids(pattern: str) -> list[int]:
-    """Processes whose command line contains `pattern`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if pattern in line:
-            found.append(int(entry.name))
-    return found
-
-
-def _cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            total += cpu_seconds(pid)
-        except OSError:
-            continue
-    return total
-
-
 def _bench(
     folder: Path,
     kubeconfig: str,
@@ -188,8 +163,8 @@ def _bench(
             "fleet": [fleet.pid],
             "scheduler": [scheduler.pid],
             "controller_manager": [claims.pid],
-            "apiserver": _pids(f"--cert-dir={plane_dir}/certs"),
-            "etcd": _pids(f"--data-dir={plane_dir}/etcd"),
+            "apiserver": pids_with(f"--cert-dir={plane_dir}/certs"),
+            "etcd": pids_with(f"--data-dir={plane_dir}/etcd"),
         }
         report.update(asyncio.run(_run(kubeconfig, nodes, pods, processes)))
         sched = parse_metrics(scheduler.metrics())
@@ -310,9 +285,9 @@ async def pods_through(
                 if done.is_set():
                     return
 
-    before = {k: _cpu(v) for k, v in processes.items()}
-    before["bench_client"] = _own_cpu()
-    machine_before = _machine_cpu()
+    before = {k: cpu_of(v) for k, v in processes.items()}
+    before["bench_client"] = own_cpu()
+    machine_before = machine_cpu()
     watcher = asyncio.create_task(watch())
     gate = asyncio.Semaphore(CREATE_CONCURRENCY)
     created: dict[str, float] = {}
@@ -331,9 +306,9 @@ async def pods_through(
     finally:
         watcher.cancel()
     elapsed = time.monotonic() - started
-    cpu = {k: _cpu(v) - before[k] for k, v in processes.items()}
-    cpu["bench_client"] = _own_cpu() - before["bench_client"]
-    (busy_now, total_now), (busy_then, total_then) = _machine_cpu(), machine_before
+    cpu = {k: cpu_of(v) - before[k] for k, v in processes.items()}
+    cpu["bench_client"] = own_cpu() - before["bench_client"]
+    (busy_now, total_now), (busy_then, total_then) = machine_cpu(), machine_before
     busy, total = busy_now - busy_then, total_now - total_then
     control_plane = sum(v for k, v in cpu.items() if k not in ("fleet", "bench_client"))
     created_at = {name: {"created": at} for name, at in created.items()}
@@ -410,16 +385,3 @@ async def allocation_check(
         "published_devices": len(published),
         "not_on_the_pods_node": len([a for a in allocated if a not in published]),
     }
-
-
-def _machine_cpu() -> tuple[int, int]:
-    """The machine's busy and total CPU ticks since boot (the `cpu` line of /proc/stat)."""
-    fields = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = fields[3] + fields[4]  # idle, iowait
-    total = sum(fields[:8])  # without guest time, counted in user already
-    return total - idle, total
-
-
-def _own_cpu() -> float:
-    times = os.times()
-    return times.user + times.system
