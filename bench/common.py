@@ -55,6 +55,46 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu() -> float:
+    """User and system CPU time this process has used."""
+    times = os.times()
+    return times.user + times.system
+
+
+def pids_with(pattern: str) -> list[int]:
+    """The processes whose command line contains `pattern`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if pattern in line:
+            found.append(int(entry.name))
+    return found
+
+
+def cpu_of(pids: list[int]) -> float:
+    """The CPU time of the processes still there."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            continue
+    return total
+
+
+def machine_cpu() -> tuple[int, int]:
+    """The machine's busy and total CPU ticks since boot (the `cpu` line of /proc/stat)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    total = sum(fields[:8])  # without guest time, counted in user already
+    return total - idle, total
+
+
 def serve_command(
     config: Path | None, plugin_dir: Path, *flags: str, log_level: str | None = "warning"
 ) -> list[str]:

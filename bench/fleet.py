@@ -17,20 +17,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
 import signal
-import socket
-import ssl
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from common import cpu_seconds, rss_mib
+from common import cpu_of, cpu_seconds, own_cpu, pids_with, rss_mib
+from fleet_dra import QPS, bench_fleet_dra
 
+from devplug.testing.components import Component, parse_metrics, scheduler_summary
 from devplug.testing.controlplane import ControlPlane, how_to_provide
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,106 +50,6 @@ def bench_fleet(
         return _bench(root / "fleet", kubeconfig, plane.bin_dir, nodes, pods, qps)
     finally:
         plane.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _pids(pattern: str) -> list[int]:
-    """Processes whose command line contains `pattern`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if pattern in line:
-            found.append(int(entry.name))
-    return found
-
-
-def _cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            total += cpu_seconds(pid)
-        except OSError:
-            continue
-    return total
-
-
-def _scheduler_metrics(port: int) -> dict[str, float]:
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context) as r:
-        text = r.read().decode()
-    wanted = {
-        "scheduled": r'scheduler_schedule_attempts_total\{profile="%s",result="scheduled"\} (\S+)',
-        "unschedulable": r'scheduler_schedule_attempts_total\{profile="%s",result="unschedulable"\} (\S+)',  # noqa: E501
-        "attempt_seconds_sum": r'scheduler_scheduling_attempt_duration_seconds_sum\{profile="%s",result="scheduled"\} (\S+)',  # noqa: E501
-        "attempt_seconds_count": r'scheduler_scheduling_attempt_duration_seconds_count\{profile="%s",result="scheduled"\} (\S+)',  # noqa: E501
-    }
-    found: dict[str, float] = {}
-    for key, pattern in wanted.items():
-        match = re.search(pattern % SCHEDULER, text)
-        if match:
-            found[key] = float(match.group(1))
-    return found
-
-
-def _start_scheduler(
-    folder: Path, kubeconfig: str, bin_dir: Path, qps: int | None
-) -> tuple[Any, int]:
-    port = _free_port()
-    config = folder / "scheduler.yaml"
-    limits = f"\n  qps: {qps}\n  burst: {qps * 2}" if qps else ""
-    config.write_text(
-        f"""apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection:
-  kubeconfig: {kubeconfig}{limits}
-leaderElection:
-  leaderElect: false
-profiles:
-  - schedulerName: {SCHEDULER}
-"""
-    )
-    log = (folder / "scheduler.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            str(bin_dir / "kube-scheduler"),
-            f"--config={config}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    return proc, port
-
-
-def _wait_ready(port: int, proc: Any, timeout: float = 60) -> None:
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError("the benchmark's kube-scheduler exited")
-        try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}/readyz", context=context):
-                return
-        except OSError:
-            time.sleep(0.2)  # polling a process's readiness endpoint: nothing to wait on
-    raise RuntimeError("the benchmark's kube-scheduler did not get ready")
 
 
 def _fleet_file(folder: Path, nodes: int) -> Path:
@@ -208,24 +105,24 @@ async def _compare_clients(kubeconfig: str) -> dict[str, Any]:
     result: dict[str, Any] = {"calls": CLIENT_CALLS}
     async with KubeApi.from_kubeconfig(kubeconfig) as api:
         await api.call("POST", "/api/v1/nodes", body)
-        started = _own_cpu()
+        started = own_cpu()
         for i in range(CLIENT_CALLS):
             patch["metadata"]["labels"]["bench"] = f"lean-{i}"
             await api.call(
                 "PATCH", "/api/v1/nodes/bench-client-node", patch, content_type=MERGE_PATCH
             )
-        result["lean_cpu_ms_per_call"] = round((_own_cpu() - started) / CLIENT_CALLS * 1000, 3)
+        result["lean_cpu_ms_per_call"] = round((own_cpu() - started) / CLIENT_CALLS * 1000, 3)
         settings = client.Configuration()
         await config.load_kube_config(config_file=kubeconfig, client_configuration=settings)
         async with client.ApiClient(settings) as official:
             core = client.CoreV1Api(official)
             await core.read_node("bench-client-node")  # warm-up: the first call loads models
-            started = _own_cpu()
+            started = own_cpu()
             for i in range(CLIENT_CALLS):
                 patch["metadata"]["labels"]["bench"] = f"official-{i}"
                 await core.patch_node("bench-client-node", patch)
             result["official_aio_cpu_ms_per_call"] = round(
-                (_own_cpu() - started) / CLIENT_CALLS * 1000, 3
+                (own_cpu() - started) / CLIENT_CALLS * 1000, 3
             )
         await api.call("DELETE", "/api/v1/nodes/bench-client-node")
     result["official_over_lean"] = round(
@@ -234,18 +131,13 @@ async def _compare_clients(kubeconfig: str) -> dict[str, Any]:
     return result
 
 
-def _own_cpu() -> float:
-    times = os.times()
-    return times.user + times.system
-
-
 def _bench(
     folder: Path, kubeconfig: str, bin_dir: Path, nodes: int, pods: int, qps: int | None
 ) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     plane_dir = str(Path(kubeconfig).parent)
-    apiserver = _pids(f"--cert-dir={plane_dir}/certs")
-    etcd = _pids(f"--data-dir={plane_dir}/etcd")
+    apiserver = pids_with(f"--cert-dir={plane_dir}/certs")
+    etcd = pids_with(f"--data-dir={plane_dir}/etcd")
     report: dict[str, Any] = {
         "nodes": nodes,
         "devices_per_node": DEVICES_PER_NODE,
@@ -253,14 +145,14 @@ def _bench(
         "pods": pods,
     }
     report["scheduler_client_qps"] = qps or "default"
-    scheduler, port = _start_scheduler(folder, kubeconfig, bin_dir, qps)
+    scheduler = Component.scheduler(folder, kubeconfig, bin_dir, SCHEDULER, qps)
     fleet_file = _fleet_file(folder, nodes)
     command = [sys.executable, "-m", "devplug.cli.main", "--log-level", "warning", "fleet", "up"]
     command += ["-f", str(fleet_file), "--kubeconfig", kubeconfig, "-o", "json"]
     started = time.monotonic()
     fleet = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
-        _wait_ready(port, scheduler)
+        scheduler.wait_ready()
         assert fleet.stdout is not None
         ready = json.loads(fleet.stdout.readline())
         report["registered_s"] = round(time.monotonic() - started, 2)
@@ -272,14 +164,15 @@ def _bench(
         report["end_to_end"] = asyncio.run(
             _pods_end_to_end(kubeconfig, pods, fleet.pid, scheduler.pid, apiserver, etcd)
         )
-        report["end_to_end"]["scheduler_metrics"] = _scheduler_metrics(port)
+        report["end_to_end"]["scheduler_metrics"] = scheduler_summary(
+            parse_metrics(scheduler.metrics()), SCHEDULER
+        )
         report["rss_after_pods_mib"] = rss_mib(fleet.pid)
         report["client"] = asyncio.run(_compare_clients(kubeconfig))
     finally:
         fleet.send_signal(signal.SIGTERM)
         out, _ = fleet.communicate(timeout=60)
-        scheduler.terminate()
-        scheduler.wait(timeout=30)
+        scheduler.stop()
     lines = [json.loads(line) for line in out.splitlines() if line.strip()]
     stopped = next((line for line in lines if line.get("event") == "stopped"), {})
     report["fleet_counters"] = {
@@ -359,9 +252,9 @@ async def _pods_through(
     cpu_before = {
         "fleet": cpu_seconds(fleet_pid),
         "scheduler": cpu_seconds(scheduler_pid),
-        "apiserver": _cpu(apiserver),
-        "etcd": _cpu(etcd),
-        "bench_client": _own_cpu(),
+        "apiserver": cpu_of(apiserver),
+        "etcd": cpu_of(etcd),
+        "bench_client": own_cpu(),
     }
     watcher = asyncio.create_task(watch())
     gate = asyncio.Semaphore(16)
@@ -379,9 +272,9 @@ async def _pods_through(
     cpu = {
         "fleet": cpu_seconds(fleet_pid) - cpu_before["fleet"],
         "scheduler": cpu_seconds(scheduler_pid) - cpu_before["scheduler"],
-        "apiserver": _cpu(apiserver) - cpu_before["apiserver"],
-        "etcd": _cpu(etcd) - cpu_before["etcd"],
-        "bench_client": _own_cpu() - cpu_before["bench_client"],
+        "apiserver": cpu_of(apiserver) - cpu_before["apiserver"],
+        "etcd": cpu_of(etcd) - cpu_before["etcd"],
+        "bench_client": own_cpu() - cpu_before["bench_client"],
     }
     result = {
         "pods_running": len(running),
@@ -399,14 +292,28 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--pods", type=int, default=10_000)
+    parser.add_argument("--pods", type=int, help="default: 10,000; 4,000 with --dra")
     parser.add_argument(
-        "--scheduler-qps", type=int, help="the scheduler's client QPS (default: its own)"
+        "--dra",
+        action="store_true",
+        help="GPUs served through DRA, a claim per pod from a ResourceClaimTemplate",
+    )
+    parser.add_argument(
+        "--scheduler-qps",
+        type=int,
+        help="the scheduler's client QPS, and with --dra the claim controller's "
+        f"(default: their own; {QPS} with --dra; 0: their own)",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="devplug-fleet-bench-") as tmp:
-        report = bench_fleet(Path(tmp), args.nodes, args.pods, args.scheduler_qps)
-    print(json.dumps({"fleet": report}, indent=2))
+        if args.dra:
+            qps = QPS if args.scheduler_qps is None else args.scheduler_qps or None
+            pods = 4000 if args.pods is None else args.pods
+            report = {"fleet_dra": bench_fleet_dra(Path(tmp), args.nodes, pods, qps)}
+        else:
+            pods = 10_000 if args.pods is None else args.pods
+            report = {"fleet": bench_fleet(Path(tmp), args.nodes, pods, args.scheduler_qps)}
+    print(json.dumps(report, indent=2))
     return 0
 
 

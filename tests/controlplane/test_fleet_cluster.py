@@ -314,6 +314,12 @@ class Proxy:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+
+    def stall(self) -> None:
+        """Keep the connections open but pass nothing on: requests hang unanswered."""
+        self._flowing.clear()
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
@@ -337,6 +343,7 @@ class Proxy:
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(OSError, ConnectionError):
                 while data := await src.read(65536):
+                    await self._flowing.wait()
                     dst.write(data)
                     await dst.drain()
             dst.close()
@@ -459,3 +466,48 @@ def test_down_removes_what_up_made_and_up_refuses_a_node_it_does_not_own(
     assert leases == []
     assert problem == ("node 'tidy-1' exists and is not part of fleet 'tidy': nothing was changed")
     assert "tidy-0" not in {n["metadata"]["name"] for n in after}
+
+
+class Renewing(FleetRunner):
+    """A fleet that says when it starts renewing a lease."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.renewing = asyncio.Event()
+
+    async def _renew(self, name: str) -> None:
+        self.renewing.set()
+        await super()._renew(name)
+
+
+def test_renewals_in_flight_end_with_the_fleet(kubeconfig: str, tmp_path: Path) -> None:
+    """The API server stops answering while leases are renewed: stopping the fleet ends
+    the renewals in flight with it, none left to fail once its session is closed."""
+    fleet = fleet_of("stall", acc_pool("stall", count=3))
+    settings = yaml.safe_load(Path(kubeconfig).read_text())
+    target = int(settings["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
+    only_leases = Options(renew_s=0.3, status_report_s=3600.0)
+
+    async def scenario(api: KubeApi) -> Any:
+        proxy = Proxy(target)
+        await proxy.start()
+        settings["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+        relayed = tmp_path / "relayed.kubeconfig"
+        relayed.write_text(yaml.safe_dump(settings))
+        try:
+            async with KubeApi.from_kubeconfig(str(relayed)) as fleet_api:
+                runner = Renewing(fleet, fleet_api, tmp_path, only_leases)
+                stop = asyncio.Event()
+                await runner.start()
+                serving = asyncio.create_task(runner.serve(stop))
+                proxy.stall()
+                runner.renewing.clear()
+                await asyncio.wait_for(runner.renewing.wait(), WAIT_S)  # one that hangs
+                stop.set()
+                await serving
+                return [t for t in asyncio.all_tasks() if "_renew" in repr(t.get_coro())]
+        finally:
+            await proxy.cut()
+            await remove_fleet(api, fleet.name)
+
+    assert run(kubeconfig, scenario) == []

@@ -275,6 +275,7 @@ def _stopped(runner: FleetRunner, output: str) -> None:
     record = {
         "event": "stopped",
         "admitted": c.admitted,
+        "claims_prepared": c.claims_prepared,
         "rejected": c.rejected,
         "waiting": c.waiting,
         "deleted": c.deleted,
@@ -283,6 +284,8 @@ def _stopped(runner: FleetRunner, output: str) -> None:
         "lease_failures": c.lease_failures,
         "lease_late": c.lease_late,
         "relists": c.relists,
+        "claim_reads_s": round(c.claim_reads_s, 2),
+        "admit_s": round(c.admit_s, 2),
         "api_calls": runner.api.calls,
         "cpu_s": round(times.user + times.system, 2),
         "rss_mib": _rss_mib(),
