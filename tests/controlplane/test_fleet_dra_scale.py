@@ -32,7 +32,7 @@ from devplug.testing.components import (
 )
 from devplug.testing.controlplane import how_to_provide
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NODES = 20
 GPUS = 2  # per node: 40 pods take every GPU of the fleet, each once
 PODS = NODES * GPUS
