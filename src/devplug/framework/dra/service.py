@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from devplug.api.dra import constants as dra
 from devplug.framework.dra.claims import ApiClaims, ClaimSource, FileClaims
@@ -22,8 +22,14 @@ from devplug.framework.dra.nodeplugin import NodePlugin
 from devplug.framework.dra.prepare import Preparer
 from devplug.framework.dra.publisher import FolderSlicePublisher, PoolPublisher
 
-if TYPE_CHECKING:
-    from devplug.framework.daemon import Daemon
+
+class ServingDaemon(Protocol):
+    """What the service reads of the daemon that runs it (the plugins it serves itself),
+    named here so that the DRA package does not import the daemon, which imports it."""
+
+    @property
+    def plugins(self) -> Sequence[object]: ...
+
 
 log = logging.getLogger("devplug.dra")
 
@@ -117,7 +123,7 @@ class DraService:
             found += publisher.problems()
         return found
 
-    async def run(self, daemon: Daemon | None = None) -> None:
+    async def run(self, daemon: ServingDaemon | None = None) -> None:
         served = set(map(id, daemon.plugins)) if daemon is not None else set()
         tasks: list[asyncio.Task[Any]] = []
         for driver in self.drivers:
