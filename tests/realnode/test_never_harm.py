@@ -457,9 +457,9 @@ OWNED_PLACES = {
     "simulator/checkpoint.py:write:write_atomic": "state dir, control lock",
     "simulator/control.py:ControlServer.stop:unlink": "its socket, same identity",
     "simulator/dra.py:DraManager._save:write_atomic": "state dir, control lock",
-    "simulator/kubelet.py:Kubelet._cleanup_plugin_dir:unlink": "stale sockets only",
-    "simulator/kubelet.py:Kubelet._keep_aside:keep_aside": "kept aside, never lost",
-    "simulator/kubelet.py:leave_dead_socket:unlink": "its own socket",
+    "simulator/plugindir.py:cleanup_plugin_dir:unlink": "stale sockets only",
+    "simulator/plugindir.py:kept_aside:keep_aside": "kept aside, never lost",
+    "simulator/plugindir.py:leave_dead_socket:unlink": "its own socket",
     "simulator/podlist.py:PodList._kept_aside:keep_aside": "kept aside, never lost",
     "simulator/podlist.py:PodList._rewrite:write_atomic": "state dir, control lock",
 }

@@ -117,3 +117,49 @@ class EventLog:
         found = match()
         assert found is not None
         return found
+
+
+class Recorder:
+    """The event API of a node that keeps an EventLog: listeners, the recent events, and
+    waits on them. The simulated kubelet is one; it records with `_emit`."""
+
+    _log: EventLog
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        """Call `listener` with every event from now on; returns a function that stops it."""
+        return self._log.add_listener(listener)
+
+    @property
+    def events(self) -> list[KubeletEvent]:
+        """The most recent events, oldest first."""
+        return self._log.events
+
+    @property
+    def last_event_seq(self) -> int:
+        """The `seq` of the latest event (0 before any): pass it as `after` to wait
+        for what happens next."""
+        return self._log.last_seq
+
+    async def wait_for(
+        self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "a condition"
+    ) -> None:
+        """Wait until `predicate()` holds, re-checking it after every event."""
+        await self._log.wait_for(predicate, timeout, what)
+
+    async def wait_for_event(
+        self,
+        kind: str,
+        *,
+        resource: str | None = None,
+        pod: str | None = None,
+        after: int = 0,
+        timeout: float = 10.0,
+    ) -> KubeletEvent:
+        """The first event of `kind` (for `resource` / `pod` "namespace/name" if given)
+        with a `seq` above `after`, waiting for it if it has not happened yet."""
+        return await self._log.wait_for_event(
+            kind, resource=resource, pod=pod, after=after, timeout=timeout
+        )
+
+    def _emit(self, kind: str, *, resource: str = "", pod: str = "", detail: str = "") -> None:
+        self._log.emit(kind, resource=resource, pod=pod, detail=detail)

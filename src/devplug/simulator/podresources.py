@@ -22,10 +22,16 @@ from devplug.simulator.manager import Allocation, DeviceInfo
 from devplug.simulator.pods import PodSpec
 
 
-class PodResourcesSource(Protocol):
+class PodsProvider(Protocol):
+    """The pods the node runs (the kubelet's pod manager)."""
+
     def active_pods(self) -> Sequence[PodSpec]: ...
 
     def find_pod(self, name: str, namespace: str) -> PodSpec | None: ...
+
+
+class DevicesProvider(Protocol):
+    """The devices the node has and holds (the kubelet's container manager)."""
 
     def allocations(self, pod_uid: str, container: str) -> Mapping[str, Allocation]: ...
 
@@ -61,15 +67,16 @@ def _allocation_devices(resource: str, allocation: Allocation) -> list[pr.Contai
 
 
 class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
-    def __init__(self, source: PodResourcesSource) -> None:
-        self._source = source
+    def __init__(self, pods: PodsProvider, devices: DevicesProvider) -> None:
+        self._pods = pods
+        self._devices = devices
 
     def _pod(self, pod: PodSpec) -> pr.PodResources:
         containers = [c for c in pod.init_containers if c.restartable] + list(pod.containers)
         result = pr.PodResources(name=pod.name, namespace=pod.namespace)
         for container in containers:
             entry = result.containers.add(name=container.name)
-            held = self._source.allocations(pod.uid, container.name)
+            held = self._devices.allocations(pod.uid, container.name)
             for resource in sorted(held):
                 entry.devices.extend(_allocation_devices(resource, held[resource]))
         return result
@@ -80,7 +87,7 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         context: grpc.aio.ServicerContext[pr.ListPodResourcesRequest, pr.ListPodResourcesResponse],
     ) -> pr.ListPodResourcesResponse:
         return pr.ListPodResourcesResponse(
-            pod_resources=[self._pod(p) for p in self._source.active_pods()]
+            pod_resources=[self._pod(p) for p in self._pods.active_pods()]
         )
 
     async def GetAllocatableResources(
@@ -91,7 +98,7 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         ],
     ) -> pr.AllocatableResourcesResponse:
         response = pr.AllocatableResourcesResponse()
-        for resource, devices in sorted(self._source.allocatable_devices().items()):
+        for resource, devices in sorted(self._devices.allocatable_devices().items()):
             response.devices.extend(_entries(resource, ((d.id, d.numa_nodes) for d in devices)))
         return response
 
@@ -100,7 +107,7 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         request: pr.GetPodResourcesRequest,
         context: grpc.aio.ServicerContext[pr.GetPodResourcesRequest, pr.GetPodResourcesResponse],
     ) -> pr.GetPodResourcesResponse:
-        pod = self._source.find_pod(request.pod_name, request.pod_namespace)
+        pod = self._pods.find_pod(request.pod_name, request.pod_namespace)
         if pod is None:
             await context.abort(
                 grpc.StatusCode.UNKNOWN,

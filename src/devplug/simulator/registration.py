@@ -11,6 +11,8 @@ from a handler becomes) with the kubelet's messages:
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,8 +24,11 @@ from devplug.api.constants import SUPPORTED_VERSIONS
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework.names import resource_name_problem
+from devplug.simulator.endpoint import EndpointError
+from devplug.simulator.events import REGISTERED, REGISTRATION_REFUSED
 
 log = logging.getLogger("devplug.simulator.registration")
+kubelet_log = logging.getLogger("devplug.simulator.kubelet")
 
 
 class RegistrationRefused(Exception):
@@ -77,3 +82,62 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
         except RegistrationRefused as refusal:
             await context.abort(grpc.StatusCode.UNKNOWN, str(refusal))
         return pb.Empty()
+
+
+# Dial `resource`'s plugin at a socket path, or raise EndpointError; None when the
+# kubelet is not running.
+Dialer = Callable[[], Callable[[str, Path], Awaitable[object]] | None]
+Emit = Callable[[str, str, str], None]
+
+
+class Registrar:
+    """The kubelet's side of Register: checks a request, dials the plugin back (one
+    registration of a resource at a time), and counts requests and registrations.
+
+    `dialer()` gives the running device manager's `register`, or None when the kubelet
+    is not running; `emit(kind, resource, detail)` records an event.
+    """
+
+    def __init__(self, plugin_dir: Path, dialer: Dialer, emit: Emit) -> None:
+        self.plugin_dir = plugin_dir
+        self._dialer = dialer
+        self._emit = emit
+        # Register calls per resource (the kubelet counts every request, refused ones too).
+        self.total: collections.Counter[str] = collections.Counter()
+        # Successful registrations per resource (DRA drivers' too).
+        self.done: collections.Counter[str] = collections.Counter()
+        self._locks: dict[str, asyncio.Lock] = {}
+        # The plugin sockets that registered with this simulator: what a restart removes.
+        self.plugin_sockets: set[Path] = set()
+
+    def _refuse(self, resource: str, message: str) -> RegistrationRefused:
+        kubelet_log.warning("registration of %r refused: %s", resource, message)
+        self._emit(REGISTRATION_REFUSED, resource, message)
+        return RegistrationRefused(message)
+
+    async def register(self, request: pb.RegisterRequest) -> None:
+        """Handle one Register request; RegistrationRefused says why it failed."""
+        resource = request.resource_name
+        # The kubelet counts every request, before it checks it.
+        self.total[resource] += 1
+        kubelet_log.info(
+            "Got registration request from device plugin with resource %s (endpoint %s)",
+            resource,
+            request.endpoint,
+        )
+        problem = request_problem(request, self.plugin_dir)
+        if problem is not None:
+            raise self._refuse(resource, problem)
+        dial = self._dialer()
+        if dial is None:
+            raise self._refuse(resource, "the kubelet is not running")
+        lock = self._locks.setdefault(resource, asyncio.Lock())
+        async with lock:
+            try:
+                await dial(resource, self.plugin_dir / request.endpoint)
+            except EndpointError as error:
+                raise self._refuse(resource, str(error)) from None
+        self.done[resource] += 1
+        self.plugin_sockets.add(self.plugin_dir / request.endpoint)
+        kubelet_log.info("%s: registered, endpoint %s", resource, request.endpoint)
+        self._emit(REGISTERED, resource, request.endpoint)
