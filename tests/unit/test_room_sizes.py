@@ -1,0 +1,84 @@
+"""No hand-written module of devplug holds more than one room's worth: at most 500 lines
+a file and 300 a class (docs/architecture.md). Generated code (`*_pb2*.py`) is not
+counted. What could not be split yet is listed below, each with its reason; an entry
+that no longer exceeds its limit fails the test, so the list only shrinks."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import devplug
+
+PACKAGE = Path(devplug.__file__).parent
+FILE_LIMIT = 500
+CLASS_LIMIT = 300
+
+# "path" (a file) or "path:Class", relative to src/devplug, with why it is still big.
+EXCEPTIONS: dict[str, str] = {
+    "testing/realnode.py": "the real-node fixture: cluster start, image load and probes",
+    "testing/realnode.py:RealNode": "one class for start, load, deploy and probe of the node",
+    "testing/harness.py": "the plugin harness: serve, kubelet, pods and waits in one room",
+    "testing/harness.py:KubeletHarness": "its public API is one object; to be composed",
+    "fleet/runner.py": "the fleet runner: nodes, API watches, binding and status",
+    "fleet/runner.py:FleetRunner": "nodes, watches, binding and status in one class",
+    "sources/config.py": "the root config schema, due to move to a schema package",
+    "demo/script.py": "the demo's steps, one after the other",
+    "simulator/dra.py": "the kubelet's DRA manager: plugin watcher, claims and prepare",
+    "simulator/dra.py:DraManager": "plugin watcher, claim state and prepare in one class",
+    "sources/nvidia/nvml.py": "the NVML reader: devices, MIG and health events",
+    "sources/nvidia/nvml.py:Nvml": "devices, MIG and health events of one library handle",
+    "sources/nvidia/source.py": "the GPU source: discovery, sharing and health",
+    "sources/nvidia/source.py:GpuSource": "discovery, sharing and health of one source",
+    "cli/serve.py": "the serve command: config, plugins, outputs and signals",
+    "framework/dra/prepare.py:Preparer": "DRA prepare, its checkpoint and CDI in one class",
+    "sources/hostdev.py:HostDevicePlugin": "discovery, health and allocation of host devices",
+}
+
+
+def oversized(path: Path, name: str) -> dict[str, int]:
+    """`name` (and `name:Class`) with its length in lines, where over the limits."""
+    text = path.read_text()
+    found: dict[str, int] = {}
+    lines = len(text.splitlines())
+    if lines > FILE_LIMIT:
+        found[name] = lines
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, ast.ClassDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > CLASS_LIMIT:
+                found[f"{name}:{node.name}"] = length
+    return found
+
+
+def rooms_too_big() -> dict[str, int]:
+    found: dict[str, int] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "_pb2" not in path.name:
+            found |= oversized(path, path.relative_to(PACKAGE).as_posix())
+    return found
+
+
+def test_no_file_or_class_is_over_its_limit_unless_listed_with_its_reason() -> None:
+    found = rooms_too_big()
+    new = {k: v for k, v in found.items() if k not in EXCEPTIONS}
+    assert not new, (
+        f"over {FILE_LIMIT} lines a file or {CLASS_LIMIT} a class: {new}; split it along "
+        "the seams of what it does (docs/architecture.md)"
+    )
+
+
+def test_every_listed_exception_is_still_over_its_limit() -> None:
+    stale = sorted(EXCEPTIONS.keys() - rooms_too_big().keys())
+    assert not stale, f"no longer too big, or gone: {stale}; take them off the list"
+
+
+def test_a_long_file_and_a_long_class_are_caught(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(CLASS_LIMIT))
+    source = tmp_path / "big.py"
+    source.write_text(f"class Big:\n{body}\n\n\nclass Small:\n    pass\n")
+    assert oversized(source, "big.py") == {"big.py:Big": CLASS_LIMIT + 1}
+    source.write_text("\n".join(["x = 1"] * (FILE_LIMIT + 1)) + "\n")
+    assert oversized(source, "big.py") == {"big.py": FILE_LIMIT + 1}
+    source.write_text("\n".join(["x = 1"] * FILE_LIMIT) + "\n")
+    assert oversized(source, "big.py") == {}
