@@ -16,12 +16,8 @@ CLASS_LIMIT = 300
 
 # "path" (a file) or "path:Class", relative to src/devplug, with why it is still big.
 EXCEPTIONS: dict[str, str] = {
-    "testing/realnode.py": "the real-node fixture: cluster start, image load and probes",
-    "testing/realnode.py:RealNode": "one class for start, load, deploy and probe of the node",
     "testing/harness.py": "the plugin harness: serve, kubelet, pods and waits in one room",
     "testing/harness.py:KubeletHarness": "its public API is one object; to be composed",
-    "fleet/runner.py": "the fleet runner: nodes, API watches, binding and status",
-    "fleet/runner.py:FleetRunner": "nodes, watches, binding and status in one class",
     "sources/config.py": "the root config schema, due to move to a schema package",
     "demo/script.py": "the demo's steps, one after the other",
     "simulator/dra.py": "the kubelet's DRA manager: plugin watcher, claims and prepare",
