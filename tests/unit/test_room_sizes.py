@@ -20,8 +20,6 @@ EXCEPTIONS: dict[str, str] = {
     "testing/harness.py:KubeletHarness": "its public API is one object; to be composed",
     "sources/config.py": "the root config schema, due to move to a schema package",
     "demo/script.py": "the demo's steps, one after the other",
-    "simulator/dra.py": "the kubelet's DRA manager: plugin watcher, claims and prepare",
-    "simulator/dra.py:DraManager": "plugin watcher, claim state and prepare in one class",
     "sources/nvidia/nvml.py": "the NVML reader: devices, MIG and health events",
     "sources/nvidia/nvml.py:Nvml": "devices, MIG and health events of one library handle",
     "sources/nvidia/source.py": "the GPU source: discovery, sharing and health",
