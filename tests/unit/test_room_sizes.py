@@ -16,8 +16,6 @@ CLASS_LIMIT = 300
 
 # "path" (a file) or "path:Class", relative to src/devplug, with why it is still big.
 EXCEPTIONS: dict[str, str] = {
-    "testing/harness.py": "the plugin harness: serve, kubelet, pods and waits in one room",
-    "testing/harness.py:KubeletHarness": "its public API is one object; to be composed",
     "sources/config.py": "the root config schema, due to move to a schema package",
     "demo/script.py": "the demo's steps, one after the other",
     "sources/nvidia/nvml.py": "the NVML reader: devices, MIG and health events",

@@ -10,29 +10,21 @@ every wait is driven by the simulator's events and the processes' exits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, TypeVar
-
-import yaml
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from devplug.api.constants import ENDPOINT_GRACE_PERIOD_S, REGISTER_DIAL_TIMEOUT_S
-from devplug.ground.process import STOP_TIMEOUT_S, ChildProcess
+from devplug.testing.loopthread import LoopThread
+from devplug.testing.pluginprocess import OUTPUT_TAIL, PluginExited, PluginProcess, guarded
+from devplug.testing.pluginstart import PluginStarter
 from devplug.testing.pods import PodAdmission, is_compact, pod_manifest
 
 if TYPE_CHECKING:
-    from devplug.framework.plugin import Plugin
     from devplug.simulator import (
         DeviceStatus,
         Kubelet,
@@ -43,82 +35,22 @@ if TYPE_CHECKING:
         ResourceStatus,
     )
 
+__all__ = [
+    "DEFAULT_CONTAINER",
+    "DEFAULT_TIMEOUT_S",
+    "OUTPUT_TAIL",
+    "KubeletHarness",
+    "PluginExited",
+    "PluginProcess",
+]
+
 T = TypeVar("T")
 
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_CONTAINER = "main"
-OUTPUT_TAIL = 4000
 
 
-class PluginExited(RuntimeError):
-    """A plugin process ended while the harness was waiting for something."""
-
-
-class PluginProcess:
-    """A plugin process started by a harness; stopped with it at the latest."""
-
-    def __init__(
-        self,
-        harness: KubeletHarness,
-        child: ChildProcess,
-        name: str,
-        log_path: Path,
-        resources: Sequence[str],
-    ) -> None:
-        self._harness = harness
-        self._child = child
-        self.name = name
-        self.log_path = log_path
-        # The resources it serves, when known (plugin objects, references, configs).
-        self.resources = tuple(resources)
-        self.stopping = False
-
-    @property
-    def args(self) -> list[str]:
-        return self._child.args
-
-    @property
-    def pid(self) -> int:
-        return self._child.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._harness._sync(lambda: self._child.returncode)
-
-    @property
-    def running(self) -> bool:
-        return self.returncode is None
-
-    @property
-    def output(self) -> str:
-        """Its stdout and stderr (logs) so far."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S) -> int:
-        """Send `sig` (SIGKILL after `timeout` seconds) and return the exit status."""
-        self.stopping = True
-        return self._harness._call(self._child.stop(sig, timeout))
-
-    def kill(self) -> int:
-        return self.stop(signal.SIGKILL)
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Wait for the process to end by itself; its exit status."""
-        self.stopping = True
-        timeout = self._harness.timeout if timeout is None else timeout
-        return self._harness._call(self._child.wait(timeout))
-
-    def _exit_future(self) -> asyncio.Future[int]:
-        return self._child.exited
-
-    def __repr__(self) -> str:
-        return f"<PluginProcess {self.name} pid {self.pid}>"
-
-
-class KubeletHarness:
+class KubeletHarness(LoopThread, PluginStarter):
     """A running kubelet simulator in its own temporary folder, driven synchronously.
 
         with KubeletHarness(topology_policy="single-numa-node", numa_nodes=2) as kubelet:
@@ -152,8 +84,6 @@ class KubeletHarness:
         self.dial_timeout = dial_timeout
         self.timeout = timeout
         self.processes: list[PluginProcess] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._kubelet: Kubelet | None = None
         self._pod_names = itertools.count(1)
         self._files = itertools.count(1)
@@ -166,18 +96,7 @@ class KubeletHarness:
             return self
         from devplug.simulator import Kubelet
 
-        loop = asyncio.new_event_loop()
-        started: Future[None] = Future()
-
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(started.set_result, None)
-            loop.run_forever()
-
-        self._thread = threading.Thread(target=serve, name="devplug-kubelet", daemon=True)
-        self._loop = loop
-        self._thread.start()
-        started.result()
+        self._start_loop("devplug-kubelet")
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
         async def start_kubelet() -> Kubelet:
@@ -221,25 +140,6 @@ class KubeletHarness:
             await self._kubelet.stop()
             self._kubelet = None
 
-    def _stop_loop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        if loop.is_running():
-
-            async def cancel_all() -> None:
-                tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(STOP_TIMEOUT_S)
-            loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
-        self._loop = self._thread = None
-
     def __enter__(self) -> KubeletHarness:
         return self.start()
 
@@ -260,241 +160,9 @@ class KubeletHarness:
             raise RuntimeError("the kubelet harness is not started")
         return self._kubelet
 
-    def run(self, awaitable: Awaitable[T]) -> T:
-        """Run a coroutine on the simulator's event loop and return its result."""
-
-        async def wrap() -> T:
-            return await awaitable
-
-        return self._call(wrap())
-
-    def _in_loop(self) -> bool:
-        return self._thread is not None and threading.get_ident() == self._thread.ident
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        loop = self._loop
-        if loop is None:
-            coro.close()
-            raise RuntimeError("the kubelet harness is not started")
-        if self._in_loop():
-            coro.close()
-            raise RuntimeError("blocking harness calls cannot be made from the simulator's loop")
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
-
-    def _sync(self, fn: Callable[[], T]) -> T:
-        """`fn()` on the loop thread (where the simulator's state lives)."""
-        if self._in_loop() or self._loop is None:
-            return fn()
-
-        async def go() -> T:
-            return fn()
-
-        return self._call(go())
-
     async def _guarded(self, awaitable: Awaitable[T], what: str) -> T:
         """Await `awaitable`, failing at once if a running plugin process exits."""
-        main = asyncio.ensure_future(awaitable)
-        watched = {p._exit_future(): p for p in self.processes if not p.stopping and p.running}
-        waiting: set[asyncio.Future[Any]] = {main, *watched}
-        try:
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:
-            main.cancel()
-            raise
-        if main.done():
-            return main.result()
-        main.cancel()
-        with contextlib.suppress(BaseException):
-            await main
-        process = next(p for f, p in watched.items() if f.done())
-        output = process.output[-OUTPUT_TAIL:]
-        raise PluginExited(
-            f"plugin process {process.name} exited with status {process._child.returncode} "
-            f"while waiting for {what}; its output:\n{output}"
-        )
-
-    # -- plugins ------------------------------------------------------------------------------
-
-    def _env(self, extra: Mapping[str, str] | None) -> dict[str, str]:
-        env = dict(os.environ)
-        # The child imports what this process can: the test's own modules included.
-        paths = [p or os.getcwd() for p in sys.path]
-        if env.get("PYTHONPATH"):
-            paths.append(env["PYTHONPATH"])
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        env["PLUGIN_DIR"] = str(self.plugin_dir)
-        env["DEVPLUG_PLUGIN_DIR"] = str(self.plugin_dir)
-        env.update(extra or {})
-        return env
-
-    def _spawn(
-        self,
-        args: Sequence[str],
-        name: str,
-        resources: Sequence[str],
-        env: Mapping[str, str] | None,
-        cwd: Path | str | None,
-    ) -> PluginProcess:
-        index = next(self._files)
-        log_path = self.log_dir / f"{index}-{_safe(name)}.log"
-
-        async def spawn(log: IO[bytes]) -> ChildProcess:
-            return ChildProcess(
-                args, env=self._env(env), cwd=cwd, stdout=log, stderr=subprocess.STDOUT
-            )
-
-        with open(log_path, "wb") as log:
-            child = self._call(spawn(log))
-        process = PluginProcess(self, child, name, log_path, resources)
-        self.processes.append(process)
-        return process
-
-    def _after_start(
-        self, process: PluginProcess, wait_for: Sequence[str], timeout: float | None
-    ) -> PluginProcess:
-        for resource in wait_for:
-            self.wait_for_resource(resource, timeout=timeout)
-        return process
-
-    def start_plugin(
-        self,
-        *plugins: Plugin | str,
-        wait: bool = True,
-        env: Mapping[str, str] | None = None,
-        cwd: Path | str | None = None,
-        timeout: float | None = None,
-    ) -> PluginProcess:
-        """Serve plugins in a new process (`devplug.run`) against this kubelet.
-
-        Each of `plugins` is a `Plugin` object (sent to the process by pickle: its class
-        must be importable there, i.e. defined at the top level of a module), or a
-        reference `"module:attribute"` / `"path/to/file.py:attribute"` to a Plugin, a
-        Plugin subclass or a function returning plugins, resolved in the new process.
-        With `wait`, returns once every resource is registered and its devices listed.
-        """
-        from devplug.framework.plugin import Plugin
-        from devplug.testing.runner import dump_plugins, resolve
-
-        if not plugins:
-            raise ValueError("start_plugin needs at least one plugin")
-        objects = [p for p in plugins if isinstance(p, Plugin)]
-        references = [p for p in plugins if not isinstance(p, Plugin)]
-        specs: list[str] = []
-        resources = [p.resource_name for p in objects]
-        if objects:
-            path = self.root / f"plugins-{next(self._files)}.pickle"
-            path.write_bytes(dump_plugins(objects))
-            specs.append(f"@{path}")
-        for reference in references:
-            if not isinstance(reference, str):
-                raise TypeError(f"expected a Plugin or a 'module:attribute' string: {reference!r}")
-            # Resolved here too, for the resource names to wait for.
-            resources += [p.resource_name for p in resolve(reference)]
-            specs.append(reference)
-        name = ",".join(resources) or "plugins"
-        args = [
-            sys.executable,
-            "-m",
-            "devplug.testing.runner",
-            "--plugin-dir",
-            str(self.plugin_dir),
-            *specs,
-        ]
-        process = self._spawn(args, name, resources, env, cwd)
-        return self._after_start(process, resources if wait else (), timeout)
-
-    def start_script(
-        self,
-        script: Path | str,
-        *args: str,
-        wait_for: str | Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        cwd: Path | str | None = None,
-        timeout: float | None = None,
-    ) -> PluginProcess:
-        """Run a plugin program, `python SCRIPT ARGS`, as it runs on a node. It finds the
-        plugin folder in `$PLUGIN_DIR` (also `$DEVPLUG_PLUGIN_DIR`). Returns once the
-        resources of `wait_for` are registered and listed."""
-        command = [sys.executable, str(script), *args]
-        return self._start_program(command, Path(script).name, wait_for, env, cwd, timeout)
-
-    def start_module(
-        self,
-        module: str,
-        *args: str,
-        wait_for: str | Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        cwd: Path | str | None = None,
-        timeout: float | None = None,
-    ) -> PluginProcess:
-        """`python -m MODULE ARGS`, otherwise as `start_script`."""
-        command = [sys.executable, "-m", module, *args]
-        return self._start_program(command, module, wait_for, env, cwd, timeout)
-
-    def start_command(
-        self,
-        command: Sequence[str],
-        *,
-        name: str = "",
-        wait_for: str | Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
-        cwd: Path | str | None = None,
-        timeout: float | None = None,
-    ) -> PluginProcess:
-        """Run any command that serves plugins in this kubelet's folder (a plugin in a
-        container's root file system, a binary); otherwise as `start_script`."""
-        label = name or Path(command[0]).name
-        return self._start_program(list(command), label, wait_for, env, cwd, timeout)
-
-    def _start_program(
-        self,
-        command: list[str],
-        name: str,
-        wait_for: str | Sequence[str],
-        env: Mapping[str, str] | None,
-        cwd: Path | str | None,
-        timeout: float | None,
-    ) -> PluginProcess:
-        resources = [wait_for] if isinstance(wait_for, str) else list(wait_for)
-        process = self._spawn(command, name, resources, env, cwd)
-        return self._after_start(process, resources, timeout)
-
-    def start_serve(
-        self,
-        config: Path | str | Mapping[str, Any],
-        *args: str,
-        wait: bool = True,
-        env: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-    ) -> PluginProcess:
-        """`devplug serve --config CONFIG --plugin-dir <this kubelet's>`: `config` is a
-        file, YAML text (a string with a newline) or a mapping. With `wait`, the config is
-        checked first (ConfigError) and the call returns once all its resources are
-        registered and listed."""
-        if isinstance(config, Mapping) or (isinstance(config, str) and "\n" in config):
-            text = config if isinstance(config, str) else yaml.safe_dump(dict(config))
-            path = self.root / f"config-{next(self._files)}.yaml"
-            path.write_text(text)
-        else:
-            path = Path(config)
-        resources: list[str] = []
-        if wait:
-            from devplug.sources import load_config, resource_names
-
-            resources = resource_names(load_config(path))
-        command = [
-            sys.executable,
-            "-m",
-            "devplug.cli.main",
-            "serve",
-            "--config",
-            str(path),
-            "--plugin-dir",
-            str(self.plugin_dir),
-            *args,
-        ]
-        process = self._spawn(command, f"serve {path.name}", resources, env, None)
-        return self._after_start(process, resources, timeout)
+        return await guarded(self.processes, awaitable, what)
 
     # -- waiting ------------------------------------------------------------------------------
 
@@ -671,21 +339,3 @@ class KubeletHarness:
             return {r: kubelet.registrations(r) for r in resources}
 
         return self._call(restart())
-
-    # -- reports ------------------------------------------------------------------------------
-
-    def plugin_outputs(self) -> str:
-        """Every plugin process's command line, exit status and output, for reports."""
-        parts = []
-        for process in self.processes:
-            code = process._child.returncode
-            state = "running" if code is None else f"exited with status {code}"
-            parts.append(
-                f"--- {process.name} (pid {process.pid}, {state}): {' '.join(process.args)}\n"
-                + process.output[-OUTPUT_TAIL:]
-            )
-        return "\n".join(parts)
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60]
