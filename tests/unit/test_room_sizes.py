@@ -17,7 +17,6 @@ CLASS_LIMIT = 300
 # "path" (a file) or "path:Class", relative to src/devplug, with why it is still big.
 EXCEPTIONS: dict[str, str] = {
     "sources/config.py": "the root config schema, due to move to a schema package",
-    "demo/script.py": "the demo's steps, one after the other",
     "sources/nvidia/nvml.py": "the NVML reader: devices, MIG and health events",
     "sources/nvidia/nvml.py:Nvml": "devices, MIG and health events of one library handle",
     "sources/nvidia/source.py": "the GPU source: discovery, sharing and health",

@@ -15,28 +15,48 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.resources
 import logging
 import os
 import shutil
 import signal
 import stat
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import yaml
-
+from devplug.demo.plugin import (
+    STDERR_TAIL,
+    STOP_TIMEOUT_S,
+    DemoFailed,
+    PluginDied,
+    PluginProcess,
+    serve_command,
+)
+from devplug.demo.sample import STORY_ANNOTATION, describe, sample_pods, stories
 from devplug.demo.view import View, make_view
 from devplug.framework.preferred import physical_id
 
 if TYPE_CHECKING:
     from devplug.simulator import Kubelet, KubeletEvent, ResourceStatus
-    from devplug.sources import ResourceSpec
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "STDERR_TAIL",
+    "STOP_TIMEOUT_S",
+    "STORY_ANNOTATION",
+    "Demo",
+    "DemoFailed",
+    "PluginDied",
+    "PluginProcess",
+    "describe",
+    "run_demo",
+    "sample_pods",
+    "serve_command",
+    "stories",
+]
 
 log = logging.getLogger("devplug.demo")
 
@@ -45,7 +65,6 @@ T = TypeVar("T")
 EXIT_OK = 0
 EXIT_FAILED = 1
 
-STORY_ANNOTATION = "demo.devplug.io/story"
 SHARED = "devplug.io/shared"
 DELETED_POD = "fits"
 NAMESPACE = "default"
@@ -54,151 +73,9 @@ NAMESPACE = "default"
 # register again after the kubelet restart. Generous: the waits end on the event.
 FIRST_REGISTRATION_TIMEOUT_S = 30.0
 REREGISTRATION_TIMEOUT_S = 15.0
-STOP_TIMEOUT_S = 5.0
-STDERR_TAIL = 4000
 # The longest socket path in the work folder is WORKDIR/device-plugins/<plugin socket>
 # (about 47 bytes after WORKDIR for the default config); Unix sockets allow 107.
 MAX_WORKDIR_LENGTH = 56
-
-
-class DemoFailed(Exception):
-    """The story cannot go on; `str()` says why."""
-
-
-class PluginDied(DemoFailed):
-    def __init__(self, code: int) -> None:
-        super().__init__(f"the plugin process exited with status {code} before the demo ended")
-        self.code = code
-
-
-def sample_pods() -> str:
-    """The YAML of the pods the demo applies (package data)."""
-    return importlib.resources.files("devplug.demo").joinpath("pods.yaml").read_text()
-
-
-def stories(manifests: str) -> dict[str, str]:
-    """Pod name -> what the demo says about it (its story annotation)."""
-    found = {}
-    for doc in yaml.safe_load_all(manifests):
-        if not isinstance(doc, dict):
-            continue
-        meta = doc.get("metadata") or {}
-        found[str(meta.get("name"))] = str(
-            (meta.get("annotations") or {}).get(STORY_ANNOTATION, "")
-        )
-    return found
-
-
-def serve_command(plugin_dir: Path, log_level: str = "info") -> list[str]:
-    """`devplug serve` with the packaged default config, as a child of this Python."""
-    return [
-        sys.executable,
-        "-m",
-        "devplug.cli.main",
-        "--log-level",
-        log_level,
-        "serve",
-        "--plugin-dir",
-        str(plugin_dir),
-    ]
-
-
-def describe(spec: ResourceSpec) -> str:
-    """What a resource of the config serves, in words."""
-    if spec.virtual is not None:
-        what = f"{spec.virtual} virtual device{'s' if spec.virtual > 1 else ''}"
-        if spec.count == 1:
-            what += " (no device node)"
-    else:
-        groups = [" + ".join(p.path for p in g.paths) for g in spec.groups or []]
-        if len(groups) == 1:
-            shared = f" shared by up to {spec.count} containers" if spec.count > 1 else ""
-            return f"{groups[0]}, one device{shared}"
-        what = "; ".join(groups)
-    if spec.count > 1:
-        what += f", each shared by up to {spec.count} containers"
-    return what
-
-
-class PluginProcess:
-    """The plugin daemon as a child process, with its stderr in a file."""
-
-    def __init__(self, command: Sequence[str], log_path: Path) -> None:
-        self.command = list(command)
-        self.log_path = log_path
-        self.proc: asyncio.subprocess.Process | None = None
-        self.started = 0.0
-        self._exited: asyncio.Task[int] | None = None
-
-    async def start(self) -> int:
-        with self.log_path.open("wb") as stderr:
-            try:
-                self.proc = await asyncio.create_subprocess_exec(
-                    *self.command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr,
-                    # Its own session: a terminal's Ctrl-C reaches the demo only, which then
-                    # stops the plugin itself (and says so).
-                    start_new_session=True,
-                )
-            except OSError as error:
-                raise DemoFailed(f"cannot start the plugin process: {error}") from None
-        self.started = time.time()
-        self._exited = asyncio.create_task(self.proc.wait(), name="plugin exit")
-        return self.proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.returncode if self.proc is not None else None
-
-    def check(self) -> None:
-        """Raise PluginDied if the process has exited."""
-        if self._exited is not None and self._exited.done():
-            raise PluginDied(self._exited.result())
-
-    async def guard(self, awaitable: Awaitable[T]) -> T:
-        """Await `awaitable`, unless the plugin process exits first (PluginDied)."""
-        self.check()
-        assert self._exited is not None
-        task = asyncio.ensure_future(awaitable)
-        try:
-            await asyncio.wait({task, self._exited}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-        if task.done() and not task.cancelled():
-            return task.result()
-        self.check()
-        raise DemoFailed("the wait was cancelled")  # not reached: the exit is done
-
-    def stderr(self) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return text[-STDERR_TAIL:]
-
-    async def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it does not stop in time."""
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        if self._exited is not None and not self._exited.done():
-            self._exited.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._exited
 
 
 class Demo:
