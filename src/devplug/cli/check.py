@@ -15,10 +15,10 @@ from devplug.cli import style
 def configure(parser: argparse.ArgumentParser) -> None:
     style.add_config(parser)
     style.add_output(parser)
-    from devplug.cli.serve import add_root_options
+    from devplug.cli.serveoptions import add_root_options
 
     add_root_options(parser)
-    from devplug.cli.serve import add_gdp_options
+    from devplug.cli.serveoptions import add_gdp_options
 
     add_gdp_options(parser)
     parser.add_argument(
@@ -37,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from devplug.api.constants import DEVICE_PLUGIN_PATH
-    from devplug.cli.serve import gdp_settings
+    from devplug.cli.serveoptions import gdp_settings
     from devplug.sources import ConfigError, build_plugins, load_config, load_default_config
     from devplug.sources.validate import CannotStart, plugins_to_serve
 
@@ -162,7 +162,7 @@ def _add_dra_reports(
         entry["deviceClass"] = device_class(driver_name, extended)
         if not serves_dra(spec.mode):
             continue
-        from devplug.cli.serve import node_name
+        from devplug.cli.serveoptions import node_name
         from devplug.framework.dra.slices import slice_bodies
 
         driver = config_driver(plugin)
