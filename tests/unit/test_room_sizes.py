@@ -21,7 +21,6 @@ EXCEPTIONS: dict[str, str] = {
     "sources/nvidia/nvml.py:Nvml": "devices, MIG and health events of one library handle",
     "sources/nvidia/source.py": "the GPU source: discovery, sharing and health",
     "sources/nvidia/source.py:GpuSource": "discovery, sharing and health of one source",
-    "framework/dra/prepare.py:Preparer": "DRA prepare, its checkpoint and CDI in one class",
     "sources/hostdev.py:HostDevicePlugin": "discovery, health and allocation of host devices",
 }
 

@@ -313,27 +313,7 @@ class Preparer:
         """One CDI device per allocated device or share (its nodes and mounts; a share's
         ID and consumed capacity as env), the claim's env and any further edits of the
         prepare hook as the spec's common edits."""
-        per_device: dict[str, ContainerEdits] = {}
-        own_nodes: set[str] = set()
-        own_mounts: set[str] = set()
-        for pick in picks:
-            device = pick.offer.device
-            device_edits = ContainerEdits(nodes=list(device.nodes), mounts=list(device.mounts))
-            own_nodes.update(n.container_path for n in device.nodes)
-            own_mounts.update(m.container_path for m in device.mounts)
-            label = _ENV_UNSAFE.sub("_", pick.offer.name).upper()
-            if pick.share_id:
-                device_edits.env[f"DEVPLUG_DRA_SHARE_{label}"] = pick.share_id
-                for capacity, amount in pick.consumed.items():
-                    key = _ENV_UNSAFE.sub("_", capacity.rpartition("/")[2]).upper()
-                    device_edits.env[f"DEVPLUG_DRA_SHARE_{label}_{key}"] = amount
-            if not device_edits.nodes and not device_edits.mounts and not device_edits.env:
-                # CDI refuses a device without edits: name the device in the env.
-                device_edits.env[f"DEVPLUG_DRA_DEVICE_{label}"] = device.id
-            per_device[f"{claim.uid}-{pick.cdi_name}"] = device_edits
-        # A CDI device per request with metadata: its file, bind-mounted read-only.
-        for request, mount in mounts.items():
-            per_device[f"{claim.uid}-metadata-{request}"] = ContainerEdits(mounts=[mount])
+        per_device, own_nodes, own_mounts = _device_edits(claim.uid, picks, mounts)
         common = ContainerEdits(
             env=dict(edits.env),
             nodes=[n for n in edits.nodes if n.container_path not in own_nodes],
@@ -398,3 +378,33 @@ class Preparer:
             del self.prepared[claim.uid]
             self._save()
             log.info("%s: unprepared claim %s/%s", self.driver.name, claim.namespace, claim.name)
+
+
+def _device_edits(
+    claim_uid: str, picks: Sequence[_Pick], mounts: Mapping[str, Mount]
+) -> tuple[dict[str, ContainerEdits], set[str], set[str]]:
+    """The CDI devices of a claim by name, with their edits: one per allocated device
+    or share (its nodes and mounts; a share's ID and consumed capacity as env), one per
+    request with metadata (its file, bind-mounted read-only); and the container paths
+    of the devices' own nodes and mounts."""
+    per_device: dict[str, ContainerEdits] = {}
+    own_nodes: set[str] = set()
+    own_mounts: set[str] = set()
+    for pick in picks:
+        device = pick.offer.device
+        device_edits = ContainerEdits(nodes=list(device.nodes), mounts=list(device.mounts))
+        own_nodes.update(n.container_path for n in device.nodes)
+        own_mounts.update(m.container_path for m in device.mounts)
+        label = _ENV_UNSAFE.sub("_", pick.offer.name).upper()
+        if pick.share_id:
+            device_edits.env[f"DEVPLUG_DRA_SHARE_{label}"] = pick.share_id
+            for capacity, amount in pick.consumed.items():
+                key = _ENV_UNSAFE.sub("_", capacity.rpartition("/")[2]).upper()
+                device_edits.env[f"DEVPLUG_DRA_SHARE_{label}_{key}"] = amount
+        if not device_edits.nodes and not device_edits.mounts and not device_edits.env:
+            # CDI refuses a device without edits: name the device in the env.
+            device_edits.env[f"DEVPLUG_DRA_DEVICE_{label}"] = device.id
+        per_device[f"{claim_uid}-{pick.cdi_name}"] = device_edits
+    for request, mount in mounts.items():
+        per_device[f"{claim_uid}-metadata-{request}"] = ContainerEdits(mounts=[mount])
+    return per_device, own_nodes, own_mounts
