@@ -17,8 +17,6 @@ CLASS_LIMIT = 300
 # "path" (a file) or "path:Class", relative to src/devplug, with why it is still big.
 EXCEPTIONS: dict[str, str] = {
     "sources/config.py": "the root config schema, due to move to a schema package",
-    "sources/nvidia/nvml.py": "the NVML reader: devices, MIG and health events",
-    "sources/nvidia/nvml.py:Nvml": "devices, MIG and health events of one library handle",
     "sources/nvidia/source.py": "the GPU source: discovery, sharing and health",
     "sources/nvidia/source.py:GpuSource": "discovery, sharing and health of one source",
     "sources/hostdev.py:HostDevicePlugin": "discovery, health and allocation of host devices",
