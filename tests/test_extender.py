@@ -366,7 +366,7 @@ def test_bad_requests_get_400_and_one_line(
 
 def test_the_command_refuses_a_bad_listen_address_and_an_unknown_policy_in_one_line() -> None:
     for args, said in (
-        (["--listen", "nowhere"], "expected HOST:PORT"),
+        (["--port", "70000"], "expected a TCP port, 0 to 65535"),
         (["--policy", "random"], "invalid choice: 'random'"),
     ):
         done = subprocess.run(

@@ -7,14 +7,7 @@ import argparse
 
 from devplug.cli import style
 
-DEFAULT_LISTEN = "127.0.0.1:8888"
-
-
-def listen_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT (port 0 to 65535), got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+DEFAULT_PORT = 8888
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -27,11 +20,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="how nodes and GPUs are ranked (docs/placement.md; default: the scheduler's own)",
     )
     parser.add_argument(
-        "--listen",
-        type=listen_address,
-        default=listen_address(DEFAULT_LISTEN),
-        metavar="HOST:PORT",
-        help=f"where the scheduler reaches the extender (default {DEFAULT_LISTEN}; port 0: any)",
+        "--port",
+        type=style.port,
+        default=DEFAULT_PORT,
+        metavar="PORT",
+        help="the port the scheduler reaches the extender on (0: any free port)",
+    )
+    parser.add_argument(
+        "--address",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address to serve on ('' or 0.0.0.0: all)",
     )
     parser.add_argument(
         "--workload",
@@ -71,10 +70,10 @@ def run(args: argparse.Namespace) -> int:
     except (MissingExtra, ValueError) as error:
         return style.fail(args, str(error), style.EXIT_USAGE)
     try:
-        server = ExtenderServer(args.listen, Extender(api, args.policy, target))
+        server = ExtenderServer((args.address, args.port), Extender(api, args.policy, target))
     except OSError as error:
-        host, port = args.listen
-        return style.fail(args, f"cannot listen on {host}:{port}: {error.strerror or error}")
+        where = f"{args.address}:{args.port}"
+        return style.fail(args, f"cannot listen on {where}: {error.strerror or error}")
     log = logging.getLogger("devplug.extender")
     log.info("extender serving on %s, policy %s", server.url, args.policy)
     print(server.url, flush=True)  # the address, port 0 resolved: for scripts
