@@ -29,28 +29,18 @@ from tests.serve_helpers import free_port
 RESOURCE = "devplug.io/gpu-milli"
 SCHEDULER = "devplug-extender"
 WAIT_S = 90.0
+SHIPPED = Path(__file__).resolve().parent.parent / "deploy" / "extender" / "scheduler.yaml"
 
 
 def scheduler_config(kubeconfig: Path, port: int) -> dict[str, Any]:
-    """A KubeSchedulerConfiguration whose one profile calls the extender (docs/placement.md)."""
-    return {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": SCHEDULER}],
-        "extenders": [
-            {
-                "urlPrefix": f"http://127.0.0.1:{port}",
-                "filterVerb": "filter",
-                "prioritizeVerb": "prioritize",
-                "bindVerb": "bind",
-                "weight": 1,
-                "nodeCacheCapable": False,
-                "managedResources": [{"name": RESOURCE, "ignoredByScheduler": False}],
-            }
-        ],
-    }
+    """deploy/extender's KubeSchedulerConfiguration, for this cluster: its kubeconfig,
+    no leader election, the extender on `port` of this host."""
+    config: dict[str, Any] = yaml.safe_load(SHIPPED.read_text())
+    config["clientConnection"] = {"kubeconfig": str(kubeconfig)}
+    config["leaderElection"] = {"leaderElect": False}
+    [extender] = config["extenders"]
+    extender["urlPrefix"] = f"http://127.0.0.1:{port}"
+    return config
 
 
 @contextlib.contextmanager
