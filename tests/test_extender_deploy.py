@@ -5,10 +5,12 @@ with each other and with what the code does with the API."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import yaml
 
 from devplug.cli.main import build_parser
@@ -90,3 +92,38 @@ def test_the_real_node_test_runs_the_shipped_scheduler_config() -> None:
     assert tested["profiles"] == shipped["profiles"]
     assert tested["extenders"] == shipped["extenders"]
     assert tested["profiles"] == [{"schedulerName": "devplug-extender"}]
+
+
+def without_labels(obj: dict[str, Any]) -> tuple[tuple[str, str], dict[str, Any]]:
+    """What must agree between the chart and kustomize for the extender's objects:
+    everything but labels and the Deployment's selector; the scheduler config as data."""
+    obj = copy.deepcopy(obj)
+    obj["metadata"].pop("labels", None)
+    if obj["kind"] == "Deployment":
+        obj["spec"].pop("selector")
+        obj["spec"]["template"]["metadata"].pop("labels")
+    if obj["kind"] == "ConfigMap":
+        obj["data"] = {k: yaml.safe_load(v) for k, v in obj["data"].items()}
+    return (obj["kind"], obj["metadata"]["name"]), obj
+
+
+def test_the_charts_extender_renders_what_deploy_extender_renders() -> None:
+    pytest.importorskip("helm_python", reason="the Helm SDK comes with the dev group")
+    from tests.test_helm import chart_objects
+
+    chart = [
+        o
+        for o in chart_objects({"extender": {"enabled": True}})
+        if "extender" in o["metadata"]["name"] or o["metadata"]["name"] == "devplug-scheduler"
+    ]
+    helm_side = dict(without_labels(o) for o in chart)
+    kustomize_side = dict(without_labels(o) for o in render("extender"))
+    assert sorted(helm_side) == sorted(kustomize_side)
+    for key, expected in kustomize_side.items():
+        assert helm_side[key] == expected, key
+    changed = chart_objects({"extender": {"enabled": True, "policy": "bestfit", "port": 9000}})
+    [deployment] = [o for o in changed if o["kind"] == "Deployment"]
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    args = build_parser().parse_args(containers["extender"]["args"])
+    assert (args.policy, args.port) == ("bestfit", 9000)
+    assert not [o for o in chart_objects({}) if "extender" in o["metadata"]["name"]]
