@@ -115,7 +115,7 @@ def test_the_real_scheduler_with_the_extender_gives_each_container_the_gpu_it_ch
 
             def run(name: str, replicas: int) -> str:
                 """The pod's GPU: the extender's choice, which its container sees."""
-                core.create_namespaced_pod(ns, share_pod(real_node, name, ns, replicas))
+                real_node.create(share_pod(real_node, name, ns, replicas))
                 pod = real_node.wait_pod(ns, name, pod_ready, timeout=WAIT_S)
                 chosen = str(pod["metadata"]["annotations"][ASSIGNED])
                 assert visible(real_node, ns, name) == chosen
@@ -134,7 +134,7 @@ def test_the_real_scheduler_with_the_extender_gives_each_container_the_gpu_it_ch
                 # Restarted: 200 free on GPU 0, 600 on GPU 1. An extender that forgot
                 # would see two empty GPUs and take the first.
                 assert run("d-600", 6) == gpu1
-                core.create_namespaced_pod(ns, share_pod(real_node, "e-700", ns, 7))
+                real_node.create(share_pod(real_node, "e-700", ns, 7))
 
                 def refused(pod: dict[str, Any]) -> bool:
                     conditions = (pod.get("status") or {}).get("conditions") or []
