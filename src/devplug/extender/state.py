@@ -7,6 +7,7 @@ Pure: Node and Pod objects (the API's JSON) in, devplug.placement nodes out.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -125,16 +126,24 @@ def asks_shares(pod: Mapping[str, Any], resources: Iterable[str]) -> bool:
     return any(needs.get(r, 0) for r in resources)
 
 
+@functools.lru_cache(maxsize=8192)
+def _inventory(text: str, name: str) -> Inventory | str:
+    """A node's inventory read once per text (every call reads every Node again)."""
+    try:
+        return decode(text, f"node {name}: {INVENTORY}")
+    except InventoryError as error:
+        return str(error)
+
+
 def node_view(obj: Mapping[str, Any]) -> NodeView | str:
     """A Node object as the extender sees it, or why it cannot be used."""
     name = str(_meta(obj).get("name", ""))
     text = _annotations(obj).get(INVENTORY)
     if text is None:
         return f"node {name} publishes no GPU inventory ({INVENTORY})"
-    try:
-        inventory = decode(text, f"node {name}: {INVENTORY}")
-    except InventoryError as error:
-        return str(error)
+    inventory = _inventory(text, name)
+    if isinstance(inventory, str):
+        return inventory
     allocatable = (obj.get("status") or {}).get("allocatable") or {}
     try:
         cpu = _amount(allocatable.get("cpu", 0), 1000, f"node {name}: allocatable.cpu")
