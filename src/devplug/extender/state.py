@@ -109,10 +109,13 @@ def pod_needs(pod: Mapping[str, Any]) -> dict[str, int]:
     return pod_requests(containers, inits)
 
 
-def pod_demand(pod: Mapping[str, Any], inventory: Inventory) -> Demand:
+def pod_demand(
+    pod: Mapping[str, Any], inventory: Inventory, needs: Mapping[str, int] | None = None
+) -> Demand:
     """What the pod asks of a node publishing `inventory`: its shares as milli-GPUs,
-    its CPU and memory, the GPU models it accepts (annotation MODELS)."""
-    needs = pod_needs(pod)
+    its CPU and memory, the GPU models it accepts (annotation MODELS); `needs`: the
+    pod's `pod_needs`, when already known."""
+    needs = pod_needs(pod) if needs is None else needs
     models = frozenset(m.strip() for m in _annotations(pod).get(MODELS, "").split(",") if m.strip())
     milli = inventory.milli_of(needs.get(inventory.resource, 0))
     try:
@@ -135,6 +138,18 @@ def _inventory(text: str, name: str) -> Inventory | str:
         return str(error)
 
 
+@functools.lru_cache(maxsize=8192)
+def _sizes(cpu: str, memory: str, name: str) -> tuple[int, int] | str:
+    """A node's allocatable CPU (millicores) and memory (MiB), parsed once per value."""
+    try:
+        return (
+            _amount(cpu, 1000, f"node {name}: allocatable.cpu"),
+            math.ceil(_amount(memory, 1, f"node {name}: allocatable.memory") / MIB),
+        )
+    except PodError as error:
+        return str(error)
+
+
 def node_view(obj: Mapping[str, Any]) -> NodeView | str:
     """A Node object as the extender sees it, or why it cannot be used."""
     name = str(_meta(obj).get("name", ""))
@@ -145,11 +160,10 @@ def node_view(obj: Mapping[str, Any]) -> NodeView | str:
     if isinstance(inventory, str):
         return inventory
     allocatable = (obj.get("status") or {}).get("allocatable") or {}
-    try:
-        cpu = _amount(allocatable.get("cpu", 0), 1000, f"node {name}: allocatable.cpu")
-        memory = math.ceil(_amount(allocatable.get("memory", 0), 1, "allocatable.memory") / MIB)
-    except PodError as error:
-        return str(error)
+    sizes = _sizes(str(allocatable.get("cpu", 0)), str(allocatable.get("memory", 0)), name)
+    if isinstance(sizes, str):
+        return sizes
+    cpu, memory = sizes
     free = [g.milli if g.healthy and not g.mig else 0 for g in inventory.gpus]
     model = inventory.gpus[0].model if inventory.gpus else ""
     return NodeView(name, inventory, Node(name, cpu, memory, model, free))

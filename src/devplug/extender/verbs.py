@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from devplug.extender.state import Cluster, NodeView, PodError, build, pod_demand
+from devplug.extender.state import Cluster, NodeView, PodError, build, pod_demand, pod_needs
 from devplug.placement import POLICY_NAMES, Demand, TargetWorkload, make_policy
 from devplug.placement.inventory import ASSIGNED, ids, join
 from devplug.placement.policies import Policy
@@ -126,15 +126,25 @@ class Extender:
         fits: dict[str, tuple[NodeView, Demand]] = {}
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
+        try:
+            needs = pod_needs(pod)
+        except PodError as error:
+            raise BadRequest(str(error)) from None
+        demands: dict[tuple[str, int], Demand | str] = {}  # per resource and unit
         for name in names:
             view = cluster.nodes.get(name)
             if view is None:
                 unresolvable[name] = cluster.problems.get(name, f"node {name} is not known")
                 continue
-            try:
-                demand = pod_demand(pod, view.inventory)
-            except PodError as error:
-                unresolvable[name] = str(error)
+            key = (view.inventory.resource, view.inventory.unit)
+            if key not in demands:
+                try:
+                    demands[key] = pod_demand(pod, view.inventory, needs)
+                except PodError as error:
+                    demands[key] = str(error)
+            demand = demands[key]
+            if isinstance(demand, str):
+                unresolvable[name] = demand
                 continue
             stage = view.node.stage(demand)
             if stage == 0:
