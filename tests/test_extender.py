@@ -379,3 +379,26 @@ def test_the_command_refuses_a_bad_listen_address_and_an_unknown_policy_in_one_l
         assert said in done.stderr
         assert "Traceback" not in done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_unhealthy_or_mig_gpu_offers_nothing_and_node_names_are_served_too() -> None:
+    sick = Inventory(
+        RESOURCE,
+        1,
+        (
+            Gpu("GPU-s0", "A100", healthy=False),
+            Gpu("GPU-s1", "A100", mig=("3g.20gb",)),
+            Gpu("GPU-s2", "A100"),
+        ),
+    )
+    objects = Objects([node_object("s", sick)], [pod_object("new", 500)])
+    assert build(objects.nodes(), []).nodes["s"].node.gpu_free == [0, 0, 1000]
+    extender = Extender(objects, "bestfit")
+    result = extender.filter({"Pod": objects.pod("", "new"), "NodeNames": ["s", "gone"]})
+    assert result["NodeNames"] == ["s"]
+    assert result["Nodes"] is None
+    assert result["FailedAndUnresolvableNodes"] == {"gone": "node gone is not known"}
+    assert extender.bind(
+        {"PodName": "new", "PodNamespace": "ns", "PodUID": "uid-new", "Node": "s"}
+    ) == {"Error": ""}
+    assert objects.pod("", "new")["metadata"]["annotations"][ASSIGNED] == "GPU-s2"
