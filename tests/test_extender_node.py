@@ -174,3 +174,36 @@ def test_shares_for_the_extender_are_divisors_of_a_gpu_said_in_one_line(
     assert "\n" not in str(caught.value)
     good = {"resources": [{"nvidia": {"replicaPolicy": "extender", "replicas": 1000}}]}
     assert parse_config(yaml.safe_dump(good), "c.yaml").resources[0].nvidia is not None
+
+
+def test_shares_without_an_api_server_to_publish_to_refuse_to_start(short_tmp: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    host = FakeGpuHost(short_tmp / "gpus", two_linked_gpus())
+    path = short_tmp / "config.yaml"
+    path.write_text(config(host))
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devplug.cli.main",
+            "serve",
+            "--config",
+            str(path),
+            "--plugin-dir",
+            str(short_tmp / "dp"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env | host.env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("devplug serve: replicaPolicy extender: no kubeconfig")
