@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -402,3 +403,27 @@ def test_an_unhealthy_or_mig_gpu_offers_nothing_and_node_names_are_served_too() 
         {"PodName": "new", "PodNamespace": "ns", "PodUID": "uid-new", "Node": "s"}
     ) == {"Error": ""}
     assert objects.pod("", "new")["metadata"]["annotations"][ASSIGNED] == "GPU-s2"
+
+
+def test_an_api_server_away_is_503_for_filter_and_an_error_for_bind_in_one_line(
+    short_tmp: Path,
+) -> None:
+    from api_servers import closed_port, write_kubeconfig
+
+    from devplug.extender.kubeapi import KubeApi
+
+    kubeconfig = write_kubeconfig(short_tmp / "kc", f"https://127.0.0.1:{closed_port()}")
+    server = ExtenderServer(("127.0.0.1", 0), Extender(KubeApi(str(kubeconfig)), "fgd"))
+    server.start()
+    try:
+        status, text = post(server.url, "filter", {"Pod": {}, "NodeNames": ["a"]})
+        assert status == 503
+        assert text == "/filter: the API server cannot be reached (connection refused)\n"
+        bind = {"PodName": "p", "PodNamespace": "n", "PodUID": "u", "Node": "a"}
+        assert post(server.url, "bind", bind) == (
+            200,
+            {"Error": "the API server cannot be reached (connection refused)"},
+        )
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -24,16 +24,10 @@ MAX_BODY = 64 * 1024 * 1024  # a NodeList of thousands of nodes fits
 
 
 def api_problem(error: Exception) -> str:
-    """What the API server said (its Status message), or the error in one line."""
-    status = getattr(error, "status", None)
-    if status:
-        try:
-            message = json.loads(getattr(error, "body", "") or "{}").get("message")
-        except ValueError:
-            message = None
-        return f"the API server answered {status}: {message or getattr(error, 'reason', '')}"
-    said = str(error).strip().splitlines()
-    return f"the API server cannot be reached: {said[0] if said else type(error).__name__}"
+    """The API server's failure in one line (devplug.apiserver.failures)."""
+    from devplug.apiserver.failures import say
+
+    return say(error)
 
 
 class _Handler(BaseHTTPRequestHandler):
