@@ -21,8 +21,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/devplug demo
 
+# Three workers on any machine: the tests wait on processes, sockets and API servers as
+# much as they compute, so even 2 cores keep three busy. The real node's tests share its
+# one cluster, on one worker (--dist loadgroup; tests/conftest.py groups them).
+TEST_WORKERS ?= 3
+
 test: lint image-deps node-deps browser-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench tools

@@ -16,7 +16,7 @@ import grpc
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.channel import FAST_RECONNECT
+from devplug.ground.channel import FAST_RECONNECT
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:

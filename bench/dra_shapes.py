@@ -26,9 +26,9 @@ from common import percentiles, rss_mib, serve_command
 
 from devplug.api.dra.v1 import api_pb2 as dra
 from devplug.api.dra.v1 import api_pb2_grpc as dra_grpc
-from devplug.framework.channel import FAST_RECONNECT
+from devplug.fakes.gpus import FakeGpuHost, gpu
+from devplug.ground.channel import FAST_RECONNECT
 from devplug.testing.controlplane import watch_until
-from devplug.testing.fakegpus import FakeGpuHost, gpu
 
 NODE = "bench-shapes"
 MIG_DRIVER = "mig.bench.devplug.io"

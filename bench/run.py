@@ -36,6 +36,8 @@ from dra import bench_dra
 from extender import bench_extender
 from extender import summary as extender_summary
 from fleet import bench_fleet
+from floor import bench_floor
+from floor import summary as floor_summary
 from gdp import bench_gdp
 from nvidia import bench_nvidia
 from placement import bench_placement
@@ -209,6 +211,7 @@ def main() -> int:
 
         report["startup"] = bench_startup(root)
         report["gdp"] = bench_gdp(root)
+        report["floor"] = bench_floor(root)
     report["deploy"] = bench_deploy()
     report["nvidia"] = bench_nvidia()
     report["placement"] = bench_placement()
@@ -302,6 +305,8 @@ def summary(report: dict[str, Any]) -> str:
             f"{ours['allocate']['p50_ms']} vs {theirs['allocate']['p50_ms']} ms, rss "
             f"{ours['rss_mib']['after_allocate']} vs {theirs['rss_mib']['after_allocate']} MiB"
         )
+    if "floor" in report:
+        parts.append(floor_summary(report["floor"]))
     if "placement" in report:
         parts.append(placement_summary(report["placement"]))
     if "extender" in report:

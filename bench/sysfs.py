@@ -11,7 +11,7 @@ from typing import Any
 from common import daemon, percentiles, stub_for, wait_for_health
 
 from devplug.api.v1beta1 import api_pb2 as pb
-from devplug.testing.sysfs import FakeSysfs, Node, UsbInterface
+from devplug.fakes.sysfs import FakeSysfs, Node, UsbInterface
 
 ROUNDS = 10
 

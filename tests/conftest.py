@@ -1,5 +1,7 @@
 """Shared fixtures: a short temp folder, and the real one-node cluster (`real_node`,
-`real_node_image`) that every real-node test of a run shares."""
+`real_node_image`) that every real-node test of a run shares; each test marked with the
+tier of its folder (unit, process, controlplane, realnode, image), and every test of the
+real node kept on one worker when the run is parallel (pytest-xdist, `--dist loadgroup`)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,23 @@ def short_tmp() -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+TIERS = ("unit", "process", "controlplane", "realnode", "image")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tier marker from the folder (`pytest -m unit` runs the pure tier alone), and
+    one xdist group for the tests of the real node and of the image: the cluster is one
+    per machine, so the worker that starts it runs all of them."""
+    for item in items:
+        tier = item.path.parent.name
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+        # The image's build folder is one too: the image tier builds where the real node's
+        # tests import from.
+        if tier == "image" or "real_node" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("realnode"))
 
 
 def _node_lock(config: pytest.Config) -> MachineLock:

@@ -1,7 +1,7 @@
 """Fault scenarios: the real `devplug serve` process against the kubelet simulator.
 
 Each scenario takes an iteration count and returns an `Outcome` (failures, leaks,
-wall time); tests/test_faults.py runs short versions and asserts a clean outcome,
+wall time); tests/process/test_faults.py runs short versions and asserts a clean outcome,
 tests/soak.py (`make soak`) long ones and prints the table. Nothing waits for a
 fixed time: every wait is for an event (a registration, a device list, a file, a
 log line), and the "random moments" of the faults are chosen by counting events.
@@ -32,14 +32,14 @@ from asyncinotify import Inotify, Mask
 from devplug.api.constants import HEALTHY, KUBELET_SOCKET
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.channel import unix_channel
 from devplug.framework.debug import DEBUG_STATE_ENV
 from devplug.framework.plugin import default_socket_name
-from devplug.framework.unixserver import UnixServer
+from devplug.ground.channel import unix_channel
+from devplug.ground.process import ChildProcess
+from devplug.ground.unixserver import UnixServer
 from devplug.simulator import Kubelet
 from devplug.simulator.results import REASON_UNEXPECTED_ADMISSION
 from devplug.testing import pod_manifest
-from devplug.testing.process import ChildProcess
 
 VIRT = "fault.devplug.io/virt"
 NODE = "fault.devplug.io/node"
@@ -1044,7 +1044,7 @@ SCENARIOS: dict[str, Callable[[Path, int], Any]] = {
 
 
 def table(outcomes: Sequence[Outcome]) -> str:
-    from devplug.tables import table as text_table
+    from devplug.ground.tables import table as text_table
 
     rows = [
         [

@@ -12,7 +12,7 @@ from typing import Any
 
 import jsonschema
 
-from devplug.testing.sysfs import FakeSysfs, Node, UsbInterface
+from devplug.fakes.sysfs import FakeSysfs, Node, UsbInterface
 
 SCHEMA = json.loads((Path(__file__).parent / "cdi_schema.json").read_text())
 TIMEOUT_S = 10.0

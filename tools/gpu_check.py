@@ -154,9 +154,9 @@ def fake_host(args: argparse.Namespace, root: Path) -> Iterator[tuple[dict[str, 
     if not args.fake:
         yield {}, "/"
         return
-    from devplug.testing.fakegpus import FakeGpuHost, eight_gpus, gpu
-    from devplug.testing.fakemps import script as mps_script
-    from devplug.testing.fakesmi import script as smi_script
+    from devplug.fakes.gpus import FakeGpuHost, eight_gpus, gpu
+    from devplug.fakes.mps import script as mps_script
+    from devplug.fakes.smi import script as smi_script
 
     description = eight_gpus()
     # GPU 7 in MIG mode: its names are compared with the published profile table.

@@ -26,7 +26,7 @@ import yaml
 
 from devplug.api.dra.v1 import api_pb2 as dra
 from devplug.api.dra.v1 import api_pb2_grpc as dra_grpc
-from devplug.framework.channel import FAST_RECONNECT
+from devplug.ground.channel import FAST_RECONNECT
 
 DRIVER = "mig.check.devplug.io"
 NODE = "mig-check"
@@ -41,7 +41,7 @@ def main() -> int:
         nvidia: dict[str, object] = {}
         env: dict[str, str] = {}
         if args.fake:
-            from devplug.testing.fakegpus import FakeGpuHost, gpu
+            from devplug.fakes.gpus import FakeGpuHost, gpu
 
             description = {
                 "driver": {"loaded": True},

@@ -55,7 +55,7 @@ class Target:
     def ssl_context(self) -> ssl.SSLContext:
         """A client TLS context for aiohttp (ValueError of one line when the files of
         the kubeconfig cannot be loaded)."""
-        from devplug.lazy import allow_ssl
+        from devplug.ground.lazy import allow_ssl
 
         allow_ssl()
         import ssl
@@ -136,8 +136,8 @@ class _File:
 
 def _read(path: str) -> _File:
     """One kubeconfig file, read within devplug's input limits (size, nesting, YAML
-    aliases: devplug.inputs)."""
-    from devplug import inputs
+    aliases: devplug.ground.inputs)."""
+    from devplug.ground import inputs
 
     try:
         data = inputs.load_yaml(inputs.read_text(path, what="the kubeconfig"), path)

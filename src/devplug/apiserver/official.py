@@ -23,10 +23,10 @@ def need_client() -> None:
     """MissingExtra naming the extra when the `kubernetes` package is not installed
     (checked before the kubeconfig is read: the missing package is the first thing to
     fix)."""
-    from devplug.lazy import allow_ssl
+    from devplug.ground.lazy import allow_ssl
 
     allow_ssl()  # `devplug serve` keeps ssl out until a resource needs the API server
-    from devplug.extras import require
+    from devplug.ground.extras import require
 
     require("kubernetes", "dra", "the Kubernetes API (DRA, --kubeconfig)")
 

@@ -215,7 +215,7 @@ def _slices_lines(resource: dict[str, Any]) -> list[str]:
 
 
 def _text(config: str, report: list[dict[str, Any]]) -> str:
-    from devplug.tables import table
+    from devplug.ground.tables import table
 
     lines = [f"{config}: valid, {len(report)} resource(s)"]
     for resource in report:

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(cluster, pods, args))
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through its path before the loop ran
-        from devplug.framework.signals import received
+        from devplug.ground.signals import received
 
         if received() == signal.SIGTERM:
             return style.fail(args, "terminated", EXIT_TERMINATED)

@@ -125,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
         return fleet
     if args.action == "check":
         return _check(fleet, args.output)
-    from devplug.extras import MissingExtra
     from devplug.fleet.kube import FAILURES, KubeApi, explain, patience
+    from devplug.ground.extras import MissingExtra
 
     try:
         api = KubeApi.from_kubeconfig(args.kubeconfig, args.context, concurrency=args.concurrency)
@@ -205,7 +205,7 @@ def _rss_mib() -> float:
 
 async def _up(api: Any, fleet: Fleet, args: argparse.Namespace) -> int:
     """Run the fleet until SIGINT or SIGTERM."""
-    from devplug.framework.signals import stop_on_signals
+    from devplug.ground.signals import stop_on_signals
 
     with stop_on_signals() as stop:
         return await _run_up(api, fleet, args, stop)

@@ -124,7 +124,7 @@ def _source_report(primary: NvidiaPlugin, plugins: list[NvidiaPlugin]) -> dict[s
 
 
 def _text(report: dict[str, Any]) -> str:
-    from devplug.tables import table
+    from devplug.ground.tables import table
 
     nvml = report["nvml"]
     lines = [f"{report['resource']}:"]

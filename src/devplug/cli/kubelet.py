@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     waits: list[tuple[str, int | None]] = args.wait_for
     import asyncio
 
-    from devplug.extras import MissingExtra
+    from devplug.ground.extras import MissingExtra
 
     try:
         return asyncio.run(_serve(args, manifests, waits))
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
 def read_pods(names: list[str]) -> tuple[str, list[list[Any]]]:
     """('', the pod documents of each `-f` file), or (the problem, []): a file that cannot
     be read, is no YAML, holds something other than pods, or no pod at all."""
-    from devplug.inputs import InputError
+    from devplug.ground.inputs import InputError
     from devplug.simulator import ManifestError
     from devplug.simulator.pods import load_documents, parse_pods
 
@@ -186,7 +186,7 @@ def _node_slices(api: Any, node: str | None) -> Any:
 async def _serve(
     args: argparse.Namespace, manifests: list[list[Any]], waits: list[tuple[str, int | None]]
 ) -> int:
-    from devplug.framework.signals import stop_on_signals
+    from devplug.ground.signals import stop_on_signals
     from devplug.simulator import Kubelet, PodResult
     from devplug.simulator.report import pod_records, results_text
 
@@ -208,7 +208,7 @@ async def _serve(
         claims=claims,
         node_slices=_node_slices(api, args.node_name),
     )
-    from devplug.framework.unixserver import socket_path_problem
+    from devplug.ground.unixserver import socket_path_problem
 
     for path in kubelet.sockets():  # said up front, before anything is made
         if problem := socket_path_problem(path):

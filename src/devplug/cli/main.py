@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _command(argv) == "serve":
         # First of all: SIGHUP asks a running daemon to reload, it must never end one
         # that is still starting.
-        from devplug.framework.signals import hold_reload_signal
+        from devplug.ground.signals import hold_reload_signal
 
         hold_reload_signal()
     # gRPC's core logs (absl) bypass Python logging and would break the log format;
@@ -138,18 +138,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _command(argv) in WITHOUT_TLS and not any(
         w.partition("=")[0] in NEEDS_SSL_OPTIONS for w in words
     ):
-        from devplug.lazy import block_ssl
+        from devplug.ground.lazy import block_ssl
 
         block_ssl()
     # `serve` builds its own parser only: it is on the path of a node's reboot, where
     # every millisecond before registration can fail a pod's admission.
     args = build_parser(only="serve" if _command(argv) == "serve" else None).parse_args(argv)
-    from devplug.framework import signals
-    from devplug.logs import setup_logging
+    from devplug.ground import signals
+    from devplug.ground.logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)
     signals.terminate_like_interrupt()
-    from devplug.extras import MissingExtra
+    from devplug.ground.extras import MissingExtra
 
     try:
         code: int = args._module.run(args)

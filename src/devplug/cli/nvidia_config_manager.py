@@ -133,7 +133,7 @@ def follow(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from devplug.logs import setup_logging
+    from devplug.ground.logs import setup_logging
 
     setup_logging("info", "text")
     try:

@@ -185,13 +185,13 @@ def run(args: argparse.Namespace) -> int:
     except (WorkloadError, KnobError) as error:
         return _fail(str(error))
     if args.html:
-        from devplug.extras import require
+        from devplug.ground.extras import require
 
         require("plotly", "report", "--html")
     api: Any = None
     if args.kubeconfig or args.context:
-        from devplug.extras import MissingExtra
         from devplug.fleet.kube import KubeApi
+        from devplug.ground.extras import MissingExtra
 
         try:
             api = KubeApi.from_kubeconfig(args.kubeconfig, args.context)

@@ -202,10 +202,9 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
 
 
 def node_name(args: argparse.Namespace) -> str:
-    import os
-    import socket
+    from devplug.framework.names import this_node
 
-    name: str = args.node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+    name: str = args.node_name or this_node()
     return name
 
 
@@ -280,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
     device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
     services = list(services)
     if any(serves_dra(p.spec.mode) for p in plugins):
-        from devplug.extras import MissingExtra
+        from devplug.ground.extras import MissingExtra
 
         try:
             services.append(_dra_service(args, plugins))
@@ -290,8 +289,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"devplug serve: DRA: {e}", file=sys.stderr)
             return style.EXIT_USAGE
     if config.node_events:
-        from devplug.extras import MissingExtra
         from devplug.framework.nodeevents import NodeEvents
+        from devplug.ground.extras import MissingExtra
 
         try:
             services.append(NodeEvents(node_name(args), args.kubeconfig))
@@ -325,8 +324,8 @@ def run(args: argparse.Namespace) -> int:
 
     followers = config_followers(services, feature_file=args.feature_file)
     services += reload_and_metrics(args, config, build_device_plugins, text, followers)
-    from devplug.extras import MissingExtra
     from devplug.framework.daemon import ServiceFailed
+    from devplug.ground.extras import MissingExtra
 
     try:
         services += _debug_services()
@@ -344,14 +343,14 @@ def _use_gdp_settings(args: argparse.Namespace, gdp: GdpSettings) -> None:
     --log-level says otherwise), /health and /metrics on its --listen address; its file
     is not reloaded (it never reloads it)."""
     if gdp.log_level is not None and args.log_level == "info":
-        from devplug.logs import setup_logging
+        from devplug.ground.logs import setup_logging
 
         setup_logging(gdp.log_level, args.log_format)
     if gdp.plugin_directory is not None:
         args.plugin_dir = gdp.plugin_directory
     if args.metrics_port is None:
         args.metrics_port, args.metrics_address = gdp.listen_port, gdp.listen_host
-        from devplug.lazy import allow_ssl
+        from devplug.ground.lazy import allow_ssl
 
         allow_ssl()  # prometheus-client imports it
     args.config = None

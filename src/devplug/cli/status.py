@@ -105,7 +105,7 @@ def node_report(pod_resources: Path | str, plugin_dir: Path, timeout: float) -> 
 
 
 def report_text(report: dict[str, Any]) -> str:
-    from devplug.tables import table
+    from devplug.ground.tables import table
 
     lines: list[str] = []
     for resource in report["resources"]:

@@ -1,5 +1,5 @@
 """The one style of every `devplug` sub-command, kept in one place so commands cannot drift
-apart (tests/test_cli_style.py walks every parser and holds them to it).
+apart (tests/unit/test_cli_style.py walks every parser and holds them to it).
 
 A sub-command module uses it like this:
 
@@ -209,9 +209,9 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def read_inputs(names: list[str]) -> list[tuple[str, str]]:
-    """(name, text) of each `-f` file, 'stdin' for '-', bounded (devplug.inputs).
+    """(name, text) of each `-f` file, 'stdin' for '-', bounded (devplug.ground.inputs).
     Raises InputError; `input_problem` words it."""
-    from devplug import inputs
+    from devplug.ground import inputs
 
     return [
         ("stdin" if name == "-" else name, inputs.read_text(name, inputs.LARGE_LIMITS))
@@ -221,7 +221,7 @@ def read_inputs(names: list[str]) -> list[tuple[str, str]]:
 
 def input_problem(name: str, error: Exception) -> str:
     """One line for a file that could not be read."""
-    from devplug.inputs import InputError
+    from devplug.ground.inputs import InputError
 
     if isinstance(error, InputError):
         return str(error)
@@ -247,7 +247,7 @@ def print_result(result: Any, output: str, *, text: Callable[[], str], each: boo
         if shown:
             print(shown, flush=True)
         return
-    from devplug.formats import render
+    from devplug.ground.formats import render
 
     sys.stdout.write("".join(render(item, output) for item in (result if each else [result])))
     sys.stdout.flush()
@@ -365,7 +365,7 @@ class PathType(OptionType):
         if self.kind == "socket":
             from pathlib import Path
 
-            from devplug.framework.unixserver import socket_path_problem
+            from devplug.ground.unixserver import socket_path_problem
 
             if problem := socket_path_problem(Path(text)):
                 raise argparse.ArgumentTypeError(problem)

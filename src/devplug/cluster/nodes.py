@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from devplug.ground.process import ChildProcess
 from devplug.simulator import Kubelet, ResourceStatus
-from devplug.testing.process import ChildProcess
 
 log = logging.getLogger("devplug.cluster")
 

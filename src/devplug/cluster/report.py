@@ -8,9 +8,9 @@ from typing import Any
 import msgspec
 
 from devplug.cluster.cluster import ADMITTED, REJECTED, UNSCHEDULABLE, NodeSummary, Placement
+from devplug.ground.tables import table
 from devplug.simulator.report import container_record, results_text
 from devplug.simulator.results import PodResult
-from devplug.tables import table
 
 
 def _why(placement: Placement) -> str:

@@ -14,23 +14,12 @@ A pod that fits no node gets the scheduler's message, a histogram of the reasons
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from devplug.kube.requests import pod_requests
+from devplug.kube.fiterror import fit_error as fit_error
 from devplug.kube.scoring import least_allocated_score as node_score
-from devplug.simulator.pods import PodSpec
-
-
-def effective_requests(pod: PodSpec) -> dict[str, int]:
-    """The pod's extended resource requests as the scheduler computes them (the
-    `PodRequests` helper: devplug.kube.requests)."""
-    requests = pod_requests(
-        (c.devices for c in pod.containers),
-        ((c.devices, c.restartable) for c in pod.init_containers),
-    )
-    return {name: count for name, count in sorted(requests.items()) if count > 0}
+from devplug.simulator.pods import effective_requests as effective_requests
 
 
 @dataclass
@@ -63,16 +52,6 @@ def least_allocated_score(requests: Mapping[str, int], node: NodeState) -> int:
     """0-100, higher for a node left emptier by the pod, averaged over its resources
     (integer arithmetic, as the scheduler's)."""
     return node_score(requests, node.allocatable, node.requested)
-
-
-def fit_error(total_nodes: int, unfit: Mapping[str, Sequence[str]]) -> str:
-    """The scheduler's FitError message for a pod no node fits."""
-    histogram = collections.Counter(reason for reasons in unfit.values() for reason in reasons)
-    parts = sorted(f"{count} {reason}" for reason, count in histogram.items())
-    message = f"0/{total_nodes} nodes are available:"
-    if parts:
-        message += " " + ", ".join(parts) + "."
-    return message
 
 
 @dataclass(frozen=True)

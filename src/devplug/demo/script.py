@@ -590,7 +590,7 @@ def run_demo(
         with _logs_to(workdir / "kubelet.log", log_level):
             code = asyncio.run(_main(view, workdir, plugin_command, log_level, began))
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through its path, before the loop ran
-        from devplug.framework.signals import received
+        from devplug.ground.signals import received
 
         stopped = received() or signal.SIGINT
         view.emit({"event": "interrupted", "signal": stopped.name})

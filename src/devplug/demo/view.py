@@ -15,8 +15,8 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
-from devplug.formats import MACHINE_FORMATS, render
-from devplug.tables import table
+from devplug.ground.formats import MACHINE_FORMATS, render
+from devplug.ground.tables import table
 
 Event = Mapping[str, Any]
 

@@ -10,20 +10,17 @@ built; nothing polls NVML afterwards (the fleet's devices stay healthy).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import msgspec
-import yaml
 
-from devplug.fleet.spec import GpuHostSpec, Pool
+from devplug.fleet.spec import GpuHostSpec, Pool, gpu_description
 from devplug.framework.device import Attribute
-from devplug.framework.dra.driver import Driver
+from devplug.framework.dra.driver import DriverBinding
 from devplug.sources import SourcePlugin, build_plugins
 from devplug.sources.config import Config
 from devplug.sources.draconfig import plugin_driver_name, serves_device_plugin, serves_dra
@@ -41,7 +38,7 @@ class PoolHardware:
     # Served through the device plugin API (counted in the Node's capacity).
     device_plugins: list[SourcePlugin] = field(default_factory=list)
     # Served through DRA (published in ResourceSlices, prepared per claim).
-    drivers: list[Driver] = field(default_factory=list)
+    drivers: list[DriverBinding] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
 
     def capacity(self) -> dict[str, int]:
@@ -55,39 +52,11 @@ class PoolHardware:
         }
 
 
-def gpu_description(spec: GpuHostSpec) -> dict[str, Any]:
-    """The fake NVML description of a pool's GPUs (KeyError for an unknown model or
-    MIG profile, ValueError for MIG instances that do not fit the GPU)."""
-    from devplug.testing.fakegpus import fake_host
-
-    if spec.description is not None:
-        from devplug import inputs
-
-        text = inputs.read_text(spec.description, what="the GPU description")
-        try:
-            loaded: dict[str, Any] = json.loads(text)
-        except RecursionError:
-            raise inputs.InputError(spec.description, "nested too deep to read") from None
-        except ValueError as error:
-            problem = f"invalid JSON: {' '.join(str(error).split())}"
-            raise inputs.InputError(spec.description, problem) from None
-        return loaded
-    per_numa = -(-spec.count // spec.numa_nodes)
-    group: dict[str, Any] = {
-        "model": spec.model,
-        "count": spec.count,
-        "numa": [i // per_numa for i in range(spec.count)],
-    }
-    if spec.mig:
-        group["mig"] = spec.mig
-    return fake_host(yaml.safe_dump({"gpus": [group], "nvlink": spec.nvlink}))
-
-
 @contextlib.contextmanager
 def _fake_nvml(folder: Path, spec: GpuHostSpec) -> Iterator[str]:
     """Point NVML at the pool's fake host while its plugins are built; yields the
     host root (its /dev and /sys) for the config's `hostRoot`."""
-    from devplug.testing.fakegpus import FakeGpuHost
+    from devplug.fakes.gpus import FakeGpuHost
 
     host = FakeGpuHost(folder, gpu_description(spec))
     saved = {key: os.environ.get(key) for key in _NVML_ENV}
@@ -131,11 +100,11 @@ def build_pool(pool: Pool, folder: Path) -> PoolHardware:
     return hardware
 
 
-def config_driver(plugin: SourcePlugin) -> Driver:
+def config_driver(plugin: SourcePlugin) -> DriverBinding:
     """The DRA driver of a config-built plugin, named and described as its config says."""
     dra = plugin.spec.dra
     attributes: dict[str, Attribute] = dict(dra.attributes) if dra else {}
-    return Driver(
+    return DriverBinding(
         plugin,
         plugin_driver_name(plugin.resource_name, plugin.spec.name, dra),
         attributes,

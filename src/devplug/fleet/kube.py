@@ -93,7 +93,7 @@ class KubeApi:
         """ValueError with a one-line reason when the kubeconfig cannot be used;
         MissingExtra naming the `fleet` extra when its client libraries are not there."""
         from devplug.apiserver.kubeconfig import load
-        from devplug.extras import require
+        from devplug.ground.extras import require
 
         for module in ("kubernetes", "aiohttp"):
             require(module, "fleet", "a fleet on an API server (fleet up/down, plan --kubeconfig)")

@@ -11,10 +11,9 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from devplug.cluster.scheduler import effective_requests
 from devplug.kube.quantity import QuantityError, parse_quantity
 from devplug.kube.requests import pod_requests as kube_pod_requests
-from devplug.simulator.pods import InvalidPod, PodSpec, parse_pod
+from devplug.simulator.pods import InvalidPod, PodSpec, effective_requests, parse_pod
 
 NATIVE = ("cpu", "memory")
 

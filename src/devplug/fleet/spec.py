@@ -10,6 +10,7 @@ A bad file gives one line naming the file, the pool and the field:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -19,17 +20,18 @@ from typing import Any, Literal, NoReturn
 import msgspec
 import yaml
 
-from devplug import inputs
+from devplug.ground import inputs
+from devplug.kube.names import (
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_value,
+    is_qualified_name_part,
+)
 from devplug.kube.quantity import QuantityError, parse_quantity
 from devplug.simulator.topology import MAX_NUMA_NODES, POLICIES
 from devplug.sources.config import Config, ConfigError, convert, parse_config
 
 MAX_NODES = 20_000
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 
 
@@ -139,7 +141,7 @@ def parse_fleet(text: str, source: str = "<fleet>", folder: Path | None = None) 
         raise ConfigError(f"{source}: {field}: {problem}")
 
     name = spec.name if spec.name is not None else _stem_name(source)
-    if len(name) > 63 or not _DNS1123_LABEL.match(name):
+    if not is_dns_label(name):
         fail("name", f"{name!r} is not a DNS label (lower case letters, digits, '-')")
     if not spec.pools:
         fail("pools", "expected at least one pool")
@@ -183,14 +185,14 @@ def _stem_name(source: str) -> str:
 def _check_pool(
     pool: PoolSpec, where: str, base: Path, source: str, fail: Callable[[str, str], NoReturn]
 ) -> Pool:
-    if len(pool.name) > 63 or not _DNS1123_LABEL.match(pool.name):
+    if not is_dns_label(pool.name):
         fail(f"{where}.name", f"{pool.name!r} is not a DNS label (lower case letters, digits, '-')")
     if not 1 <= pool.count <= MAX_NODES:
         fail(f"{where}.count", f"expected an integer from 1 to {MAX_NODES}, got {pool.count}")
     prefix = pool.name_prefix if pool.name_prefix is not None else f"{pool.name}-"
     nodes = tuple(f"{prefix}{i}" for i in range(pool.count))
     for node in (nodes[0], nodes[-1]):
-        if len(node) > 253 or not _DNS1123_SUBDOMAIN.match(node):
+        if not is_dns_subdomain(node):
             fail(f"{where}.namePrefix", f"node name {node!r} is not a DNS subdomain")
     for key, value in pool.labels.items():
         if problem := _label_problem(key, value):
@@ -265,8 +267,6 @@ def _check_gpus(
             f"{where}.numaNodes",
             f"expected an integer from 1 to {MAX_NUMA_NODES}, got {gpus.numa_nodes}",
         )
-    from devplug.fleet.hardware import gpu_description
-
     try:
         gpu_description(gpus)
     except KeyError as error:
@@ -279,10 +279,36 @@ def _check_gpus(
 
 def _label_problem(key: str, value: str) -> str | None:
     prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix)):
+    if prefix and not is_dns_subdomain(prefix):
         return f"{key!r}: the prefix must be a DNS subdomain"
-    if not name or len(name) > 63 or not _LABEL_VALUE.match(name):
+    if not is_qualified_name_part(name):
         return f"{key!r}: the name must be 1-63 characters of [A-Za-z0-9-_.]"
-    if len(value) > 63 or not _LABEL_VALUE.match(value):
+    if not is_label_value(value):
         return f"{key}={value!r}: the value must be at most 63 characters of [A-Za-z0-9-_.]"
     return None
+
+
+def gpu_description(spec: GpuHostSpec) -> dict[str, Any]:
+    """The fake NVML description of a pool's GPUs (KeyError for an unknown model or
+    MIG profile, ValueError for MIG instances that do not fit the GPU)."""
+    from devplug.fakes.gpus import fake_host
+
+    if spec.description is not None:
+        text = inputs.read_text(spec.description, what="the GPU description")
+        try:
+            loaded: dict[str, Any] = json.loads(text)
+        except RecursionError:
+            raise inputs.InputError(spec.description, "nested too deep to read") from None
+        except ValueError as error:
+            problem = f"invalid JSON: {' '.join(str(error).split())}"
+            raise inputs.InputError(spec.description, problem) from None
+        return loaded
+    per_numa = -(-spec.count // spec.numa_nodes)
+    group: dict[str, Any] = {
+        "model": spec.model,
+        "count": spec.count,
+        "numa": [i // per_numa for i in range(spec.count)],
+    }
+    if spec.mig:
+        group["mig"] = spec.mig
+    return fake_host(yaml.safe_dump({"gpus": [group], "nvlink": spec.nvlink}))

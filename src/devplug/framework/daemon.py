@@ -8,15 +8,19 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from devplug.api.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET
-from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.endpoint import Endpoint
 from devplug.framework.generation import Generation
 from devplug.framework.plugin import Plugin
-from devplug.framework.signals import stop_on_signals
 from devplug.framework.watchdog import LoopWatchdog
+from devplug.ground.dirwatch import DirWatcher
+from devplug.ground.signals import stop_on_signals
+
+if TYPE_CHECKING:
+    from devplug.framework.dra.driver import DriverBinding
+    from devplug.framework.dra.service import DraSettings
 
 log = logging.getLogger("devplug.daemon")
 
@@ -215,9 +219,17 @@ async def _scan(plugin: Plugin) -> None:
         raise RuntimeError(f"{plugin.resource_name}: scan() returned without publishing devices")
 
 
-def run(*plugins: Plugin, plugin_dir: Path | str = DEVICE_PLUGIN_PATH) -> None:
-    """Serve `plugins` until SIGTERM or SIGINT, then clean up and return."""
-    asyncio.run(serve(plugins, plugin_dir))
+def run(
+    *plugins: Plugin,
+    drivers: Sequence[Plugin | DriverBinding] = (),
+    dra: DraSettings | None = None,
+    plugin_dir: Path | str = DEVICE_PLUGIN_PATH,
+) -> None:
+    """Serve `plugins` as device plugins and `drivers` as DRA drivers until SIGTERM or
+    SIGINT, then clean up and return. One object in both is served both ways and
+    scanned once; `dra` says where the node's DRA folders are (default: the
+    kubelet's, this node's name from $NODE_NAME or the host name)."""
+    asyncio.run(serve(plugins, plugin_dir, drivers=drivers, dra=dra))
 
 
 async def serve(
@@ -225,6 +237,24 @@ async def serve(
     plugin_dir: Path | str = DEVICE_PLUGIN_PATH,
     *,
     services: Sequence[Service] = (),
+    drivers: Sequence[Plugin | DriverBinding] = (),
+    dra: DraSettings | None = None,
 ) -> None:
+    """`run` inside your own event loop (SIGTERM and SIGINT still stop it)."""
+    if drivers:
+        services = [*services, dra_service(drivers, dra)]
     with stop_on_signals() as stop:
         await Daemon(plugins, plugin_dir, services=services).run(stop)
+
+
+def dra_service(
+    drivers: Sequence[Plugin | DriverBinding], dra: DraSettings | None = None
+) -> Service:
+    """The service that serves `drivers` through DRA (the DRA modules are imported
+    only here, when a driver is served)."""
+    from devplug.framework.dra.driver import DriverBinding
+    from devplug.framework.dra.service import DraService, DraSettings
+    from devplug.framework.names import this_node
+
+    bindings = [d if isinstance(d, DriverBinding) else DriverBinding.of(d) for d in drivers]
+    return DraService(bindings, dra if dra is not None else DraSettings(node_name=this_node()))

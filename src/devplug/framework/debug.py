@@ -39,7 +39,7 @@ class DebugState:
     def dump(self) -> None:
         import json  # only when asked: `devplug serve` stays lean
 
-        from devplug.outputs.files import write_atomic
+        from devplug.ground.files import write_atomic
 
         self._seq += 1
         tasks = asyncio.all_tasks()

@@ -184,26 +184,36 @@ class ContainerEdits:
     cdi_devices: list[str] = field(default_factory=list)
 
 
+_EDIT_PARTS = (
+    ("env", dict, str),
+    ("annotations", dict, str),
+    ("mounts", list, Mount),
+    ("nodes", list, DeviceNode),
+    ("cdi_devices", list, str),
+)
+
+
 def edits_problem(edits: object) -> str | None:
     """Why `edits`, as returned by a plugin's allocate hook, cannot go to the kubelet:
-    not ContainerEdits, or parts of the wrong type, or env a container cannot take."""
+    not ContainerEdits, or parts of the wrong type, or env a container cannot take.
+    (On every Allocate: empty parts, the usual case, cost one test each.)"""
     if not isinstance(edits, ContainerEdits):
         return f"returned {type(edits).__name__}, expected ContainerEdits"
-    parts = (
-        ("env", edits.env, dict, str),
-        ("annotations", edits.annotations, dict, str),
-        ("mounts", edits.mounts, list, Mount),
-        ("nodes", edits.nodes, list, DeviceNode),
-        ("cdi_devices", edits.cdi_devices, list, str),
-    )
-    for name, value, kind, item in parts:
+    for name, kind, item in _EDIT_PARTS:
+        value = getattr(edits, name)
         if not isinstance(value, kind):
             want = kind.__name__
             return f"returned ContainerEdits.{name} of {type(value).__name__}, expected {want}"
+        if not value:
+            continue
         every = [*value, *value.values()] if isinstance(value, dict) else value
-        if wrong := next((v for v in every if not isinstance(v, item)), None):
-            want = item.__name__
-            return f"returned ContainerEdits.{name} holding {type(wrong).__name__}, expected {want}"
+        for wrong in every:
+            if not isinstance(wrong, item):
+                want = item.__name__
+                return (
+                    f"returned ContainerEdits.{name} holding {type(wrong).__name__}, "
+                    f"expected {want}"
+                )
     for key, text in edits.env.items():
         if problem := env_problem(key, text):
             return f"returned {problem}"
@@ -224,22 +234,26 @@ def merge_edits(devices: Iterable[Device]) -> ContainerEdits:
     env: dict[str, dict[str, None]] = {}
     annotations: dict[str, dict[str, None]] = {}
     cdi: dict[str, None] = {}
-    for device in devices:
-        for node in device.nodes:
-            nodes.setdefault(node.container_path, node)
-        for mount in device.mounts:
-            mounts.setdefault(mount.container_path, mount)
-        for key, value in device.env.items():
-            _add_value(env, key, value)
-        for key, value in device.annotations.items():
-            _add_value(annotations, key, value)
-        for name in device.cdi_devices:
-            cdi[name] = None
+    for device in devices:  # on every Allocate: a device's empty parts cost one test
+        if device.nodes:
+            for node in device.nodes:
+                nodes.setdefault(node.container_path, node)
+        if device.mounts:
+            for mount in device.mounts:
+                mounts.setdefault(mount.container_path, mount)
+        if device.env:
+            for key, value in device.env.items():
+                _add_value(env, key, value)
+        if device.annotations:
+            for key, value in device.annotations.items():
+                _add_value(annotations, key, value)
+        if device.cdi_devices:
+            cdi.update(dict.fromkeys(device.cdi_devices))
     return ContainerEdits(
-        env={k: ",".join(v) for k, v in env.items()},
+        env={k: ",".join(v) for k, v in env.items()} if env else {},
         mounts=list(mounts.values()),
         nodes=list(nodes.values()),
-        annotations={k: ",".join(v) for k, v in annotations.items()},
+        annotations={k: ",".join(v) for k, v in annotations.items()} if annotations else {},
         cdi_devices=list(cdi),
     )
 

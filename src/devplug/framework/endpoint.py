@@ -22,7 +22,7 @@ from devplug.framework.malformed import add_guarded
 from devplug.framework.plugin import Plugin
 from devplug.framework.registration import NotAnswering, Superseded, register
 from devplug.framework.servicer import DevicePluginServicer
-from devplug.framework.unixserver import (
+from devplug.ground.unixserver import (
     SocketIdentity,
     UnixServer,
     kubelet_socket_ok,

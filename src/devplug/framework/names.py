@@ -6,17 +6,12 @@ refused at registration, and the simulator refuses exactly what the kubelet refu
 
 from __future__ import annotations
 
-import re
-
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
+from devplug.kube.names import is_dns_subdomain, is_qualified_name_part
 
 # Replicas of a device shared by several containers are named '<device>::<k>'.
 REPLICA_SEPARATOR = "::"
 
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
-_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _NATIVE_NAMESPACE = "kubernetes.io/"
 _REQUESTS_PREFIX = "requests."
 
@@ -32,9 +27,9 @@ def resource_name_problem(name: str) -> str | None:
     prefix, _, short = (_REQUESTS_PREFIX + name).partition("/")
     if "/" in short:
         return f"{name!r} has more than one '/'"
-    if len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
+    if not is_dns_subdomain(prefix):
         return f"{name!r}: the domain must be a lower-case DNS subdomain"
-    if len(short) > 63 or not _QUALIFIED_NAME_PART.match(short):
+    if not is_qualified_name_part(short):
         return (
             f"{name!r}: the name after '/' must be 1-63 characters of [A-Za-z0-9-_.], "
             "starting and ending with a letter or digit"
@@ -51,3 +46,12 @@ def device_id_problem(device_id: str) -> str | None:
     if not device_id.isprintable() or any(c.isspace() for c in device_id) or "," in device_id:
         return f"device ID {device_id!r} contains whitespace, commas or unprintable characters"
     return None
+
+
+def this_node() -> str:
+    """The node's name when none is given: $NODE_NAME (the downward API's
+    spec.nodeName in a DaemonSet), else the host name."""
+    import os
+    import socket
+
+    return os.environ.get("NODE_NAME") or socket.gethostname()

@@ -14,7 +14,6 @@ from devplug.framework.device import ContainerEdits, Device, merge_edits
 from devplug.framework.generation import Generation
 from devplug.framework.limits import Limits, device_limit_problem
 from devplug.framework.names import resource_name_problem
-from devplug.framework.preferred import prefer_numa_local
 
 log = logging.getLogger("devplug.plugin")
 
@@ -128,7 +127,7 @@ class Plugin:
         """What one container needs for `devices` (validated: known, unique, healthy)."""
         edits = merge_edits(devices)
         if self.ids_env:
-            edits.env[self.ids_env] = ",".join(d.id for d in devices)
+            edits.env[self.ids_env] = ",".join([d.id for d in devices])
         return edits
 
     async def preferred(
@@ -139,6 +138,8 @@ class Plugin:
         Arguments are validated: `must_include` is part of `available` and
         `len(must_include) <= size <= len(available)`. The answer must keep to those.
         """
+        from devplug.framework.preferred import prefer_numa_local  # only where offered
+
         return prefer_numa_local(available, must_include, size)
 
     async def pre_start(self, devices: Sequence[Device]) -> None:

@@ -15,7 +15,7 @@ import grpc
 
 from devplug.api.podresources.v1 import api_pb2 as pr
 from devplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from devplug.framework.channel import FAST_RECONNECT
+from devplug.ground.channel import FAST_RECONNECT
 
 
 @dataclass(frozen=True, slots=True)

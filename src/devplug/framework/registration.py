@@ -22,7 +22,7 @@ import grpc
 from devplug.api.constants import REGISTER_DIAL_TIMEOUT_S, VERSION
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.channel import unix_channel
+from devplug.ground.channel import unix_channel
 
 CONNECT_TIMEOUT_S = 5.0
 

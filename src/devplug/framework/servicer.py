@@ -34,22 +34,36 @@ def device_to_wire(device: Device) -> pb.Device:
     return message
 
 
-def edits_to_wire(edits: ContainerEdits) -> pb.ContainerAllocateResponse:
-    return pb.ContainerAllocateResponse(
-        envs=edits.env,
-        mounts=[
+def edits_to_wire(
+    edits: ContainerEdits, into: pb.ContainerAllocateResponse | None = None
+) -> pb.ContainerAllocateResponse:
+    """`edits` as the kubelet reads them, written into `into` (a response's own
+    container entry, which saves a copy) or a new message. Only the parts that hold
+    something are touched: on every Allocate, most are empty."""
+    message = pb.ContainerAllocateResponse() if into is None else into
+    if edits.env:
+        envs = message.envs
+        for key, value in edits.env.items():
+            envs[key] = value
+    if edits.mounts:
+        message.mounts.extend(
             pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
             for m in edits.mounts
-        ],
-        devices=[
+        )
+    if edits.nodes:
+        message.devices.extend(
             pb.DeviceSpec(
                 container_path=n.container_path, host_path=n.host_path, permissions=n.permissions
             )
             for n in edits.nodes
-        ],
-        annotations=edits.annotations,
-        cdi_devices=[pb.CDIDevice(name=name) for name in edits.cdi_devices],
-    )
+        )
+    if edits.annotations:
+        annotations = message.annotations
+        for key, value in edits.annotations.items():
+            annotations[key] = value
+    if edits.cdi_devices:
+        message.cdi_devices.extend(pb.CDIDevice(name=name) for name in edits.cdi_devices)
+    return message
 
 
 def hook(plugin: Plugin, name: str) -> str:
@@ -60,19 +74,19 @@ def hook(plugin: Plugin, name: str) -> str:
 def resolve(plugin: Plugin, ids: Sequence[str], *, need_healthy: bool = True) -> list[Device]:
     """The devices behind `ids`, or an AllocationError saying what is wrong with them."""
     table = plugin.devices
-    unknown = [i for i in ids if i not in table]
-    if unknown:
-        raise AllocationError(f"unknown device IDs: {show_ids(unknown)}")
+    try:
+        devices = [table[i] for i in ids]
+    except KeyError:
+        unknown = [i for i in ids if i not in table]
+        raise AllocationError(f"unknown device IDs: {show_ids(unknown)}") from None
     if len(set(ids)) != len(ids):
         twice = sorted(i for i, n in Counter(ids).items() if n > 1)
         raise AllocationError(f"device IDs requested more than once: {show_ids(twice)}")
-    devices = [table[i] for i in ids]
-    if need_healthy:
+    if need_healthy and not all(d.healthy for d in devices):
         sick = [d.id for d in devices if not d.healthy]
-        if sick:
-            raise AllocationError(
-                f"unhealthy devices: {show_ids(sick)}", grpc.StatusCode.FAILED_PRECONDITION
-            )
+        raise AllocationError(
+            f"unhealthy devices: {show_ids(sick)}", grpc.StatusCode.FAILED_PRECONDITION
+        )
     return devices
 
 
@@ -235,11 +249,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         started = time.perf_counter()
         # The IDs are read once: for the limit, the devices and the event.
         containers = [list(c.devices_ids) for c in request.container_requests]
+        answers = response.container_responses
         try:
             self._check_id_count(sum(map(len, containers)))
             for index, ids in enumerate(containers):
                 if not ids:
-                    response.container_responses.add()
+                    answers.add()
                     continue
                 try:
                     devices = resolve(self.plugin, ids)
@@ -252,7 +267,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                     raise AllocationError(
                         f"{hook(self.plugin, 'allocate')} {problem}", grpc.StatusCode.INTERNAL
                     )
-                response.container_responses.append(edits_to_wire(edits))
+                edits_to_wire(edits, answers.add())
         except AllocationError as error:
             await self._refuse(context, "Allocate", error, started)
         except Exception as error:  # a hook failed: the daemon keeps serving

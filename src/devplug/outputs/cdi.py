@@ -1,5 +1,5 @@
-"""CDI (Container Device Interface) specs from any plugin's devices, and CDI names in
-Allocate.
+"""CDI (Container Device Interface) spec files from any plugin's devices (the format
+itself is devplug.framework.cdi).
 
 A spec file per resource describes each physical device's container edits (device
 nodes, mounts, env); a runtime with CDI support (containerd 1.7+, CRI-O 1.23+) applies
@@ -10,141 +10,25 @@ atomically whenever the device list changes and removed on shutdown.
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from devplug.framework.device import ContainerEdits, Device, merge_edits
+from devplug.framework.cdi import (
+    DEFAULT_CDI_DIR,
+    kind_problem,
+    spec_document,
+    spec_file_name,
+    spec_text,
+)
 from devplug.framework.plugin import Plugin
-from devplug.framework.preferred import physical_id
-from devplug.outputs.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile, write_atomic
+from devplug.ground.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:
     from devplug.framework.daemon import Daemon
 
 log = logging.getLogger("devplug.outputs.cdi")
-
-CDI_VERSION = "0.6.0"
-DEFAULT_CDI_DIR = "/var/run/cdi"
-CdiMode = Literal["deviceSpecs", "cdi", "both"]
-CDI_MODES: tuple[CdiMode, ...] = ("deviceSpecs", "cdi", "both")
-
-# The CDI parser's rules for the two parts of a kind and for device names.
-_VENDOR = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-_CLASS = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_-]*[A-Za-z0-9])?$")
-_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
-
-
-def kind_problem(kind: str) -> str | None:
-    """Why `kind` is not a CDI kind ('vendor.com/class'), or None."""
-    vendor, slash, cls = kind.partition("/")
-    if not slash or not _VENDOR.match(vendor) or not _CLASS.match(cls):
-        return (
-            f"CDI kind {kind!r} must be 'vendor/class': a vendor of [A-Za-z0-9_.-] and a class "
-            "of [A-Za-z0-9_-], each starting and ending with a letter or digit"
-        )
-    return None
-
-
-def default_kind(resource_name: str) -> str:
-    """The CDI kind of a resource: its name, with the class made valid
-    ('example.com/u280.v2' -> 'example.com/u280-v2')."""
-    vendor, _, name = resource_name.partition("/")
-    return f"{vendor}/{re.sub(r'[^A-Za-z0-9_-]', '-', name)}"
-
-
-def device_name(device_id: str) -> str:
-    """The CDI device name of a device (its physical ID, made valid): replicas of one
-    device share it."""
-    name = _NAME_UNSAFE.sub("_", physical_id(device_id)).strip("_.:-")
-    return name or "device"
-
-
-def qualified_name(kind: str, device_id: str) -> str:
-    return f"{kind}={device_name(device_id)}"
-
-
-def edits_json(edits: ContainerEdits) -> dict[str, Any]:
-    """A CDI `containerEdits` object: env as NAME=value, device nodes, bind mounts."""
-    body: dict[str, Any] = {}
-    if edits.env:
-        body["env"] = [f"{k}={v}" for k, v in edits.env.items()]
-    if edits.nodes:
-        body["deviceNodes"] = [
-            {"path": n.container_path, "hostPath": n.host_path, "permissions": n.permissions}
-            for n in edits.nodes
-        ]
-    if edits.mounts:
-        body["mounts"] = [
-            {
-                "hostPath": m.host_path,
-                "containerPath": m.container_path,
-                "options": ["ro" if m.read_only else "rw", "nosuid", "nodev", "bind"],
-            }
-            for m in edits.mounts
-        ]
-    return body
-
-
-def spec(
-    kind: str,
-    devices: Mapping[str, ContainerEdits],
-    common: ContainerEdits | None = None,
-    annotations: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """A CDI spec of `kind` with one entry per device name (and edits common to all)."""
-    body: dict[str, Any] = {"cdiVersion": CDI_VERSION, "kind": kind}
-    if annotations:
-        body["annotations"] = dict(annotations)
-    body["devices"] = [
-        {"name": name, "containerEdits": edits_json(edits)} for name, edits in devices.items()
-    ]
-    if common is not None and (common_edits := edits_json(common)):
-        body["containerEdits"] = common_edits
-    return body
-
-
-def spec_document(kind: str, devices: Iterable[Device]) -> dict[str, Any]:
-    """The CDI spec of `devices`: one entry per physical device (replicas folded) with
-    its nodes, mounts and env."""
-    entries: dict[str, ContainerEdits] = {}
-    for device in devices:
-        entries.setdefault(device_name(device.id), merge_edits([device]))
-    return spec(kind, entries)
-
-
-def _spec_text(body: Mapping[str, Any]) -> str:
-    """A spec as JSON, which every CDI version reads."""
-    import json  # only where specs are written: the default daemon does without it
-
-    return json.dumps(body, indent=2) + "\n"
-
-
-def write_spec(path: Path | str, body: Mapping[str, Any]) -> bool:
-    """Write a spec file atomically."""
-    return write_atomic(path, _spec_text(body))
-
-
-def spec_file_name(kind: str) -> str:
-    return "devplug-" + kind.replace("/", "_") + ".json"
-
-
-def apply_mode(
-    edits: ContainerEdits, devices: Sequence[Device], kind: str, mode: CdiMode
-) -> ContainerEdits:
-    """Allocate's answer for a CDI `mode`: 'deviceSpecs' leaves `edits` as they are,
-    'both' adds the devices' CDI names, 'cdi' adds them and leaves the device nodes and
-    mounts to the runtime's CDI injection (env and annotations stay, joined per device)."""
-    if mode == "deviceSpecs":
-        return edits
-    names = dict.fromkeys([*edits.cdi_devices, *(qualified_name(kind, d.id) for d in devices)])
-    if mode == "cdi":
-        return replace(edits, nodes=[], mounts=[], cdi_devices=list(names))
-    return replace(edits, cdi_devices=list(names))
-
 
 # Where a plugin's CDI spec goes: (kind, folder), or None for no spec.
 SpecPlace = Callable[[Plugin], "tuple[str, Path] | None"]
@@ -208,7 +92,7 @@ class CdiSpecs:
                     document = spec_document(kind, plugin.devices.values())
                 spec = self.written.setdefault(path, OwnedFile(path, _spec_of(kind)))
                 try:  # logged, not fatal: the next change tries again
-                    if spec.write(_spec_text(document)):
+                    if spec.write(spec_text(document)):
                         log.info("%s: CDI spec written to %s", plugin.resource_name, path)
                 except NotOurs as e:  # another's spec: never replaced
                     raise ServiceFailed(f"{plugin.resource_name}: CDI spec: {e}") from None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +19,8 @@ from typing import TYPE_CHECKING
 from devplug.framework.device import Device
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import physical_id
-from devplug.outputs.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile
+from devplug.ground.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile
+from devplug.kube.names import is_dns_subdomain, is_qualified_name_part, label_value
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:
@@ -30,17 +30,6 @@ log = logging.getLogger("devplug.outputs.nfd")
 
 DEFAULT_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/devplug"
 HEADER = "# devplug: node labels of the resources it serves; removed when it stops\n"
-MAX_LABEL_VALUE = 63
-_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$")
-_LABEL_PREFIX = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-
-
-def label_value(text: str) -> str:
-    """`text` as a valid label value: other characters become '-', at most 63, starting
-    and ending with a letter or digit ('Alveo U280 ' -> 'Alveo-U280')."""
-    value = _VALUE_UNSAFE.sub("-", text)[:MAX_LABEL_VALUE]
-    return value.strip("-_.")
 
 
 def device_labels(resource_name: str, devices: Iterable[Device]) -> dict[str, str]:
@@ -67,7 +56,7 @@ def label_name_problem(name: str) -> str | None:
     such a label, so it is left out (a long resource name plus '.numa-nodes' can pass
     the 63 characters of the part after '/')."""
     prefix, slash, short = name.rpartition("/")
-    if not _LABEL_NAME.match(short) or (slash and not _LABEL_PREFIX.match(prefix)):
+    if not is_qualified_name_part(short) or (slash and not is_dns_subdomain(prefix)):
         return (
             f"{name!r} is not a label name: 1-63 characters of [A-Za-z0-9-_.] after an "
             "optional DNS prefix and '/', starting and ending with a letter or digit"

@@ -31,7 +31,7 @@ from devplug.fleet.node import FleetNode
 from devplug.fleet.objects import node_labels, taints
 from devplug.fleet.requests import pod_requests
 from devplug.fleet.spec import Fleet
-from devplug.framework.dra.driver import Driver
+from devplug.framework.dra.driver import DriverBinding
 from devplug.framework.dra.names import device_name
 from devplug.framework.preferred import physical_id
 from devplug.plan.fit import NodeView, pick
@@ -109,7 +109,7 @@ def _in_use(node: FleetNode, held_claims: Mapping[str, list[str]]) -> dict[str, 
     return used
 
 
-def _healthy_names(driver: Driver) -> list[str]:
+def _healthy_names(driver: DriverBinding) -> list[str]:
     """The names a driver's healthy devices have in its slices."""
     return [device_name(d.id) for d in driver.plugin.devices.values() if d.healthy]
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devplug.cluster.scheduler import fit_error
+from devplug.kube.fiterror import fit_error
 from devplug.kube.scoring import least_allocated_score
 from devplug.kube.tolerations import tolerates
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from devplug.fleet.requests import pod_requests
+from devplug.ground.tables import table
 from devplug.plan.engine import Run
 from devplug.plan.fit import NodeView, reasons
-from devplug.tables import table
 
 PHASES = ("Running", "Failed", "Pending")
 

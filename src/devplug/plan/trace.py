@@ -16,7 +16,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from devplug import inputs
+from devplug.ground import inputs
 from devplug.placement import MILLI, Demand, Node
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from devplug.placement import REASONS
-from devplug.plan.html import legend_below, palette
+from devplug.plan.plotstyle import legend_below, palette
 
 ZOOM_FROM = 70  # % arrived where the allocation plot opens
 

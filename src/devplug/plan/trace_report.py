@@ -13,9 +13,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from devplug.ground.tables import table
 from devplug.placement import REASONS
 from devplug.plan import published
-from devplug.tables import table
 
 KINDS = ("cpu only", "share", "1 gpu", "2 gpus", "4 gpus", "8 gpus")
 

@@ -132,7 +132,7 @@ def mig_offers(hardware: Sequence[Any]) -> dict[str, float]:
     """MIG resources served by device plugin -> their share of the GPU, as NVIDIA's
     profile names give it: '2g.10gb' of a 40 GB GPU is a quarter (the GPU's size from
     the fake driver's model table)."""
-    from devplug.testing.gpumodels import model
+    from devplug.fakes.gpumodels import model
 
     offers: dict[str, float] = {}
     for pool_hardware in hardware:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from devplug import inputs
+from devplug.ground import inputs
 from devplug.kube.quantity import QuantityError, parse_quantity
 
 COUNT_ANNOTATION = "devplug.io/count"

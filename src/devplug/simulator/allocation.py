@@ -24,7 +24,7 @@ from devplug.kube.quantity import parse_quantity
 DeviceKey = tuple[str, str, str]  # driver, pool, device (or counter set)
 
 
-class AllocationError(Exception):
+class InvalidAllocation(Exception):
     """The allocation is one the scheduler would never have made."""
 
 
@@ -102,7 +102,7 @@ def check(
         key = _key(result)
         device = pools.devices.get(key)
         if device is None:
-            raise AllocationError(
+            raise InvalidAllocation(
                 f"claim {claim}: device {key[2]} of driver {key[0]} is in no ResourceSlice of "
                 f"pool {key[1]}"
             )
@@ -111,7 +111,7 @@ def check(
             continue
         if not device.get("allowMultipleAllocations"):
             if key in held:
-                raise AllocationError(
+                raise InvalidAllocation(
                     f"claim {claim}: device {key[2]} is already allocated to claim {held[key]}"
                 )
             held[key] = claim
@@ -120,7 +120,7 @@ def check(
         for (set_key, counter), total in _add_counters(device, key, used).items():
             limit = pools.counters.get(set_key, {}).get(counter)
             if limit is None or total > limit:
-                raise AllocationError(
+                raise InvalidAllocation(
                     f"claim {claim}: partition {key[2]} needs counter {counter} of counter set "
                     f"{set_key[2]} beyond its {limit if limit is not None else 0}: "
                     "it overlaps a partition already allocated"
@@ -138,7 +138,7 @@ def _check_taints(
     for taint in device.get("taints") or ():
         if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tolerations, taint):
             shown = f"{taint.get('key')}={taint.get('value', '')}:{taint.get('effect')}"
-            raise AllocationError(
+            raise InvalidAllocation(
                 f"claim {claim}: device {key[2]} has the taint {shown}, which the claim "
                 "does not tolerate"
             )
@@ -166,20 +166,20 @@ def _check_share(
     consumed: dict[tuple[DeviceKey, str], Fraction],
 ) -> None:
     if not result.get("shareID"):
-        raise AllocationError(f"claim {claim}: share of device {key[2]} has no shareID")
+        raise InvalidAllocation(f"claim {claim}: share of device {key[2]} has no shareID")
     amounts = {_short(k): _quantity(v) for k, v in (result.get("consumedCapacity") or {}).items()}
     for name, capacity in (device.get("capacity") or {}).items():
         if name not in amounts:
-            raise AllocationError(
+            raise InvalidAllocation(
                 f"claim {claim}: share of device {key[2]} has no consumedCapacity {name}"
             )
         amount = amounts[name]
         if problem := _policy_problem(amount, capacity.get("requestPolicy")):
-            raise AllocationError(f"claim {claim}: {name} of device {key[2]}: {problem}")
+            raise InvalidAllocation(f"claim {claim}: {name} of device {key[2]}: {problem}")
         total = consumed.get((key, name), Fraction(0)) + amount
         value = _quantity(capacity.get("value"))
         if total > value:
-            raise AllocationError(
+            raise InvalidAllocation(
                 f"claim {claim}: {name} of device {key[2]}: {total - amount} of {value} "
                 f"is allocated, {amount} more does not fit"
             )

@@ -31,7 +31,7 @@ from typing import Any
 
 from fnv_hash_fast import fnv1a_32
 
-from devplug.outputs.files import write_atomic
+from devplug.ground.files import write_atomic
 
 # NUMA node under which the kubelet files devices that report no topology.
 NO_NUMA = -1

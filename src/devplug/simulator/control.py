@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from devplug.framework.unixserver import SocketIdentity, clear_stale_socket, socket_identity
+from devplug.ground.unixserver import SocketIdentity, clear_stale_socket, socket_identity
 from devplug.simulator.pods import ManifestError
 from devplug.simulator.results import NodeStatus, PodResult, PodSummary, ResourceStatus
 

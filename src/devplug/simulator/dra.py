@@ -38,11 +38,11 @@ from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from devplug.framework.channel import unix_channel
-from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.dra.claims import ClaimError, ClaimSource, FileClaims
 from devplug.framework.dra.driver import ClaimRef
 from devplug.framework.dra.names import driver_name_problem
+from devplug.ground.channel import unix_channel
+from devplug.ground.dirwatch import DirWatcher
 from devplug.simulator.pods import PodSpec, dra_backed_resources
 from devplug.simulator.results import REASON_FAILED_PREPARE, REASON_UNSCHEDULABLE, DraClaimStatus
 
@@ -254,7 +254,7 @@ class DraManager:
             return State()
 
     def _save(self) -> None:
-        from devplug.outputs.files import write_atomic
+        from devplug.ground.files import write_atomic
 
         write_atomic(self.state_path, msgspec.json.encode(self._state), mode=0o600)
 
@@ -540,13 +540,13 @@ class DraManager:
         return state
 
     def _check_allocation(self, claim: str, results: list[dict[str, Any]]) -> None:
-        from devplug.simulator.allocation import AllocationError, check, read_pools
+        from devplug.simulator.allocation import InvalidAllocation, check, read_pools
 
         assert self._slices_dir is not None
         others = [(f"{c.namespace}/{c.name}", c.results) for c in self._state.claims.values()]
         try:
             check(claim, results, others, read_pools(self._slices_dir))
-        except (AllocationError, ValueError) as error:
+        except (InvalidAllocation, ValueError) as error:
             raise PrepareError(str(error), REASON_UNSCHEDULABLE) from None
 
     async def unprepare_pod(self, pod: PodSpec) -> None:

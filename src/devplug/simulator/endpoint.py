@@ -20,7 +20,7 @@ import grpc
 from devplug.api.constants import PRE_START_TIMEOUT_S
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.channel import FAST_RECONNECT
+from devplug.ground.channel import FAST_RECONNECT
 
 log = logging.getLogger("devplug.simulator.endpoint")
 

@@ -42,8 +42,8 @@ from devplug.api.constants import (
 from devplug.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.unixserver import SocketPathTaken, UnixServer, socket_holder
-from devplug.outputs.files import keep_aside
+from devplug.ground.files import keep_aside
+from devplug.ground.unixserver import SocketPathTaken, UnixServer, socket_holder
 from devplug.simulator import topology
 from devplug.simulator.endpoint import EndpointError
 from devplug.simulator.events import (

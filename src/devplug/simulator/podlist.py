@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from devplug.outputs.files import keep_aside, write_atomic
+from devplug.ground.files import keep_aside, write_atomic
 
 log = logging.getLogger("devplug.simulator.kubelet")
 

@@ -10,7 +10,6 @@ are made here and reported the way it reports them: reason `Invalid`, message
 from __future__ import annotations
 
 import dataclasses
-import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,14 +17,11 @@ from fractions import Fraction
 from typing import Any
 
 from devplug.framework.names import resource_name_problem
+from devplug.kube.names import is_dns_label, is_dns_subdomain
 from devplug.kube.quantity import QuantityError, parse_quantity
+from devplug.kube.requests import pod_requests
 
 DEFAULT_NAMESPACE = "default"
-
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 class ManifestError(ValueError):
@@ -79,7 +75,7 @@ def load_documents(
 ) -> list[Any]:
     """The YAML documents of `source` (text, `name` in an error), or `source` itself (dicts)."""
     if isinstance(source, str):
-        from devplug import inputs
+        from devplug.ground import inputs
 
         try:
             documents = inputs.load_yaml_all(source, name, inputs.LARGE_LIMITS)
@@ -129,13 +125,13 @@ def parse_pod(doc: Mapping[str, Any]) -> PodSpec | InvalidPod:
     problems: list[str] = []
     if not name:
         problems.append("metadata.name: Required value: name or generateName is required")
-    elif len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+    elif not is_dns_subdomain(name):
         problems.append(
             f"metadata.name: Invalid value: {name!r}: a lowercase RFC 1123 subdomain must "
             "consist of lower case alphanumeric characters, '-' or '.', and must start and "
             "end with an alphanumeric character"
         )
-    if len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
+    if not is_dns_label(namespace):
         problems.append(f"metadata.namespace: Invalid value: {namespace!r}: not a DNS label")
     spec = doc.get("spec")
     if not isinstance(spec, Mapping):
@@ -200,7 +196,7 @@ def _containers(raw: object, path: str, init: bool, problems: list[str]) -> list
         name = str(item.get("name") or "")
         if not name:
             problems.append(f"{where}.name: Required value")
-        elif not _DNS1123_LABEL.match(name) or len(name) > 63:
+        elif not is_dns_label(name):
             problems.append(f"{where}.name: Invalid value: {name!r}: not a DNS label")
         devices = _extended_resources(item.get("resources"), f"{where}.resources", problems)
         restartable = init and item.get("restartPolicy") == "Always"
@@ -275,3 +271,13 @@ def _is_extended(resource: str) -> bool:
     # Native resources have no domain or a kubernetes.io one; everything else with a
     # domain is an extended resource (hugepages-*, cpu, memory... are native).
     return "/" in resource and "kubernetes.io/" not in resource
+
+
+def effective_requests(pod: PodSpec) -> dict[str, int]:
+    """The pod's extended resource requests as the scheduler computes them (the
+    `PodRequests` helper: devplug.kube.requests)."""
+    requests = pod_requests(
+        (c.devices for c in pod.containers),
+        ((c.devices, c.restartable) for c in pod.init_containers),
+    )
+    return {name: count for name, count in sorted(requests.items()) if count > 0}

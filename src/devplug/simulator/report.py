@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from devplug.ground.tables import table
 from devplug.simulator.results import (
     ContainerResult,
     NodeStatus,
@@ -14,7 +15,6 @@ from devplug.simulator.results import (
     PodSummary,
     RuntimeOptions,
 )
-from devplug.tables import table
 
 
 def container_record(container: ContainerResult) -> dict[str, Any]:

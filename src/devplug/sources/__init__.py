@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from devplug.framework.cdi import default_kind
 from devplug.framework.names import resource_name_problem
-from devplug.outputs.cdi import default_kind
-from devplug.outputs.nfd import label_value
+from devplug.kube.names import label_value
 from devplug.sources.config import (
     Config,
     ConfigError,

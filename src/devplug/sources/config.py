@@ -17,11 +17,12 @@ from typing import NoReturn, TypeVar
 
 import msgspec
 
-from devplug import inputs
 from devplug.api.constants import MAX_DEVICE_ID_LENGTH
+from devplug.framework.cdi import default_kind, kind_problem
 from devplug.framework.device import cdi_name_problem, env_problem, permissions_problem
 from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
-from devplug.outputs.cdi import default_kind, kind_problem
+from devplug.ground import inputs
+from devplug.ground.trust import write_problem
 from devplug.outputs.nfd import label_name_problem
 from devplug.sources import hardware
 from devplug.sources.draconfig import (
@@ -38,7 +39,6 @@ from devplug.sources.draconfig import (
 from devplug.sources.limits import LimitsSpec, check_limits
 from devplug.sources.nvidia.config import DEFAULT_RESOURCE as NVIDIA_RESOURCE
 from devplug.sources.nvidia.config import NvidiaSpec, check_nvidia
-from devplug.trust import write_problem
 
 MAX_COUNT = 1000
 MAX_VIRTUAL = 10_000
@@ -140,7 +140,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
 def check_trusted(path: str | os.PathLike[str]) -> None:
     """ConfigError unless only root and its owner can change the config at `path`: it
-    decides which programs devplug runs and what containers get (devplug.trust)."""
+    decides which programs devplug runs and what containers get (devplug.ground.trust)."""
     if problem := write_problem(path):
         raise ConfigError(f"{os.fspath(path)}: refused: {problem}")
 

@@ -14,7 +14,7 @@ from devplug.kube.quantity import parse_quantity
 
 if TYPE_CHECKING:
     from devplug.framework.device import ContainerEdits, Device
-    from devplug.framework.dra.driver import ClaimRef, Driver
+    from devplug.framework.dra.driver import ClaimRef, DriverBinding
     from devplug.framework.dra.layout import Layout
     from devplug.framework.plugin import Plugin
     from devplug.sources.config import ResourceSpec
@@ -466,12 +466,12 @@ def served_twice(
     return None
 
 
-def config_driver(plugin: Any) -> Driver:
+def config_driver(plugin: Any) -> DriverBinding:
     """The DRA driver of a config-built plugin (its `spec` is its config entry)."""
-    from devplug.framework.dra.driver import Driver
+    from devplug.framework.dra.driver import DriverBinding
 
     spec = plugin.spec
-    driver = Driver(
+    driver = DriverBinding(
         plugin,
         plugin_driver_name(plugin.resource_name, spec.name, spec.dra),
         spec.dra.attributes if spec.dra else {},

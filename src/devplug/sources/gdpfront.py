@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from devplug import inputs
 from devplug.framework.device import permissions_problem
+from devplug.ground import inputs
+from devplug.kube.names import is_dns_subdomain
 from devplug.sources.config import Config, ConfigError, check_trusted, config_from_data
 
 DEFAULT_DOMAIN = "squat.ai"
@@ -43,9 +44,6 @@ DEVICE_PATH = "Device"
 MOUNT_PATH = "Mount"
 
 _NAME = re.compile(r"^[a-z0-9][-a-z0-9]*[a-z0-9]$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 _LISTEN = re.compile(r"^(?P<host>\[[^\]]*\]|[^:]*):(?P<port>[0-9]{1,5})$")
 
 
@@ -119,7 +117,7 @@ def load(flags: Flags, env: Mapping[str, str], places: Sequence[str] = CONFIG_PL
 
     domain, domain_from = setting("domain", flags.domain)
     domain = DEFAULT_DOMAIN if domain is None else domain
-    if len(domain) > 253 or not _DNS1123_SUBDOMAIN.match(domain):
+    if not is_dns_subdomain(domain):
         _fail(domain_from, f"{domain!r} is not a lower-case DNS subdomain")
     listen, listen_from = setting("listen", flags.listen)
     host, port = _listen(DEFAULT_LISTEN if listen is None else listen, listen_from)

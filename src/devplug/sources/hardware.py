@@ -14,9 +14,9 @@ from typing import Literal, NoReturn
 
 import msgspec
 
-from devplug.outputs.cdi import CDI_MODES, DEFAULT_CDI_DIR, CdiMode, kind_problem
+from devplug.framework.cdi import CDI_MODES, DEFAULT_CDI_DIR, CdiMode, kind_problem
+from devplug.ground.trust import program_problem
 from devplug.outputs.nfd import DEFAULT_FEATURE_FILE
-from devplug.trust import program_problem
 
 Fail = Callable[[str, str], NoReturn]
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Protocol
 
 from devplug.framework.device import Attribute
+from devplug.ground.trust import program_problem
 from devplug.sources import hardware
 from devplug.sources.sysfs.select import fill
-from devplug.trust import program_problem
 
 log = logging.getLogger("devplug.sources.health")
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from devplug.framework.cdi import apply_mode, default_kind
 from devplug.framework.device import Attribute, ContainerEdits, Device, DeviceNode, Mount
-from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import pick
-from devplug.outputs.cdi import apply_mode, default_kind
+from devplug.ground.dirwatch import DirWatcher
 from devplug.outputs.nfd import device_labels
 from devplug.sources import hardware
 from devplug.sources.config import (

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
-from asyncinotify import Mask
 
-from devplug import inputs
 from devplug.framework import observe
-from devplug.framework.dirwatch import ENTRY_EVENTS, DirWatcher
-from devplug.framework.signals import RELOAD_SIGNAL, hold_reload_signal, take_held_reload
+from devplug.ground import inputs
+from devplug.ground.dirwatch import ENTRY_EVENTS, DirWatcher, Mask
+from devplug.ground.signals import RELOAD_SIGNAL, hold_reload_signal, take_held_reload
 from devplug.sources import Config, ConfigError, build_plugins, parse_config
 from devplug.sources.config import check_trusted
 from devplug.sources.validate import plugins_to_serve

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from devplug.api.constants import KUBELET_SOCKET
 from devplug.framework.limits import Limits, device_limit_problem
-from devplug.framework.unixserver import socket_path_problem
+from devplug.ground.unixserver import socket_path_problem
 from devplug.sources import start_problems
 from devplug.sources.config import Config, ConfigError
 from devplug.sources.draconfig import serves_device_plugin

@@ -17,21 +17,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from devplug.lazy import lazy_exports
+from devplug.ground.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from devplug.fakes.sysfs import FakeSysfs
+    from devplug.ground.process import ChildProcess
     from devplug.testing.harness import (
         KubeletHarness,
         PluginExited,
         PluginProcess,
     )
     from devplug.testing.pods import PodAdmission, pod_manifest
-    from devplug.testing.process import ChildProcess
-    from devplug.testing.sysfs import FakeSysfs
 
 _EXPORTS = {
-    "ChildProcess": "devplug.testing.process",
-    "FakeSysfs": "devplug.testing.sysfs",
+    "ChildProcess": "devplug.ground.process",
+    "FakeSysfs": "devplug.fakes.sysfs",
     "KubeletHarness": "devplug.testing.harness",
     "PluginExited": "devplug.testing.harness",
     "PluginProcess": "devplug.testing.harness",

@@ -28,8 +28,8 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import yaml
 
 from devplug.api.constants import ENDPOINT_GRACE_PERIOD_S, REGISTER_DIAL_TIMEOUT_S
+from devplug.ground.process import STOP_TIMEOUT_S, ChildProcess
 from devplug.testing.pods import PodAdmission, is_compact, pod_manifest
-from devplug.testing.process import STOP_TIMEOUT_S, ChildProcess
 
 if TYPE_CHECKING:
     from devplug.framework.plugin import Plugin

@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from devplug.framework.daemon import run
-    from devplug.logs import setup_logging
+    from devplug.ground.logs import setup_logging
 
     setup_logging(args.log_level)
     plugins = [plugin for spec in args.specs for plugin in load(spec)]

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from devplug import inputs
 from devplug.framework.dra.driver import AllocatedDevice, ClaimRef
+from devplug.ground import inputs
 
 
 class ClaimError(Exception):

@@ -1,10 +1,15 @@
 """What a DRA driver is made of: a Plugin's devices, under a driver name, with hooks
 for preparing the devices of a claim.
 
-`DraDriver` is the base a driver author subclasses, alongside `Plugin` and sharing
-`Device` and its container edits: the same class is served as a device plugin, as a
-DRA driver, or both. `Driver` binds any Plugin (a config-built one too) to a driver
-name, so the node plugin and the slice publisher deal with one kind of object.
+`DraDriver` is the one name a driver author needs: the base they subclass, alongside
+`Plugin` and sharing `Device` and its container edits; the same class is served as a
+device plugin, as a DRA driver, or both (`devplug.run(..., drivers=[...])`).
+
+Inside the framework (not for driver authors): `DriverBinding` is how a driver is
+served, any Plugin (a config-built one too) bound to a driver name with what the
+config adds, so that the node plugin and the slice publisher deal with one kind of
+object; `DriverHooks` is the part of a DraDriver it calls, which a source can also
+give a config-built plugin (partitions, MIG instances made at prepare).
 """
 
 from __future__ import annotations
@@ -77,9 +82,9 @@ class Offer:
         return device_name(self.parent.id) if self.partition is not None else ""
 
 
-class DraHooks(Protocol):
-    """What a driver does beyond a device plugin: how each device is offered, and the
-    work of preparing a claim's devices (a DraDriver, or what a source adds to a
+class DriverHooks(Protocol):
+    """A DraDriver's hooks as a binding calls them: how each device is offered, and the
+    work of preparing a claim's devices (a DraDriver's own, or what a source adds to a
     config-built plugin: partitions, MIG instances made at prepare)."""
 
     def layout(self, device: Device) -> Layout | None: ...
@@ -135,8 +140,8 @@ class DraDriver(Plugin):
 
 
 @dataclass(slots=True)
-class Driver:
-    """A plugin served as the DRA driver `name`, with slice attributes added from the
+class DriverBinding:
+    """(Internal.) A plugin served as the DRA driver `name`, with slice attributes added from the
     config (`attributes`, for every device) and renamed (`attribute_names`), and its
     hooks (a DraDriver's own; without, each device is whole and gets what Allocate
     gives)."""
@@ -147,7 +152,7 @@ class Driver:
     attribute_names: Mapping[str, str] = field(default_factory=dict)
     # The effect of an unhealthy device's taint: NoSchedule, NoExecute or None.
     taint_effect: str = "NoSchedule"
-    hooks: DraHooks | None = None
+    hooks: DriverHooks | None = None
     # The devices need nothing done on the node: the slices say so (skipNodeOperations).
     skip_node_operations: bool = False
     # Write each claim's device metadata file for its containers (KEP-5304).
@@ -164,7 +169,7 @@ class Driver:
     )
 
     @classmethod
-    def of(cls, plugin: Plugin) -> Driver:
+    def of(cls, plugin: Plugin) -> DriverBinding:
         """The driver of a DraDriver, or of a plain plugin under its default name."""
         if isinstance(plugin, DraDriver):
             return cls(plugin, plugin.driver_name, hooks=plugin)
@@ -252,9 +257,14 @@ class Driver:
 
 def unhealthy_taint(device: Device, effect: str) -> dict[str, str]:
     """devplug.io/unhealthy with `effect`, valued with the health reason if any."""
-    from devplug.outputs.nfd import label_value
+    from devplug.kube.names import label_value
 
     taint = {"key": UNHEALTHY_TAINT, "effect": effect}
     if value := label_value(device.health_reason):
         taint["value"] = value
     return taint
+
+
+# The name older docs gave `DriverBinding` (`DraService([Driver.of(w)], ...)`), kept for
+# code written from them; `devplug.run(..., drivers=[w])` needs neither.
+Driver = DriverBinding

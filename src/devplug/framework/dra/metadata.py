@@ -88,7 +88,7 @@ def write(
 ) -> dict[str, Mount]:
     """Write the files of a claim's requests (`devices`: (full request name, device)),
     and answer the bind mount of each base request."""
-    from devplug.outputs.files import write_atomic
+    from devplug.ground.files import write_atomic
 
     meta = claim.get("metadata") or {}
     folder = claim_dir(state_dir, meta["namespace"], meta["name"])

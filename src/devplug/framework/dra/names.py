@@ -15,19 +15,16 @@ import hashlib
 import re
 
 from devplug.api.dra.constants import MAX_ATTRIBUTE_NAME_LENGTH
+from devplug.kube.names import MAX_DNS_LABEL, is_dns_label, is_dns_subdomain
 
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
-MAX_LABEL = 63
+MAX_LABEL = MAX_DNS_LABEL
 
 
 def driver_name_problem(name: str) -> str | None:
     """Why `name` cannot be a DRA driver name (a DNS subdomain of at most 63 characters)."""
-    if len(name) > MAX_LABEL or not _DNS1123_SUBDOMAIN.match(name):
+    if not is_dns_subdomain(name, MAX_LABEL):
         return (
             f"driver name {name!r} must be a lower-case DNS subdomain of at most "
             f"{MAX_LABEL} characters, e.g. 'gpu.example.com'"
@@ -47,7 +44,7 @@ def device_name(device_id: str) -> str:
     """The DNS label a device is published under: 'null::0' -> 'null-0'. An ID that
     needs changing gets 8 hex characters of its sha256 appended, so that two IDs
     never meet on one name ('a_b' and 'a-b')."""
-    if _DNS1123_LABEL.match(device_id) and len(device_id) <= MAX_LABEL:
+    if is_dns_label(device_id):
         return device_id
     label = _NOT_LABEL.sub("-", device_id.lower()).strip("-") or "device"
     digest = hashlib.sha256(device_id.encode()).hexdigest()[:8]
@@ -57,7 +54,7 @@ def device_name(device_id: str) -> str:
 def label_name_problem(kind: str, name: str) -> str | None:
     """Why `name` cannot be the name of a `kind` that the API wants as a DNS label (a
     counter, a partition: both are published under that name)."""
-    if len(name) > MAX_LABEL or not _DNS1123_LABEL.match(name):
+    if not is_dns_label(name):
         return f"{kind} name {name!r} must be a lower-case DNS label ('slot-0')"
     return None
 
@@ -72,7 +69,7 @@ def attribute_name_problem(name: str) -> str | None:
             f"attribute name {name!r} must be '<domain>/<name>' with one '/' and both "
             "parts set, or a name without a domain"
         )
-    if slash and (len(domain) > MAX_LABEL or not _DNS1123_SUBDOMAIN.match(domain)):
+    if slash and not is_dns_subdomain(domain, MAX_LABEL):
         return (
             f"attribute name {name!r}: the domain must be a lower-case DNS subdomain of "
             f"at most {MAX_LABEL} characters"

@@ -33,13 +33,13 @@ from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.framework import observe
 from devplug.framework.device import Device
-from devplug.framework.dirwatch import DirWatcher
 from devplug.framework.dra.claims import ClaimError
 from devplug.framework.dra.claimstatus import ClaimStatusWriter, device_data, status_entry
 from devplug.framework.dra.driver import ClaimRef
 from devplug.framework.dra.prepare import PreparedDevice, Preparer
 from devplug.framework.dra.sockets import socket_path
-from devplug.framework.unixserver import UnixServer
+from devplug.ground.dirwatch import DirWatcher
+from devplug.ground.unixserver import UnixServer
 
 log = logging.getLogger("devplug.dra.nodeplugin")
 

@@ -27,14 +27,14 @@ from typing import Any
 
 import msgspec
 
+from devplug.framework import cdi
 from devplug.framework.device import ContainerEdits, Device, Mount
 from devplug.framework.dra import metadata
 from devplug.framework.dra.claims import ClaimError, ClaimSource, allocated_devices
-from devplug.framework.dra.driver import AllocatedDevice, ClaimRef, Driver, Offer
+from devplug.framework.dra.driver import AllocatedDevice, ClaimRef, DriverBinding, Offer
 from devplug.framework.dra.layout import overlapping
+from devplug.ground.files import remove_quietly, write_atomic
 from devplug.kube.tolerations import tolerates
-from devplug.outputs import cdi
-from devplug.outputs.files import remove_quietly, write_atomic
 
 log = logging.getLogger("devplug.dra.prepare")
 
@@ -89,7 +89,7 @@ class Preparer:
 
     def __init__(
         self,
-        driver: Driver,
+        driver: DriverBinding,
         pool: str,
         claims: ClaimSource,
         cdi_dir: Path | str,

@@ -30,7 +30,7 @@ from typing import Any
 from devplug.apiserver import failures
 from devplug.apiserver.backoff import Backoff
 from devplug.framework import observe
-from devplug.framework.dra.driver import Driver
+from devplug.framework.dra.driver import DriverBinding
 from devplug.framework.dra.slices import MANAGED_BY, slice_bodies
 from devplug.framework.dra.slicewatch import SliceWatch
 
@@ -71,7 +71,7 @@ def _generation_of(obj: Mapping[str, Any]) -> int:
 class PoolPublisher:
     """Publishes the node's pool of one driver on every change of its devices."""
 
-    def __init__(self, driver: Driver, node: str) -> None:
+    def __init__(self, driver: DriverBinding, node: str) -> None:
         self.driver = driver
         self.node = node
         self.published_generation = 0  # the plugin generation last published
@@ -143,14 +143,14 @@ class FolderSlicePublisher(PoolPublisher):
     """The slices as JSON documents in a folder ('<slice name>.json'): the simulator's
     stand-in for the API server, beside the claim documents."""
 
-    def __init__(self, driver: Driver, node: str, folder: Path) -> None:
+    def __init__(self, driver: DriverBinding, node: str, folder: Path) -> None:
         super().__init__(driver, node)
         self.folder = folder
         self._written: set[str] = set()
 
     def _sync(self) -> int:
         """Write the current devices as the next pool generation; returns it."""
-        from devplug.outputs.files import remove_quietly, write_atomic
+        from devplug.ground.files import remove_quietly, write_atomic
 
         self.pool_generation += 1
         bodies = slice_bodies(self.driver, self.node, self.pool_generation)
@@ -184,7 +184,7 @@ class FolderSlicePublisher(PoolPublisher):
 class SlicePublisher(PoolPublisher):
     """The slices on the API server, owned by the Node object, kept so by a watch."""
 
-    def __init__(self, driver: Driver, node: str, api_client: Any, stamp: str = "") -> None:
+    def __init__(self, driver: DriverBinding, node: str, api_client: Any, stamp: str = "") -> None:
         from kubernetes import client
 
         super().__init__(driver, node)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from devplug.api.dra import constants as dra
 from devplug.framework.dra.claims import ApiClaims, ClaimSource, FileClaims
-from devplug.framework.dra.driver import Driver
+from devplug.framework.dra.driver import DriverBinding
 from devplug.framework.dra.nodeplugin import NodePlugin
 from devplug.framework.dra.prepare import Preparer
 from devplug.framework.dra.publisher import FolderSlicePublisher, PoolPublisher
@@ -52,7 +52,7 @@ class DraSettings:
 class DraService:
     """Serves `drivers` through DRA for the daemon's lifetime."""
 
-    def __init__(self, drivers: Sequence[Driver], settings: DraSettings) -> None:
+    def __init__(self, drivers: Sequence[DriverBinding], settings: DraSettings) -> None:
         names = [d.name for d in drivers]
         if len(set(names)) != len(names):
             raise ValueError(f"a DRA driver is served twice: {sorted(names)}")
@@ -157,14 +157,14 @@ def _process_identity() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-async def _scan(driver: Driver) -> None:
+async def _scan(driver: DriverBinding) -> None:
     await driver.plugin.scan()
     if not driver.plugin.published:
         raise RuntimeError(f"{driver.name}: scan() returned without publishing devices")
 
 
 async def _serve(
-    node_plugin: NodePlugin, driver: Driver, slices: PoolPublisher | None = None
+    node_plugin: NodePlugin, driver: DriverBinding, slices: PoolPublisher | None = None
 ) -> None:
     # Registered only once the devices are known, as the device plugins are.
     await driver.plugin.wait_published()

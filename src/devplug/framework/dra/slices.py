@@ -25,7 +25,7 @@ from devplug.api.dra.constants import (
     SKIP_ALL_NODE_OPERATIONS,
 )
 from devplug.framework.device import Attribute
-from devplug.framework.dra.driver import Driver, Offer
+from devplug.framework.dra.driver import DriverBinding, Offer
 from devplug.framework.dra.layout import consumption, counter_set, shared_capacity
 from devplug.framework.dra.names import attribute_name_problem, object_name
 
@@ -61,7 +61,7 @@ def attribute_problem(name: str, value: Attribute) -> str | None:
     return None
 
 
-def slice_device(driver: Driver, offer: Offer) -> dict[str, Any]:
+def slice_device(driver: DriverBinding, offer: Offer) -> dict[str, Any]:
     """One device of a ResourceSlice (v1 `Device`): a partition consumes its parent's
     counters; a shared device allows several allocations of its capacities."""
     device = offer.device
@@ -119,7 +119,7 @@ def _devices_per_slice(devices: list[dict[str, Any]]) -> int:
 
 
 def slice_bodies(
-    driver: Driver, node: str, generation: int, owner: dict[str, Any] | None = None
+    driver: DriverBinding, node: str, generation: int, owner: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """The ResourceSlices of the node's pool, all with pool `generation`: the counter
     sets of the partitioned devices (8 per slice), then the devices and partitions

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from devplug.framework.cdi import CDI_VERSION, edits_json
 from devplug.framework.device import ContainerEdits
-from devplug.outputs.cdi import CDI_VERSION, edits_json
 from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.sources.nvidia.discovery import CDI_KIND, SHARED_NODES, Unit, container_id, host_path
 
@@ -33,7 +33,7 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 def host_spec(spec: NvidiaSpec) -> tuple[Path, dict[str, Any]] | None:
     """The host's NVIDIA spec (its path and body), or None: the first file of kind
     nvidia.com/gpu in `cdiSpecDirs` (seen under `hostRoot`), devplug's own left out."""
-    from devplug import inputs  # JSON is YAML: one parser for both spec formats
+    from devplug.ground import inputs  # JSON is YAML: one parser for both spec formats
 
     for folder in spec.cdi_spec_dirs:
         path = Path(host_path(spec.host_root, folder))

@@ -14,8 +14,8 @@ from typing import Any, Literal, NoReturn
 import msgspec
 
 from devplug.framework.names import resource_name_problem
+from devplug.ground.trust import program_problem
 from devplug.sources.hardware import HealthSpec, check_health
-from devplug.trust import program_problem
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 MILLI = 1000  # milli-GPUs in a GPU (devplug.placement's unit)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from devplug.framework.device import Device
 from devplug.framework.preferred import physical_id
-from devplug.outputs.nfd import MAX_LABEL_VALUE, label_value
+from devplug.kube.names import MAX_LABEL_VALUE, label_value
 from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
 from devplug.sources.nvidia.discovery import Unit, host_path, single_problem
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo

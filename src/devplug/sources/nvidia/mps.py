@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from devplug.framework.device import Mount
+from devplug.ground.trust import program_problem
 from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
-from devplug.trust import program_problem
 
 log = logging.getLogger("devplug.sources.nvidia.mps")
 

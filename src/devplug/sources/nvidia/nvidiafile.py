@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import msgspec
 
 from devplug.framework.names import resource_name_problem
-from devplug.trust import write_problem
+from devplug.ground.trust import write_problem
+from devplug.kube.names import is_dns_subdomain
 
 if TYPE_CHECKING:
     from devplug.sources.nvidia.config import NvidiaConfigRef, NvidiaSpec
@@ -39,7 +40,6 @@ NAMED_FALLBACK = "default"  # the config the `named` fallback looks for
 ALLOCATION_POLICIES = ("distributed", "packed")  # NVIDIA's sharedDevicesAllocationPolicy
 
 _Fail = Callable[[str, str], NoReturn]
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _GPU_INDEX = re.compile(r"[0-9]+")
 _MIG_INDEX = re.compile(r"[0-9]+:[0-9]+")
 _HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -121,7 +121,7 @@ def parse(text: str, source: str, flags: Mapping[str, Any] | None = None) -> Nvi
     """Check NVIDIA config text (YAML or JSON), with NVIDIA's command-line `flags`
     laid over it; ConfigError with one line naming `source` and the key when it is not
     a config NVIDIA's plugin would start with."""
-    from devplug import inputs
+    from devplug.ground import inputs
     from devplug.sources.config import ConfigError, _shape_message
     from devplug.sources.nvidia.filekeys import match
 
@@ -229,7 +229,7 @@ def _check_name(raw: str, at: str, fail: _Fail) -> None:
         fail(at, f"fully-qualified resource name must be {MAX_NAME} characters or less: {name}")
     if problem := resource_name_problem(name):
         fail(at, problem)
-    if not _DNS_SUBDOMAIN.fullmatch(name.partition("/")[2]):
+    if not is_dns_subdomain(name.partition("/")[2]):
         fail(
             at,
             f"incorrect format for resource name {name!r}: after '{DOMAIN}/' a lower-case "
@@ -445,7 +445,7 @@ def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> N
 
 
 def _read(path: str, key: str, fail: _Fail) -> str:
-    from devplug import inputs
+    from devplug.ground import inputs
 
     if problem := write_problem(path):
         fail(key, problem)

@@ -42,7 +42,7 @@ class UdevEvents:
     def start(cls, callback: Callable[[], None]) -> UdevEvents | None:
         """Listen on the event loop; None (with a warning) where netlink is refused,
         leaving the inotify watch of /dev."""
-        from devplug.extras import MissingExtra, require
+        from devplug.ground.extras import MissingExtra, require
 
         try:
             pyudev = require("pyudev", "udev", "udev hot-plug events")
