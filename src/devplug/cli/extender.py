@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from devplug.extender.kubeapi import KubeApi
     from devplug.extender.server import ExtenderServer
     from devplug.extender.verbs import Extender
-    from devplug.extras import MissingExtra
+    from devplug.ground.extras import MissingExtra
 
     target = None
     if args.workload:

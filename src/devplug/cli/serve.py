@@ -299,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     from devplug.sources.nvidia.extender import uses_extender
 
     if any(uses_extender(p) for p in device_plugins):
-        from devplug.extras import MissingExtra
+        from devplug.ground.extras import MissingExtra
         from devplug.sources.nvidia.extender import ExtenderAgent
 
         try:

@@ -20,7 +20,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from devplug.apiserver.backoff import Backoff
 from devplug.kube.requests import pod_requests
@@ -38,14 +38,32 @@ from devplug.placement.inventory import (
 from devplug.sources.nvidia.config import MILLI, share_milli
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from devplug.framework.daemon import Daemon
+    from devplug.framework.device import Device
     from devplug.framework.plugin import Plugin
-    from devplug.sources.nvidia.plugin import NvidiaPlugin
+    from devplug.sources.nvidia.config import NvidiaSpec
+    from devplug.sources.nvidia.source import GpuSource
 
 log = logging.getLogger("devplug.sources.nvidia.extender")
 
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
+
+
+class SharesPlugin(Protocol):
+    """What this service needs of a plugin served with `replicaPolicy: extender` (the
+    NVIDIA plugin, which imports this module)."""
+
+    resource: str
+    resource_name: str
+    source: GpuSource
+    nvidia: NvidiaSpec
+    placements: ExtenderAgent | None
+
+    @property
+    def devices(self) -> Mapping[str, Device]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +85,7 @@ def uses_extender(plugin: Plugin) -> bool:
     return spec is not None and getattr(spec, "replica_policy", "") == "extender"
 
 
-def inventory(plugin: NvidiaPlugin) -> Inventory:
+def inventory(plugin: SharesPlugin) -> Inventory:
     """What `plugin` serves, GPU by GPU, as the extender reads it."""
     source = plugin.source
     units = [u for u in source.units if u.resource == plugin.resource]
@@ -123,7 +141,7 @@ class ExtenderAgent:
             self._api.close()
 
     def _update(self, plugins: Sequence[Plugin]) -> None:
-        nvidia: list[NvidiaPlugin] = [p for p in plugins if uses_extender(p)]  # type: ignore[misc]
+        nvidia: list[SharesPlugin] = [p for p in plugins if uses_extender(p)]  # type: ignore[misc]
         for plugin in nvidia:
             plugin.placements = self
         if not nvidia:

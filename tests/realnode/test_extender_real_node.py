@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
+from devplug.fakes.gpus import FakeGpuHost, gpu, gpu_uuid
 from devplug.placement.inventory import ASSIGNED, GIVEN, INVENTORY
 from devplug.testing.controlplane import watch_until
-from devplug.testing.fakegpus import FakeGpuHost, gpu, gpu_uuid
 from devplug.testing.realnode import RealNode, pod_ready
 from tests.dra_helpers import Daemon
 from tests.serve_helpers import free_port
@@ -29,7 +29,7 @@ from tests.serve_helpers import free_port
 RESOURCE = "devplug.io/gpu-milli"
 SCHEDULER = "devplug-extender"
 WAIT_S = 90.0
-SHIPPED = Path(__file__).resolve().parent.parent / "deploy" / "extender" / "scheduler.yaml"
+SHIPPED = Path(__file__).resolve().parents[2] / "deploy" / "extender" / "scheduler.yaml"
 
 
 def scheduler_config(kubeconfig: Path, port: int) -> dict[str, Any]:

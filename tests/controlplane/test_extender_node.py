@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
+from devplug.fakes.gpus import FakeGpuHost, gpu, gpu_uuid
 from devplug.placement.inventory import ASSIGNED, GIVEN, INVENTORY, Gpu, Inventory, decode
 from devplug.testing import KubeletHarness
 from devplug.testing.controlplane import watch_until
-from devplug.testing.fakenvml import FakeGpuHost, gpu, gpu_uuid
 
 RESOURCE = "devplug.io/gpu-milli"
 FAST = {"probeSeconds": 0.05, "retryMaxSeconds": 0.2, "nvmlTimeoutSeconds": 2}
@@ -148,62 +148,3 @@ def test_the_node_publishes_its_gpus_and_gives_each_pod_the_gpu_the_extender_cho
         assert [g.healthy for g in sick.gpus] == [False, True]
         annotations = json.loads(core.read_node(node, _preload_content=False).data)["metadata"]
         assert len(annotations["annotations"][INVENTORY]) < 400
-
-
-@pytest.mark.parametrize(
-    ("nvidia", "said"),
-    [
-        (
-            {"replicas": 3},
-            "resources[0].nvidia.replicas: replicaPolicy extender: expected a divisor of 1000 "
-            "from 2 to 1000 (each replica is 1000 / replicas milli-GPUs), got 3",
-        ),
-        ({"replicas": 1}, "resources[0].nvidia.replicas: replicaPolicy extender"),
-        ({"replicas": 10, "sharing": "mps"}, "replicaPolicy extender shares GPUs by time-slicing"),
-    ],
-)
-def test_shares_for_the_extender_are_divisors_of_a_gpu_said_in_one_line(
-    nvidia: dict[str, Any], said: str
-) -> None:
-    from devplug.sources import ConfigError, parse_config
-
-    text = yaml.safe_dump({"resources": [{"nvidia": {"replicaPolicy": "extender", **nvidia}}]})
-    with pytest.raises(ConfigError) as caught:
-        parse_config(text, "c.yaml")
-    assert said in str(caught.value)
-    assert "\n" not in str(caught.value)
-    good = {"resources": [{"nvidia": {"replicaPolicy": "extender", "replicas": 1000}}]}
-    assert parse_config(yaml.safe_dump(good), "c.yaml").resources[0].nvidia is not None
-
-
-def test_shares_without_an_api_server_to_publish_to_refuse_to_start(short_tmp: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
-    host = FakeGpuHost(short_tmp / "gpus", two_linked_gpus())
-    path = short_tmp / "config.yaml"
-    path.write_text(config(host))
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
-    }
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "devplug.cli.main",
-            "serve",
-            "--config",
-            str(path),
-            "--plugin-dir",
-            str(short_tmp / "dp"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env | host.env,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr
-    [line] = done.stderr.strip().splitlines()
-    assert line.startswith("devplug serve: replicaPolicy extender: no kubeconfig")

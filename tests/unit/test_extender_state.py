@@ -1,23 +1,15 @@
-"""`devplug extender`: the GPU inventory a node publishes, the cluster state rebuilt from
-Nodes and pods, each policy's choice, and the verbs over real HTTP against a real API
-server (the throwaway control plane): filter, prioritize and bind in the scheduler's
-JSON shapes, bad input answered in one line, a restarted extender that forgets nothing."""
+"""The scheduler extender's pure parts: the GPU inventory a node publishes and its
+one-line errors, the cluster state rebuilt from Nodes and pods, each policy's node and
+GPU through the verbs (over the API's objects as plain data), and the 0-10 ranking."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import urllib.error
-import urllib.request
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from devplug.extender.server import ExtenderServer
 from devplug.extender.state import MODELS, build, pod_demand
 from devplug.extender.verbs import Extender, rank
 from devplug.placement import Demand, TargetWorkload
@@ -244,144 +236,6 @@ def test_rank_gives_the_first_best_ten_and_the_rest_below() -> None:
     assert rank({}, []) == {}
 
 
-# -- over HTTP, on a real API server -----------------------------------------------------
-
-
-@pytest.fixture
-def api(kubeconfig: str) -> Iterator[Any]:
-    from devplug.framework.dra.kube import api_client
-
-    client = api_client(kubeconfig)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-def post(url: str, verb: str, body: bytes | Any) -> tuple[int, Any]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}/{verb}", data=data, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
-@pytest.fixture
-def served(kubeconfig: str) -> Iterator[ExtenderServer]:
-    from devplug.extender.kubeapi import KubeApi
-
-    server = ExtenderServer(("127.0.0.1", 0), Extender(KubeApi(kubeconfig), "bestfit"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_verbs_over_http_place_bind_and_survive_a_restart(
-    kubeconfig: str, api: Any, served: ExtenderServer
-) -> None:
-    from kubernetes import client
-
-    from devplug.extender.kubeapi import KubeApi
-
-    core = client.CoreV1Api(api)
-    tag = uuid.uuid4().hex[:6]
-    names = [f"ext-{tag}-a", f"ext-{tag}-b"]
-    namespace = f"ext-{tag}"
-    core.create_namespace({"metadata": {"name": namespace}})
-    for name in names:
-        obj = node_object(name, inventory(f"GPU-{name}-0", f"GPU-{name}-1"))
-        status = obj.pop("status")
-        core.create_node(obj)
-        core.patch_node_status(name, {"status": status | {"capacity": status["allocatable"]}})
-    first = pod_object("first", 700)
-    core.create_namespaced_pod(namespace, first)
-
-    def args(pod: str) -> dict[str, Any]:
-        pod_obj = json.loads(core.read_namespaced_pod(pod, namespace, _preload_content=False).data)
-        nodes = [json.loads(core.read_node(n, _preload_content=False).data) for n in names]
-        return {"Pod": pod_obj, "Nodes": {"items": nodes}, "NodeNames": None}
-
-    status, filtered = post(served.url, "filter", args("first"))
-    assert status == 200
-    assert [n["metadata"]["name"] for n in filtered["Nodes"]["items"]] == names
-    assert filtered["FailedNodes"] == {}
-    assert filtered["Error"] == ""
-    status, scores = post(served.url, "prioritize", args("first"))
-    assert scores == [{"Host": names[0], "Score": 10}, {"Host": names[1], "Score": 9}]
-    uid = json.loads(core.read_namespaced_pod("first", namespace, _preload_content=False).data)[
-        "metadata"
-    ]["uid"]
-    binding = {"PodName": "first", "PodNamespace": namespace, "PodUID": uid, "Node": names[0]}
-    assert post(served.url, "bind", binding) == (200, {"Error": ""})
-    bound = core.read_namespaced_pod("first", namespace)
-    assert bound.spec.node_name == names[0]
-    assert bound.metadata.annotations[ASSIGNED] == f"GPU-{names[0]}-0"
-
-    # A second extender (a restart) reads the same state: 700 of GPU 0 taken.
-    second = pod_object("second", 400)
-    core.create_namespaced_pod(namespace, second)
-    again = Extender(KubeApi(kubeconfig), "bestfit")
-    cluster, _ = again.state()
-    assert cluster.nodes[names[0]].node.gpu_free == [300, 1000]
-    status, filtered = post(served.url, "filter", args("second"))
-    assert [n["metadata"]["name"] for n in filtered["Nodes"]["items"]] == names
-    too_big = pod_object("big", 2000)
-    too_big["spec"]["containers"][0]["resources"]["limits"][RESOURCE] = "1500"
-    core.create_namespaced_pod(namespace, too_big)
-    status, filtered = post(served.url, "filter", args("big"))
-    assert filtered["Nodes"]["items"] == []
-    assert set(filtered["FailedAndUnresolvableNodes"]) == set(names)
-    assert "a share is of one GPU" in filtered["FailedAndUnresolvableNodes"][names[0]]
-
-    stale = dict(binding, PodUID="not-the-uid", PodName="second")
-    status, answer = post(served.url, "bind", stale)
-    assert status == 200
-    assert answer["Error"].startswith(f"pod {namespace}/second has UID")
-
-
-@pytest.mark.parametrize(
-    ("verb", "body", "said"),
-    [
-        ("filter", b"{not json", "/filter: the body is not JSON"),
-        ("filter", [], "/filter: the request: expected an object, got list"),
-        ("filter", {"Pod": 3}, "/filter: Pod: expected an object, got int"),
-        ("prioritize", {"Pod": {}}, "/prioritize: the request has neither Nodes nor NodeNames"),
-        ("bind", {"PodName": "x"}, "/bind: PodNamespace: expected a non-empty string, got None"),
-        ("nothing", {}, "no such verb '/nothing'"),
-    ],
-)
-def test_bad_requests_get_400_and_one_line(
-    served: ExtenderServer, verb: str, body: Any, said: str
-) -> None:
-    status, text = post(served.url, verb, body)
-    assert status == (404 if verb == "nothing" else 400)
-    assert text.startswith(said), text
-    assert text.count("\n") == 1
-    assert "Traceback" not in text
-
-
-def test_the_command_refuses_a_bad_listen_address_and_an_unknown_policy_in_one_line() -> None:
-    for args, said in (
-        (["--port", "70000"], "expected a TCP port, 0 to 65535"),
-        (["--policy", "random"], "invalid choice: 'random'"),
-    ):
-        done = subprocess.run(
-            [sys.executable, "-m", "devplug.cli.main", "extender", *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 2
-        assert said in done.stderr
-        assert "Traceback" not in done.stderr
-        assert len(done.stderr.strip().splitlines()) == 1
-
-
 def test_an_unhealthy_or_mig_gpu_offers_nothing_and_node_names_are_served_too() -> None:
     sick = Inventory(
         RESOURCE,
@@ -405,25 +259,30 @@ def test_an_unhealthy_or_mig_gpu_offers_nothing_and_node_names_are_served_too() 
     assert objects.pod("", "new")["metadata"]["annotations"][ASSIGNED] == "GPU-s2"
 
 
-def test_an_api_server_away_is_503_for_filter_and_an_error_for_bind_in_one_line(
-    short_tmp: Path,
+# -- the config ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("nvidia", "said"),
+    [
+        (
+            {"replicas": 3},
+            "resources[0].nvidia.replicas: replicaPolicy extender: expected a divisor of 1000 "
+            "from 2 to 1000 (each replica is 1000 / replicas milli-GPUs), got 3",
+        ),
+        ({"replicas": 1}, "resources[0].nvidia.replicas: replicaPolicy extender"),
+        ({"replicas": 10, "sharing": "mps"}, "replicaPolicy extender shares GPUs by time-slicing"),
+    ],
+)
+def test_shares_for_the_extender_are_divisors_of_a_gpu_said_in_one_line(
+    nvidia: dict[str, Any], said: str
 ) -> None:
-    from api_servers import closed_port, write_kubeconfig
+    from devplug.sources import ConfigError, parse_config
 
-    from devplug.extender.kubeapi import KubeApi
-
-    kubeconfig = write_kubeconfig(short_tmp / "kc", f"https://127.0.0.1:{closed_port()}")
-    server = ExtenderServer(("127.0.0.1", 0), Extender(KubeApi(str(kubeconfig)), "fgd"))
-    server.start()
-    try:
-        status, text = post(server.url, "filter", {"Pod": {}, "NodeNames": ["a"]})
-        assert status == 503
-        assert text == "/filter: the API server cannot be reached (connection refused)\n"
-        bind = {"PodName": "p", "PodNamespace": "n", "PodUID": "u", "Node": "a"}
-        assert post(server.url, "bind", bind) == (
-            200,
-            {"Error": "the API server cannot be reached (connection refused)"},
-        )
-    finally:
-        server.shutdown()
-        server.server_close()
+    text = yaml.safe_dump({"resources": [{"nvidia": {"replicaPolicy": "extender", **nvidia}}]})
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "c.yaml")
+    assert said in str(caught.value)
+    assert "\n" not in str(caught.value)
+    good = {"resources": [{"nvidia": {"replicaPolicy": "extender", "replicas": 1000}}]}
+    assert parse_config(yaml.safe_dump(good), "c.yaml").resources[0].nvidia is not None

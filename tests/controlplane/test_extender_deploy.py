@@ -15,7 +15,7 @@ import yaml
 
 from devplug.cli.main import build_parser
 from devplug.sources import parse_config
-from tests.test_deploy import DEPLOY, KUBERNETES_VERSION, by_kind, config_text, render
+from tests.controlplane.test_deploy import DEPLOY, KUBERNETES_VERSION, by_kind, config_text, render
 
 SHARES = "overlays/gpu-shares"
 
@@ -85,7 +85,7 @@ def test_the_shares_overlay_gives_the_node_side_its_node_a_token_and_its_rights(
 
 
 def test_the_real_node_test_runs_the_shipped_scheduler_config() -> None:
-    from tests.test_extender_real_node import scheduler_config
+    from tests.realnode.test_extender_real_node import scheduler_config
 
     shipped = yaml.safe_load((DEPLOY / "extender/scheduler.yaml").read_text())
     tested = scheduler_config(Path("/k"), 8888)
@@ -109,7 +109,7 @@ def without_labels(obj: dict[str, Any]) -> tuple[tuple[str, str], dict[str, Any]
 
 def test_the_charts_extender_renders_what_deploy_extender_renders() -> None:
     pytest.importorskip("helm_python", reason="the Helm SDK comes with the dev group")
-    from tests.test_helm import chart_objects
+    from tests.unit.test_helm import chart_objects
 
     chart = [
         o
