@@ -33,6 +33,8 @@ from common import (
     wait_for_health,
 )
 from dra import bench_dra
+from extender import bench_extender
+from extender import summary as extender_summary
 from fleet import bench_fleet
 from floor import bench_floor
 from floor import summary as floor_summary
@@ -213,6 +215,7 @@ def main() -> int:
     report["deploy"] = bench_deploy()
     report["nvidia"] = bench_nvidia()
     report["placement"] = bench_placement()
+    report["extender"] = bench_extender()
     report["real_node"] = bench_real_node()
     report["targets"] = TARGETS
     print(json.dumps(report, indent=2))
@@ -306,6 +309,8 @@ def summary(report: dict[str, Any]) -> str:
         parts.append(floor_summary(report["floor"]))
     if "placement" in report:
         parts.append(placement_summary(report["placement"]))
+    if "extender" in report:
+        parts.append(extender_summary(report["extender"]))
     real = report.get("real_node", {})
     if "kubelet_sigkill" in real:
         kill, pod = real["kubelet_sigkill"], real["plugin_pod_deleted"]

@@ -321,6 +321,7 @@ def kube_commands(files: Files) -> dict[tuple[str, ...], list[str]]:
         ("serve",): ["--config", str(dra), *folders, "--node-name", "n",
                      "--dra-socket-dir", str(scratch / "dra"), "--cdi-dir", str(scratch / "cdi")],
         ("kubelet",): [*folders, "--node-name", "n"],
+        ("extender",): ["--port", "0"],
     }  # fmt: skip
 
 

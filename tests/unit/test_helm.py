@@ -26,6 +26,7 @@ VARIANTS = {
     "": (None, "devplug"),
     "overlays/gpu": ("gpu", "devplug-gpu"),
     "overlays/gpu-per-node": ("gpu-per-node", "devplug-gpu"),
+    "overlays/gpu-shares": ("gpu-shares", "devplug-gpu"),
     "dra": ("dra", "devplug"),
 }
 

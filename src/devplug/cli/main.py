@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "will a workload fit a fleet: devices used, free, stranded; pending pods"),
     "demo": ("demo", "run the kubelet simulator with real plugins and sample pods, as a story"),
     "status": ("status", "show a node's devices, their health and the pods holding them"),
+    "extender": ("extender", "the kube-scheduler's extender: GPU shares placed by a policy"),
 }
 
 # The generic device plugin's flags: its DaemonSet gives them to the image without a

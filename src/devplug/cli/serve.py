@@ -191,6 +191,16 @@ def run(args: argparse.Namespace) -> int:
             services.append(NodeEvents(node_name(args), args.kubeconfig))
         except (MissingExtra, ValueError) as e:
             return style.fail(args, f"nodeEvents: {e}", style.EXIT_USAGE)
+    from devplug.sources.nvidia.extender import uses_extender
+
+    if any(uses_extender(p) for p in device_plugins):
+        from devplug.ground.extras import MissingExtra
+        from devplug.sources.nvidia.extender import ExtenderAgent
+
+        try:
+            services.append(ExtenderAgent(node_name(args), args.kubeconfig))
+        except (MissingExtra, ValueError) as e:
+            return style.fail(args, f"replicaPolicy extender: {e}", style.EXIT_USAGE)
     log.info(
         "serving %s from %s in %s",
         ", ".join(p.resource_name for p in plugins),

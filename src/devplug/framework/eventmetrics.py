@@ -81,6 +81,14 @@ class EventMetrics:
             "and what devplug made of them (ignore, transient, reset).",
             ["resource", "gpu", "xid", "action"],
         )
+        self.placements = make(
+            counter,
+            "devplug_extender_placements",
+            "Shares of a GPU asked of a resource served with replicaPolicy extender, by "
+            "result: followed (the extender's GPU given), unmatched (no pod with the "
+            "extender's choice waiting for it), refused (another GPU allocated).",
+            ["resource", "result"],
+        )
         claim_labels = ["driver", "result"]
         self.prepares = make(
             counter, "devplug_dra_prepare_claims", "DRA claims prepared, by result.", claim_labels
@@ -183,6 +191,8 @@ class EventMetrics:
                 self.transitions.labels(resource, *HEALTH).inc(len(fields["unhealthy"]))
             if fields["healthy"]:
                 self.transitions.labels(resource, *reversed(HEALTH)).inc(len(fields["healthy"]))
+        elif kind == observe.PLACED:
+            self.placements.labels(resource, fields["result"]).inc()
         elif kind == observe.XID:
             self.xids.labels(resource, fields["gpu"], str(fields["xid"]), fields["action"]).inc()
         elif kind == observe.REGISTERED:

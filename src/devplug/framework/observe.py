@@ -33,6 +33,12 @@ CLAIM_UNPREPARED = "claim_unprepared"  # fields: claim, result, seconds
 SLICES_PUBLISHED = "slices_published"  # fields: result
 CLAIM_STATUS_WRITTEN = "claim_status_written"  # fields: claim, result
 XID = "xid"  # fields: gpu (UUID), xid, action (ignore/transient/reset)
+# A share given against the scheduler extender's choice: fields: result (PLACEMENTS)
+PLACED = "placed"
+# followed: the extender's GPU given; unmatched: no pod waiting with the extender's
+# choice for this request (served by the resource's own policy); refused: the kubelet
+# allocated another GPU than the extender chose (Allocate refused).
+PLACEMENTS = ("followed", "unmatched", "refused")
 RESULTS = ("ok", "error")
 
 

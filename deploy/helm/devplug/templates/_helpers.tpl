@@ -22,9 +22,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
-{{/* The Kubernetes API is used: per-node GPU configs (the Node's label) or DRA. */}}
+{{/* The Kubernetes API is used: per-node GPU configs (the Node's label), GPU shares for
+the scheduler extender (the Node's inventory, the pods' choices) or DRA. */}}
 {{- define "devplug.usesApi" -}}
-{{- if or .Values.dra.enabled (and .Values.gpu.enabled .Values.gpu.nvidiaConfigs) -}}true{{- end -}}
+{{- if or .Values.dra.enabled (and .Values.gpu.enabled (or .Values.gpu.nvidiaConfigs .Values.gpu.shares)) -}}true{{- end -}}
 {{- end -}}
 
 {{- define "devplug.image" -}}

@@ -18,6 +18,7 @@ from devplug.ground.trust import program_problem
 from devplug.sources.hardware import HealthSpec, check_health
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
+MILLI = 1000  # milli-GPUs in a GPU (devplug.placement's unit)
 MAX_REPLICAS = 256
 
 MigStrategy = Literal["none", "single", "mixed"]
@@ -77,8 +78,10 @@ class NvidiaSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     mps: MpsSpec = msgspec.field(default_factory=MpsSpec)
     # Which replica a pod gets on a shared GPU: NVIDIA's `distributed` (the GPU with the
     # fewest replicas in use) or `packed` (the most), or devplug's topology-aware
-    # `spread` (best-connected GPUs, one replica each first) or `pack`.
-    replica_policy: Literal["distributed", "packed", "spread", "pack"] = "distributed"
+    # `spread` (best-connected GPUs, one replica each first) or `pack`; or `extender`:
+    # replicas are shares of one GPU (1000 / replicas milli-GPUs each) and a pod gets
+    # those of the GPU the scheduler extender chose for it (docs/placement.md).
+    replica_policy: Literal["distributed", "packed", "spread", "pack", "extender"] = "distributed"
     # Refuse a container asking for more than one replica (unset: only with MPS).
     fail_requests_greater_than_one: bool | None = None
     # How the container learns its GPUs: NVIDIA_VISIBLE_DEVICES with their IDs
@@ -170,10 +173,32 @@ def cdi_only(spec: NvidiaSpec) -> bool:
     return all(s in CDI_STRATEGIES for s in spec.device_list_strategy)
 
 
+def share_milli(spec: NvidiaSpec, resource: str) -> int:
+    """With `replicaPolicy: extender`, the milli-GPUs one replica of `resource` is."""
+    return MILLI // replicas_of(spec, resource)
+
+
+def check_shares(spec: NvidiaSpec, at: str, fail: _Fail) -> None:
+    """`replicaPolicy: extender`: every replica count divides a GPU's 1000 milli-GPUs,
+    time-sliced (a share of memory and SMs through MPS is not a milli count)."""
+    counts = {f"{at}.replicas": spec.replicas}
+    counts |= {f"{at}.resourceReplicas[{r!r}]": n for r, n in spec.resource_replicas.items()}
+    for key, count in counts.items():
+        if not 2 <= count <= MILLI or MILLI % count:
+            fail(
+                key,
+                f"replicaPolicy extender: expected a divisor of {MILLI} from 2 to {MILLI} "
+                f"(each replica is {MILLI} / replicas milli-GPUs), got {count}",
+            )
+    if spec.sharing != "timeSlicing":
+        fail(f"{at}.sharing", "replicaPolicy extender shares GPUs by time-slicing only")
+
+
 def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
     """Meaning checks of an `nvidia:` block; `fail(field, problem)` raises."""
     at = f"{at}.nvidia"
-    if not 1 <= spec.replicas <= MAX_REPLICAS:
+    shares = spec.replica_policy == "extender"
+    if not shares and not 1 <= spec.replicas <= MAX_REPLICAS:
         fail(f"{at}.replicas", f"expected an integer from 1 to {MAX_REPLICAS}, got {spec.replicas}")
     if spec.nvidia_config is not None:
         from devplug.sources.nvidia.nvidiafile import apply_ref
@@ -183,8 +208,10 @@ def check_nvidia(spec: NvidiaSpec, name: str, at: str, fail: _Fail) -> None:
         key = f"{at}.resourceReplicas[{resource!r}]"
         if problem := resource_name_problem(resource):
             fail(key, problem)
-        if not 1 <= count <= MAX_REPLICAS:
+        if not shares and not 1 <= count <= MAX_REPLICAS:
             fail(key, f"expected an integer from 1 to {MAX_REPLICAS}, got {count}")
+    if shares:
+        check_shares(spec, at, fail)
     if spec.sharing == "mps":
         if spec.resource_replicas:
             if min(spec.resource_replicas.values()) < 2:

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from devplug.framework import observe
 from devplug.framework.device import ContainerEdits, Device
 from devplug.framework.names import REPLICA_SEPARATOR
 from devplug.framework.plugin import AllocationError, Plugin
@@ -31,12 +32,15 @@ from devplug.sources.nvidia.config import (
 )
 from devplug.sources.nvidia.discovery import CDI_KIND, resource_names
 from devplug.sources.nvidia.discovery import devices as unit_devices
+from devplug.sources.nvidia.extender import ExtenderAgent, Match
 from devplug.sources.nvidia.imex import add_channels, missing_channels
 from devplug.sources.nvidia.labels import node_labels
 from devplug.sources.nvidia.source import GpuSource
 from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
 
 log = logging.getLogger("devplug.sources.nvidia")
+
+ANSWERED_KEPT = 64  # preferred answers remembered until their Allocate
 
 
 class NvidiaPlugin(Plugin):
@@ -52,6 +56,10 @@ class NvidiaPlugin(Plugin):
         self.nvidia = source.spec
         self.preferred_allocation = self.spec.preferred_allocation
         self.primary = resource == source.name
+        # With replicaPolicy extender: the service that finds the pod a request is
+        # for, and the pod each preferred answer was for (by its device IDs).
+        self.placements: ExtenderAgent | None = None
+        self._answered: dict[frozenset[str], Match] = {}
 
     @property
     def start_problem(self) -> str:
@@ -149,6 +157,8 @@ class NvidiaPlugin(Plugin):
                 f"{len(devices)} replicas of {self.resource_name} requested by one "
                 f"container: {why}; ask for 1"
             )
+        if nvidia.replica_policy == "extender":
+            await self._check_extender(devices)
         edits = await super().allocate(devices)
         add_channels(edits, nvidia)
         strategies = nvidia.device_list_strategy
@@ -164,6 +174,8 @@ class NvidiaPlugin(Plugin):
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
     ) -> Sequence[str]:
         policy = self.nvidia.replica_policy
+        if policy == "extender":
+            return await self._extender(available, must_include, size)
         if self.replicas > 1 and policy in ("distributed", "packed"):
             return self._greedy(available, must_include, size, packed=policy == "packed")
         if any("migProfile" in d.attributes for d in available):
@@ -171,6 +183,69 @@ class NvidiaPlugin(Plugin):
         if self.replicas > 1 and policy == "pack":
             return self._pack(available, must_include, size)
         return self._connected(available, must_include, size)
+
+    async def _match(self, size: int) -> Match | None:
+        if self.placements is None:
+            return None
+        return await self.placements.match(self.resource_name, size)
+
+    async def _extender(
+        self, available: Sequence[Device], must_include: Sequence[Device], size: int
+    ) -> list[str]:
+        """The replicas of the GPUs the extender chose for the pod being admitted; where
+        no such pod waits (one the extender did not place), packed as `pack` does."""
+        match = await self._match(size)
+        if match is not None and not must_include:
+            by_gpu: dict[str, list[str]] = {}
+            for device in sorted(available, key=lambda d: d.id):
+                by_gpu.setdefault(_uuid(device), []).append(device.id)
+            per_gpu = min(size, self.replicas)
+            chosen = [i for gpu in match.gpus for i in by_gpu.get(gpu, [])[:per_gpu]]
+            if len(chosen) == size:
+                if len(self._answered) >= ANSWERED_KEPT:  # answers never allocated
+                    self._answered.clear()
+                self._answered[frozenset(chosen)] = match
+                return chosen
+            log.warning(
+                "%s: pod %s: the extender chose GPU %s, which has not %d free replicas "
+                "here: the kubelet's choice will be refused",
+                self.resource_name,
+                match.pod,
+                ",".join(match.gpus),
+                size,
+            )
+        return self._pack(available, must_include, size)
+
+    async def _check_extender(self, devices: Sequence[Device]) -> None:
+        """Refuse a share that straddles GPUs, and devices on another GPU than the
+        extender chose for the pod; mark the pod given otherwise."""
+        gpus = sorted({_uuid(d) for d in devices})
+        if len(devices) <= self.replicas and len(gpus) > 1:
+            self._placed("refused")
+            raise AllocationError(
+                f"{len(devices)} replicas of {self.resource_name} on {len(gpus)} GPUs "
+                f"({', '.join(gpus)}): a share of a GPU is a share of one GPU"
+            )
+        ids = frozenset(d.id for d in devices)
+        match = self._answered.pop(ids, None) or await self._match(len(devices))
+        if match is None:
+            self._placed("unmatched")
+            return
+        if set(gpus) != set(match.gpus):
+            self._placed("refused")
+            raise AllocationError(
+                f"pod {match.pod}: the scheduler extender chose GPU {','.join(match.gpus)} "
+                f"and the kubelet allocated GPU {','.join(gpus)}: refused, so that the "
+                "container never gets another GPU than the one it was placed on"
+            )
+        self._placed("followed")
+        if self.placements is not None:
+            self.placements.given(match, gpus)
+
+    def _placed(self, result: str) -> None:
+        observe.emit(
+            observe.PLACED, self.resource_name, f"extender placement {result}", result=result
+        )
 
     def _connected(
         self, available: Sequence[Device], must_include: Sequence[Device], size: int
@@ -278,6 +353,11 @@ _EXTRAS: tuple[tuple[str, str], ...] = (
 def _unit_of(device_id: str) -> str:
     """The GPU or MIG device a replica ID belongs to ('<UUID>::<k>' -> '<UUID>')."""
     return device_id.partition(REPLICA_SEPARATOR)[0]
+
+
+def _uuid(device: Device) -> str:
+    """The UUID of the GPU (or MIG device) a device is a replica of."""
+    return str(device.attributes.get("uuid", "")) or _unit_of(device.id)
 
 
 def _index(device: Device) -> int:

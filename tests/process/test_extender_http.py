@@ -1,0 +1,130 @@
+"""`devplug extender` over real HTTP without an API server to read: bad requests
+answered 400 in one line, an API server away answered 503 (filter, prioritize) or in
+the bind's Error, bad options refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devplug.extender.kubeapi import KubeApi
+from devplug.extender.server import ExtenderServer
+from devplug.extender.verbs import Extender
+
+
+def post(url: str, verb: str, body: bytes | Any) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"{url}/{verb}", data=data, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+@pytest.fixture
+def served(short_tmp: Path) -> Iterator[ExtenderServer]:
+    """The extender over an API server that refuses connections."""
+    from api_servers import closed_port, write_kubeconfig
+
+    kubeconfig = write_kubeconfig(short_tmp / "kc", f"https://127.0.0.1:{closed_port()}")
+    server = ExtenderServer(("127.0.0.1", 0), Extender(KubeApi(str(kubeconfig)), "fgd"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("verb", "body", "said"),
+    [
+        ("filter", b"{not json", "/filter: the body is not JSON"),
+        ("filter", [], "/filter: the request: expected an object, got list"),
+        ("filter", {"Pod": 3}, "/filter: Pod: expected an object, got int"),
+        ("prioritize", {"Pod": {}}, "/prioritize: the request has neither Nodes nor NodeNames"),
+        ("bind", {"PodName": "x"}, "/bind: PodNamespace: expected a non-empty string, got None"),
+        ("nothing", {}, "no such verb '/nothing'"),
+    ],
+)
+def test_bad_requests_get_400_and_one_line(
+    served: ExtenderServer, verb: str, body: Any, said: str
+) -> None:
+    status, text = post(served.url, verb, body)
+    assert status == (404 if verb == "nothing" else 400)
+    assert text.startswith(said), text
+    assert text.count("\n") == 1
+    assert "Traceback" not in text
+
+
+def test_the_command_refuses_a_bad_listen_address_and_an_unknown_policy_in_one_line() -> None:
+    for args, said in (
+        (["--port", "70000"], "expected a TCP port, 0 to 65535"),
+        (["--policy", "random"], "invalid choice: 'random'"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "devplug.cli.main", "extender", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2
+        assert said in done.stderr
+        assert "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_api_server_away_is_503_for_filter_and_an_error_for_bind_in_one_line(
+    served: ExtenderServer,
+) -> None:
+    status, text = post(served.url, "filter", {"Pod": {}, "NodeNames": ["a"]})
+    assert status == 503
+    assert text == "/filter: the API server cannot be reached (connection refused)\n"
+    bind = {"PodName": "p", "PodNamespace": "n", "PodUID": "u", "Node": "a"}
+    assert post(served.url, "bind", bind) == (
+        200,
+        {"Error": "the API server cannot be reached (connection refused)"},
+    )
+
+
+def test_shares_without_an_api_server_to_publish_to_refuse_to_start(short_tmp: Path) -> None:
+    import os
+
+    from devplug.fakes.gpus import FakeGpuHost
+    from tests.controlplane.test_extender_node import config, two_linked_gpus
+
+    host = FakeGpuHost(short_tmp / "gpus", two_linked_gpus())
+    path = short_tmp / "config.yaml"
+    path.write_text(config(host))
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devplug.cli.main",
+            "serve",
+            "--config",
+            str(path),
+            "--plugin-dir",
+            str(short_tmp / "dp"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env | host.env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("devplug serve: replicaPolicy extender: no kubeconfig")
