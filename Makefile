@@ -88,7 +88,7 @@ node-deps:
 	fi
 
 IMAGE_INPUTS := Dockerfile .dockerignore tools/image.sh pyproject.toml README.md \
-	$(shell find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc')
+	$(shell find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -not -path '*.egg-info/*')
 build/devplug-image.tar: $(IMAGE_INPUTS) | image-deps $(STAMP)
 	@tools/image.sh
 

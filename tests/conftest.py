@@ -20,6 +20,7 @@ from devplug.testing.realnode import MachineLock, RealNode, missing
 ROOT = Path(__file__).resolve().parent.parent
 _NODE_LOCK = pytest.StashKey[MachineLock]()
 _NODE_LOCK_ERROR = pytest.StashKey[str]()
+_OWN_BASETEMP = pytest.StashKey[str]()
 # The folder of a running node.sh cluster to use instead of starting one (iterating on
 # tests): `node.sh up FOLDER`, then DEVPLUG_NODE_DIR=FOLDER pytest ...
 ATTACH_ENV = "DEVPLUG_NODE_DIR"
@@ -37,6 +38,24 @@ def short_tmp() -> Iterator[Path]:
 
 
 TIERS = ("unit", "process", "controlplane", "realnode", "image")
+# Modules whose tests share something of the checkout that two workers must not touch at
+# once (test_packaging: `make dist` writes dist/ and the egg-info), each on one worker.
+ONE_WORKER = {"test_packaging.py": "packaging"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A short base for tmp_path (unless --basetemp is given): unix socket paths must fit
+    in 107 bytes, and a parallel run adds the worker's name to every path. The base is
+    made once, by the process that starts the workers, and removed at the end."""
+    if config.option.basetemp or hasattr(config, "workerinput"):
+        return
+    config.option.basetemp = tempfile.mkdtemp(prefix="dpt-")
+    config.stash[_OWN_BASETEMP] = config.option.basetemp
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if own := config.stash.get(_OWN_BASETEMP, None):
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -51,6 +70,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # tests import from.
         if tier == "image" or "real_node" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("realnode"))
+        elif group := ONE_WORKER.get(item.path.name):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _node_lock(config: pytest.Config) -> MachineLock:

@@ -199,7 +199,7 @@ DRAW = settings(
     database=None,
 )
 ENDING = sorted(w for w in LEAVES if w not in SERVING)
-PER_COMMAND = 10  # lines run per command: most that parse, a few that do not
+PER_COMMAND = 6  # lines run per command: most that parse, a few that do not
 
 
 def drawn_lines(words: tuple[str, ...]) -> list[list[str]]:
