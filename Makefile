@@ -39,11 +39,12 @@ proto: $(STAMP)
 
 # The wheel and the sdist in dist/, checked: their metadata (twine), and the LICENSE and
 # py.typed inside each.
+DIST ?= dist
 dist: $(STAMP)
-	rm -rf dist
-	$(BIN)/python -m build -q --outdir dist . >&2
-	$(BIN)/twine check --strict dist/*
-	$(BIN)/python tools/checkdist.py dist
+	rm -rf $(DIST)
+	$(BIN)/python -m build -q --outdir $(DIST) . >&2
+	$(BIN)/twine check --strict $(DIST)/*
+	$(BIN)/python tools/checkdist.py $(DIST)
 
 bench: $(STAMP) image
 	@$(BIN)/python bench/run.py

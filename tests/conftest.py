@@ -58,10 +58,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(own, ignore_errors=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier marker from the folder (`pytest -m unit` runs the pure tier alone), and
     one xdist group for the tests of the real node and of the image: the cluster is one
-    per machine, so the worker that starts it runs all of them."""
+    per machine, so the worker that starts it runs all of them. That group goes first:
+    it is the longest, so the other workers share the rest while it runs."""
     for item in items:
         tier = item.path.parent.name
         if tier in TIERS:
@@ -72,6 +74,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("realnode"))
         elif group := ONE_WORKER.get(item.path.name):
             item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: "realnode" not in _groups(item))
+
+
+def _groups(item: pytest.Item) -> set[str]:
+    return {str(mark.args[0]) for mark in item.iter_markers("xdist_group") if mark.args}
 
 
 def _node_lock(config: pytest.Config) -> MachineLock:

@@ -142,15 +142,21 @@ def test_python_m_devplug_is_the_devplug_command() -> None:
     assert "no-such-command" in usage.stderr
 
 
-@pytest.fixture(scope="module")
-def dist() -> Path:
-    """`make dist`: the wheel and sdist built and checked (twine, LICENSE, py.typed)."""
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`make dist`: the wheel and sdist built and checked (twine, LICENSE, py.typed), in
+    a folder of this run's own (DIST), so that nothing else's `make dist` replaces them."""
+    folder = tmp_path_factory.mktemp("dist")
     done = subprocess.run(
-        ["make", "-s", "dist"], cwd=ROOT, capture_output=True, text=True, timeout=540
+        ["make", "-s", "dist", f"DIST={folder}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert "PASSED" in done.stdout
-    return ROOT / "dist"
+    return folder
 
 
 def wheel_of(dist: Path) -> Path:
