@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # (PEP 735, pip >= 25.1), which is not published with the package.
 EXTRAS := dra,envtest,fleet,report,udev
 
-.PHONY: demo test lint proto dist bench fleet-bench fleet-bench-dra soak clean image image-deps node-deps browser-deps
+.PHONY: demo test test-node test-other lint proto dist bench fleet-bench fleet-bench-dra soak clean image image-deps node-deps browser-deps
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
@@ -21,13 +21,23 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/devplug demo
 
-# Three workers on any machine: the tests wait on processes, sockets and API servers as
-# much as they compute, so even 2 cores keep three busy. The real node's tests share its
-# one cluster, on one worker (--dist loadgroup; tests/conftest.py groups them).
-TEST_WORKERS ?= 3
+# Two runs side by side: the real node's and the image's tests in one process (the
+# cluster is one per machine, and they share it), everything else on TEST_WORKERS
+# workers (pytest-xdist), a test file per worker at a time (its module fixtures built
+# once). The tests wait on processes, sockets and API servers as much as they compute,
+# so 2 cores keep both runs busy.
+TEST_WORKERS ?= 2
+NODE_TESTS := tests/realnode tests/image
+OTHER_TESTS := tests/unit tests/process tests/controlplane
 
 test: lint image-deps node-deps browser-deps
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	@$(MAKE) -s -j2 --output-sync=target test-node test-other
+
+test-node: $(STAMP)
+	$(BIN)/python -m pytest -q $(NODE_TESTS)
+
+test-other: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(OTHER_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench tools

@@ -1,7 +1,6 @@
 """Shared fixtures: a short temp folder, and the real one-node cluster (`real_node`,
 `real_node_image`) that every real-node test of a run shares; each test marked with the
-tier of its folder (unit, process, controlplane, realnode, image), and every test of the
-real node kept on one worker when the run is parallel (pytest-xdist, `--dist loadgroup`)."""
+tier of its folder (unit, process, controlplane, realnode, image)."""
 
 from __future__ import annotations
 
@@ -38,15 +37,12 @@ def short_tmp() -> Iterator[Path]:
 
 
 TIERS = ("unit", "process", "controlplane", "realnode", "image")
-# Modules whose tests share something of the checkout that two workers must not touch at
-# once (test_packaging: `make dist` writes dist/ and the egg-info), each on one worker.
-ONE_WORKER = {"test_packaging.py": "packaging"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """A short base for tmp_path (unless --basetemp is given): unix socket paths must fit
-    in 107 bytes, and a parallel run adds the worker's name to every path. The base is
-    made once, by the process that starts the workers, and removed at the end."""
+    in 107 bytes, and a parallel run (pytest-xdist) adds the worker's name to every path.
+    The base is made once, by the process that starts the workers, and removed at the end."""
     if config.option.basetemp or hasattr(config, "workerinput"):
         return
     config.option.basetemp = tempfile.mkdtemp(prefix="dpt-")
@@ -58,28 +54,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(own, ignore_errors=True)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tier marker from the folder (`pytest -m unit` runs the pure tier alone), and
-    one xdist group for the tests of the real node and of the image: the cluster is one
-    per machine, so the worker that starts it runs all of them. That group goes first:
-    it is the longest, so the other workers share the rest while it runs."""
+    """The tier marker from the folder: `pytest -m unit` runs the pure tier alone."""
     for item in items:
         tier = item.path.parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        # The image's build folder is one too: the image tier builds where the real node's
-        # tests import from.
-        if tier == "image" or "real_node" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("realnode"))
-        elif group := ONE_WORKER.get(item.path.name):
-            item.add_marker(pytest.mark.xdist_group(group))
-    if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: "realnode" not in _groups(item))
-
-
-def _groups(item: pytest.Item) -> set[str]:
-    return {str(mark.args[0]) for mark in item.iter_markers("xdist_group") if mark.args}
 
 
 def _node_lock(config: pytest.Config) -> MachineLock:
