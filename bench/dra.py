@@ -385,7 +385,10 @@ def bench_dra_on_node(node: Any, root: Path) -> dict[str, Any]:
     command = [
         *(sys.executable, "-m", "devplug.cli.main", "serve", "--config", str(config)),
         *("--kubeconfig", str(node.kubeconfig), "--node-name", node.node_name),
-        *("--plugin-dir", str(root / "dp")),
+        *("--plugin-dir", str(root / "dp")),  # no device plugin: kept off the kubelet's
+        # The DRA folders follow --plugin-dir unless named: the kubelet's own.
+        *("--registry-dir", "/var/lib/kubelet/plugins_registry"),
+        *("--dra-socket-dir", "/var/lib/kubelet/plugins"),
     ]
     proc = node.popen(*command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
