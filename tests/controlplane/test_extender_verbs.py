@@ -6,8 +6,6 @@ state."""
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +15,7 @@ import pytest
 from devplug.extender.server import ExtenderServer
 from devplug.extender.verbs import Extender
 from devplug.placement.inventory import ASSIGNED
+from tests.process.test_extender_http import post
 from tests.unit.test_extender_state import RESOURCE, inventory, node_object, pod_object
 
 
@@ -29,16 +28,6 @@ def api(kubeconfig: str) -> Iterator[Any]:
         yield client
     finally:
         client.close()
-
-
-def post(url: str, verb: str, body: bytes | Any) -> tuple[int, Any]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(f"{url}/{verb}", data=data, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
 
 
 @pytest.fixture

@@ -39,13 +39,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="fgd: the pod list (devplug plan's format) whose kinds fragmentation is "
         "measured against (default: the kinds of the pods placed so far)",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        type=style.file_path,
-        metavar="FILE",
-        help="kubeconfig of the API server (default: $KUBECONFIG, else in-cluster)",
+    style.add_kubeconfig(
+        parser,
+        "kubeconfig of the API server (default: $KUBECONFIG, else in-cluster)",
     )
-    style.add_context(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -46,13 +46,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         style.add_filenames(command, "the fleet file (one)", required=True)
         style.add_output(command)
     for command in (up, down):
-        command.add_argument(
-            "--kubeconfig",
-            type=style.file_path,
-            metavar="FILE",
-            help="the cluster (default: $KUBECONFIG, else the in-cluster service account)",
+        style.add_kubeconfig(
+            command,
+            "the cluster (default: $KUBECONFIG, else the in-cluster service account)",
         )
-        style.add_context(command)
         command.add_argument(
             "--concurrency",
             type=style.count,

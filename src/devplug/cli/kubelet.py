@@ -94,13 +94,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="allocated ResourceClaims as YAML files in DIR",
     )
-    dra.add_argument(
-        "--kubeconfig",
-        type=style.file_path,
-        metavar="FILE",
-        help="read claims from this API server, and run the pods bound to --node-name",
+    style.add_kubeconfig(
+        dra,
+        "read claims from this API server, and run the pods bound to --node-name",
     )
-    style.add_context(dra)
     dra.add_argument("--node-name", metavar="NAME", help="the node whose pods to run")
 
 

@@ -93,14 +93,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         f"of GPU capacity, or draw pods out while above (0: as listed; default: "
         f"{DEFAULT_INFLATE:g})",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        type=style.file_path,
-        metavar="FILE",
-        help="place the pods with the real kube-scheduler of this cluster (the fleet is "
+    style.add_kubeconfig(
+        parser,
+        "place the pods with the real kube-scheduler of this cluster (the fleet is "
         "registered there for each run, and removed after); without it, the fit step",
     )
-    style.add_context(parser)
     style.add_api_timeout(parser)
     parser.add_argument(
         "--vary",

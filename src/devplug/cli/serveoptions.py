@@ -93,13 +93,10 @@ def add_dra_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="this node's name, the pool of its slices (default: $NODE_NAME, else the host name)",
     )
-    group.add_argument(
-        "--kubeconfig",
-        type=style.file_path,
-        metavar="FILE",
-        help="kubeconfig of the API server (default: $KUBECONFIG, else in-cluster)",
+    style.add_kubeconfig(
+        group,
+        "kubeconfig of the API server (default: $KUBECONFIG, else in-cluster)",
     )
-    style.add_context(group)
     group.add_argument(
         "--registry-dir",
         type=style.folder,

@@ -167,6 +167,13 @@ def add_timeout(parser: argparse.ArgumentParser, what: str, default: float = 30.
     )
 
 
+def add_kubeconfig(parser: argparse.ArgumentParser | Any, help: str) -> None:
+    """`--kubeconfig FILE` with its `--context NAME`: every command that talks to an API
+    server takes the two together."""
+    parser.add_argument("--kubeconfig", type=file_path, metavar="FILE", help=help)
+    add_context(parser)
+
+
 def add_context(parser: argparse.ArgumentParser | Any) -> None:
     """`--context NAME`, beside every `--kubeconfig`: the kubeconfig's context to use."""
     parser.add_argument(
