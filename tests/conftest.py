@@ -55,11 +55,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tier marker from the folder: `pytest -m unit` runs the pure tier alone."""
+    """The tier marker from the folder: `pytest -m unit` runs the pure tier alone, and
+    `make test` splits the suite by these markers, so a test outside the tier folders
+    would belong to no run's plan: it is refused."""
+    outside = sorted({str(i.path) for i in items if i.path.parent.name not in TIERS})
+    if outside:
+        raise pytest.UsageError(
+            f"test files outside the tier folders ({', '.join(TIERS)}): {', '.join(outside)}"
+        )
     for item in items:
-        tier = item.path.parent.name
-        if tier in TIERS:
-            item.add_marker(getattr(pytest.mark, tier))
+        item.add_marker(getattr(pytest.mark, item.path.parent.name))
 
 
 def _node_lock(config: pytest.Config) -> MachineLock:
