@@ -326,14 +326,24 @@ def test_a_rolling_update_with_surge_loses_nothing(
     most = [0]
     watchers: list[Any] = []
 
+    stopped = threading.Event()
+
     def follow(list_call: Any, seen: Callable[[str, Any], None], **selector: str) -> None:
+        """Every event until the test ends. A watch the API server ends with an error (a
+        504 "Too large resource version" while the kubelet restarts) is started again
+        from a new list, so that no deletion goes unseen and `deleted == []` means it."""
+        from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
-        w: Any = watch.Watch()  # type: ignore[no-untyped-call]
-        watchers.append(w)
-        with contextlib.suppress(HTTPError, OSError, ValueError):  # ends with the test
-            for event in w.stream(list_call, **selector):
-                seen(event["type"], event["object"])
+        while not stopped.is_set():
+            w: Any = watch.Watch()  # type: ignore[no-untyped-call]
+            watchers.append(w)
+            try:
+                with contextlib.suppress(HTTPError, OSError, ValueError):  # ends with the test
+                    for event in w.stream(list_call, **selector):
+                        seen(event["type"], event["object"])
+            except ApiException:
+                continue
 
     def slice_seen(kind: str, obj: Any) -> None:
         if kind == "DELETED":
@@ -389,6 +399,7 @@ def test_a_rolling_update_with_surge_loses_nothing(
         wait_for_gone(spec, timeout=60)
         log = node.kubectl("logs", "-n", NAMESPACE, second).stdout
         assert f"unprepared claim {ns}/{claim}" in log
+    stopped.set()
     for w in watchers:
         w.stop()
     assert deleted == []
