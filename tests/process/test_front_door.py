@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from tests.dra_helpers import NODE, NodeDirs, allocated_claim, claim_pod, kubelet_for
-from tests.sim_helpers import pod, run, stop_process
+from tests.sim_helpers import pod, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 GADGET = "example.com/gadget"
@@ -69,7 +69,9 @@ def widget_claim(dirs: NodeDirs) -> None:
     (dirs.claims / "wc.yaml").write_text(yaml.safe_dump(claim))
 
 
-def test_one_run_serves_a_device_plugin_and_a_dra_driver_to_the_kubelet(short_tmp: Path) -> None:
+async def test_one_run_serves_a_device_plugin_and_a_dra_driver_to_the_kubelet(
+    short_tmp: Path,
+) -> None:
     dirs = NodeDirs(short_tmp)
     widget_claim(dirs)
     proc = serve_example(dirs)
@@ -92,7 +94,7 @@ def test_one_run_serves_a_device_plugin_and_a_dra_driver_to_the_kubelet(short_tm
             assert not (dirs.cdi / f"{DRIVER}-uid-w.json").exists()
 
     try:
-        run(scenario())
+        await scenario()
     finally:
         code = stop_process(proc)
     output = proc.stdout.read() if proc.stdout else ""
