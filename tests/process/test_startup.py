@@ -3,7 +3,6 @@ millisecond before it registers can fail a pod's admission (bench/startup.py tim
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -30,7 +29,7 @@ NOT_FOR_SERVE = {
 }
 
 
-def test_serve_loads_only_what_serving_needs(short_tmp: Path) -> None:
+async def test_serve_loads_only_what_serving_needs(short_tmp: Path) -> None:
     async def scenario() -> list[str]:
         plugin_dir = short_tmp / "plugins"
         names = [r.name for r in load_default_config().resources]
@@ -44,6 +43,6 @@ def test_serve_loads_only_what_serving_needs(short_tmp: Path) -> None:
             modules: list[str] = json.loads(serve.state.read_text())["modules"]
         return modules
 
-    modules = set(asyncio.run(scenario()))
+    modules = set(await scenario())
     assert "devplug.framework.daemon" in modules  # the dump sees what serving loaded
     assert not modules & NOT_FOR_SERVE, sorted(modules & NOT_FOR_SERVE)
