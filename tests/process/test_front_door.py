@@ -70,33 +70,29 @@ def widget_claim(dirs: NodeDirs) -> None:
 
 
 async def test_one_run_serves_a_device_plugin_and_a_dra_driver_to_the_kubelet(
-    short_tmp: Path,
+    short_tmp: Path, daemons: list[Any]
 ) -> None:
     dirs = NodeDirs(short_tmp)
     widget_claim(dirs)
-    proc = serve_example(dirs)
+    daemons.append(proc := serve_example(dirs))
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            await kubelet.wait_for_resource(GADGET, count=4)
-            await kubelet.wait_for_registration(DRIVER)
-            [counted] = await kubelet.apply(pod("counted", {"app": {GADGET: 2}}))
-            assert counted.admitted, counted.message
-            ids = counted.containers[0].devices[GADGET]
-            envs = {e.name: e.value for e in counted.containers[0].options.envs}
-            assert envs["GADGETS"] == ",".join(ids)
-            [described] = await kubelet.apply(claim_pod("described", "wc"))
-            assert described.admitted, described.message
-            assert described.containers[0].options.cdi_devices == [f"{DRIVER}/claim=uid-w-w1"]
-            spec = json.loads((dirs.cdi / f"{DRIVER}-uid-w.json").read_text())
-            assert "WIDGET_CLAIM=default/wc" in spec["containerEdits"]["env"]
-            assert await kubelet.delete_pod("described")
-            assert not (dirs.cdi / f"{DRIVER}-uid-w.json").exists()
+    async with kubelet_for(dirs) as kubelet:
+        await kubelet.wait_for_resource(GADGET, count=4)
+        await kubelet.wait_for_registration(DRIVER)
+        [counted] = await kubelet.apply(pod("counted", {"app": {GADGET: 2}}))
+        assert counted.admitted, counted.message
+        ids = counted.containers[0].devices[GADGET]
+        envs = {e.name: e.value for e in counted.containers[0].options.envs}
+        assert envs["GADGETS"] == ",".join(ids)
+        [described] = await kubelet.apply(claim_pod("described", "wc"))
+        assert described.admitted, described.message
+        assert described.containers[0].options.cdi_devices == [f"{DRIVER}/claim=uid-w-w1"]
+        spec = json.loads((dirs.cdi / f"{DRIVER}-uid-w.json").read_text())
+        assert "WIDGET_CLAIM=default/wc" in spec["containerEdits"]["env"]
+        assert await kubelet.delete_pod("described")
+        assert not (dirs.cdi / f"{DRIVER}-uid-w.json").exists()
 
-    try:
-        await scenario()
-    finally:
-        code = stop_process(proc)
+    code = stop_process(proc)
     output = proc.stdout.read() if proc.stdout else ""
     assert code == 0, output
     assert not (dirs.plugin_dir / "devplug-example.com-gadget.sock").exists()
