@@ -122,7 +122,7 @@ async def test_allocate_bad_inputs_keep_the_daemon_serving(
     def req(*ids: str) -> pb.AllocateRequest:
         return pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
 
-    async def scenario() -> None:
+    with caplog.at_level("WARNING", logger="devplug.plugin"):
         async with serving(tmp_path, gpus()) as stubs:
             stub = stubs["example.com/gpu"]
             unknown = ("nope", "gpu9")
@@ -145,9 +145,6 @@ async def test_allocate_bad_inputs_keep_the_daemon_serving(
             assert "and 9990 more" in details
             ok = await stub.Allocate(req("gpu1"))  # still serving
             assert dict(ok.container_responses[0].envs)["GPU_IDS"] == "gpu1"
-
-    with caplog.at_level("WARNING", logger="devplug.plugin"):
-        await scenario()
     refusals = [r for r in caplog.records if "Allocate refused" in r.getMessage()]
     assert len(refusals) == 4  # each error logged once, with the resource
     assert all(getattr(r, "resource", None) == "example.com/gpu" for r in refusals)

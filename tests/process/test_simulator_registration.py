@@ -158,7 +158,7 @@ async def test_a_plugin_stopping_on_purpose_is_no_warning(
 
     plugins = short_tmp / "plugins"
 
-    async def scenario() -> None:
+    with caplog.at_level("INFO", logger="devplug.simulator"):
         async with Kubelet(plugins, short_tmp / "state", control_socket=False) as kubelet:
             process = PluginProcess(short_tmp, plugins, [plugin(FOO, [device("d0")])])
             try:
@@ -168,8 +168,5 @@ async def test_a_plugin_stopping_on_purpose_is_no_warning(
                 await kubelet.wait_for_event(ENDPOINT_STOPPED, after=seen, timeout=20)
             finally:
                 process.close()
-
-    with caplog.at_level("INFO", logger="devplug.simulator"):
-        await scenario()
     [record] = [r for r in caplog.records if "ListAndWatch" in r.getMessage()]
     assert record.levelname == level, record.getMessage()

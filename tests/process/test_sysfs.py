@@ -382,12 +382,9 @@ async def test_without_pyudev_the_fallback_is_said_once_naming_the_extra(
     monkeypatch.setitem(sys.modules, "pyudev", None)  # as if not installed
     monkeypatch.setattr(udev, "_said", set())
 
-    async def scenario() -> None:
+    with caplog.at_level("WARNING", logger="devplug.sources.sysfs.udev"):
         for _resource in range(3):  # each resource of the config starts its watcher
             assert udev.UdevEvents.start(lambda: None) is None
-
-    with caplog.at_level("WARNING", logger="devplug.sources.sysfs.udev"):
-        await scenario()
     [line] = caplog.messages
     assert "pip install 'devplug[udev]'" in line
     assert "hot-plug is seen through /dev only" in line
