@@ -70,7 +70,7 @@ class Daemon:
             raise ValueError(f"a resource is served twice: {sorted(names)}")
         # A str, not a Path: pathlib (and what it imports) stays unloaded in a plugin
         # daemon, 0.6 MiB and milliseconds of every start (`make bench`, "floor").
-        self._plugin_dir = os.fspath(plugin_dir)
+        self._plugin_dir = os.fspath(plugin_dir) or "."
         self.endpoints = [Endpoint(p, self._plugin_dir) for p in plugins]
         self._watched = {KUBELET_SOCKET, *(p.socket_name for p in plugins)}
         self.services = list(services)

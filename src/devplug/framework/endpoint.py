@@ -49,7 +49,7 @@ class Endpoint:
     def __init__(self, plugin: Plugin, plugin_dir: StrPath) -> None:
         self.plugin = plugin
         # Paths as str: pathlib stays unloaded in a plugin daemon (see the properties).
-        self._plugin_dir = os.fspath(plugin_dir)
+        self._plugin_dir = os.fspath(plugin_dir) or "."
         self._socket_path = os.path.join(self._plugin_dir, plugin.socket_name)
         self._kubelet_socket = os.path.join(self._plugin_dir, KUBELET_SOCKET)
         if problem := socket_path_problem(self._socket_path):
