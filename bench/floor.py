@@ -35,7 +35,11 @@ bare.py's own):
 
 Measured before and after in one run (5 pairs, machine load average 11-13 on 2
 cores, the framework before this change run from its own source tree): start to
-registered 1.18x -> 1.04x (CPU 1.26x -> 1.04x), RSS +1.5 MiB -> +1.0 MiB.
+registered 1.18x -> 1.04x (CPU 1.26x -> 1.04x), RSS +1.5 MiB -> +1.0 MiB. Three runs of
+this bench after it, at load 12-16: Allocate p50 0.97-1.16x, 8 clients 0.91-1.26x, start
+to registered 0.89-1.40x (CPU 1.04-1.26x), RSS +0.8 to +1.0 MiB: the start's CPU ratio
+is where the framework still stands above the floor (ctypes, the dataclasses and its
+own modules, ~20 ms of imports).
 """
 
 from __future__ import annotations
