@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.dra_helpers import NODE, NodeDirs, allocated_claim, claim_pod, kubelet_for
@@ -132,31 +133,32 @@ run(Probe(devices=[Device("p0")]), plugin_dir=sys.argv[1])
 """
 
 
-def test_a_device_plugin_registers_and_allocates_without_loading_pathlib(short_tmp: Path) -> None:
-    """The door's device-plugin path holds its paths as str: pathlib, and the
-    urllib.parse and ipaddress it imports, stay out of a plugin's memory and start."""
-    dirs = NodeDirs(short_tmp)
+@pytest.fixture
+def probe(short_tmp: Path, daemons: list[Any]) -> subprocess.Popen[str]:
+    """PROBE serving in the plugin folder of a node in `short_tmp`."""
     later = ["pathlib", "urllib.parse", "ipaddress"]
     proc = subprocess.Popen(
-        [sys.executable, "-c", PROBE, str(dirs.plugin_dir), *later],
+        [sys.executable, "-c", PROBE, str(NodeDirs(short_tmp).plugin_dir), *later],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    daemons.append(proc)
+    return proc
 
-    envs: dict[str, str] = {}
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            await kubelet.wait_for_resource("example.com/probe", count=1)
-            [probed] = await kubelet.apply(pod("probed", {"app": {"example.com/probe": 1}}))
-            assert probed.admitted, probed.message
-            envs.update((e.name, e.value) for e in probed.containers[0].options.envs)
+async def test_a_device_plugin_registers_and_allocates_without_loading_pathlib(
+    short_tmp: Path, probe: subprocess.Popen[str]
+) -> None:
+    """The door's device-plugin path holds its paths as str: pathlib, and the
+    urllib.parse and ipaddress it imports, stay out of a plugin's memory and start."""
+    async with kubelet_for(NodeDirs(short_tmp)) as kubelet:
+        await kubelet.wait_for_resource("example.com/probe", count=1)
+        [probed] = await kubelet.apply(pod("probed", {"app": {"example.com/probe": 1}}))
+        assert probed.admitted, probed.message
+        envs = {e.name: e.value for e in probed.containers[0].options.envs}
 
-    try:
-        run(scenario())
-    finally:
-        code = stop_process(proc)
-    output = proc.stdout.read() if proc.stdout else ""
+    code = stop_process(probe)
+    output = probe.stdout.read() if probe.stdout else ""
     assert code == 0, output
     assert envs["LOADED"] == "none", envs
