@@ -28,11 +28,19 @@ from devplug.simulator.podclaims import PodClaims
 from devplug.simulator.pods import PodSpec
 from devplug.simulator.results import ContainerResult
 
+# The steps that can refuse a pod.
+RESOURCES = "resources"
+DEVICES = "devices"
+DRA = "dra"
+
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """Why the pod does not run: the kubelet's reason and message."""
+    """Why the pod does not run: the step that refused it, the kubelet's reason and
+    message. A pod the resource check or the device manager refuses is rejected for
+    good; one DRA could not prepare waits, as the kubelet retries it."""
 
+    step: str
     reason: str
     message: str
 
@@ -51,10 +59,10 @@ async def admit_pod(
     """Admit `pod` and start its containers; or why it was refused, with nothing
     of it left on the node."""
     if resource_check is not None and (refused := resource_check(pod)) is not None:
-        return Refusal(*refused)
+        return Refusal(RESOURCES, *refused)
     rejection = await devices.admit(pod)
     if rejection is not None:
-        return Refusal(rejection.reason, rejection.message)
+        return Refusal(DEVICES, rejection.reason, rejection.message)
     cdi: dict[str, list[str]] = {}
     try:
         if claims is not None:
@@ -62,7 +70,7 @@ async def admit_pod(
         return await start_containers(devices, pod, cdi)
     except PrepareError as error:
         await _undo(pod, devices, claims)
-        return Refusal(error.reason, str(error))
+        return Refusal(DRA, error.reason, str(error))
     except BaseException:
         await _undo(pod, devices, claims)
         raise
