@@ -176,6 +176,7 @@ class FleetNode:
                 self.manager,
                 self.claims,
                 resource_check=lambda _: self._resource_check(requests),
+                runtime_options=False,  # no container runtime here
             )
         finally:
             given.clear()
@@ -186,7 +187,7 @@ class FleetNode:
             return self._refuse(parsed, admitted.reason, admitted.message)
         refs = [
             ClaimRef(parsed.namespace, name, str((claims[name].get("metadata") or {}).get("uid")))
-            for name in pod_claims(parsed).values()
+            for name in (pod_claims(parsed).values() if claims else ())
             if name in claims
         ]
         self.held[parsed.uid] = Held(

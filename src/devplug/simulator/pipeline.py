@@ -55,9 +55,11 @@ async def admit_pod(
     claims: PodClaims | None = None,
     *,
     resource_check: ResourceCheck | None = None,
+    runtime_options: bool = True,
 ) -> Refusal | list[ContainerResult]:
     """Admit `pod` and start its containers; or why it was refused, with nothing
-    of it left on the node."""
+    of it left on the node. `runtime_options=False` leaves the containers' runtime
+    options out (where no container runtime takes them)."""
     if resource_check is not None and (refused := resource_check(pod)) is not None:
         return Refusal(RESOURCES, *refused)
     rejection = await devices.admit(pod)
@@ -67,7 +69,7 @@ async def admit_pod(
     try:
         if claims is not None:
             cdi = await claims.prepare_pod(pod)
-        return await start_containers(devices, pod, cdi)
+        return await start_containers(devices, pod, cdi, runtime_options=runtime_options)
     except PrepareError as error:
         await _undo(pod, devices, claims)
         return Refusal(DRA, error.reason, str(error))

@@ -82,6 +82,8 @@ def pod_claims(pod: PodSpec) -> dict[str, str]:
     spec = pod.manifest.get("spec") or {}
     status = pod.manifest.get("status") or {}
     extended = status.get("extendedResourceClaimStatus")
+    if not extended and not spec.get("resourceClaims"):
+        return {}  # most pods
     if isinstance(extended, Mapping) and extended.get("resourceClaimName"):
         made = {EXTENDED_CLAIM: str(extended["resourceClaimName"])}
     else:
