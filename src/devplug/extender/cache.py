@@ -60,6 +60,7 @@ class Cache:
         self._on_node: dict[str, dict[str, Pod]] = {}  # node -> UID -> pod
         self._unbound: set[str] = set()  # UIDs placed by their GPUs alone (not bound yet)
         self._cluster = Cluster()
+        self._listed: set[str] = set()  # the kinds listed at least once
         self._changed = threading.Condition()  # notified after each change of the state
         self.informers = {
             kind: Informer(source, kind, self, watch_timeout_s) for kind in ("nodes", "pods")
@@ -78,10 +79,10 @@ class Cache:
     @property
     def synced(self) -> bool:
         """Both kinds listed once: the cache holds the API server's state."""
-        return all(i.synced.is_set() for i in self.informers.values())
+        return self._listed >= set(self.informers)
 
-    def wait_synced(self, timeout: float | None = None) -> bool:
-        return all(i.synced.wait(timeout) for i in self.informers.values())
+    def wait_synced(self, timeout: float) -> bool:
+        return self.wait_for(lambda: self.synced, timeout)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Wait until `predicate` holds, checked after each change the watches bring;
@@ -105,6 +106,7 @@ class Cache:
 
     def _replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         with self._lock:
+            self._listed.add(kind)
             if kind == "nodes":
                 self._nodes = {str(_meta(n).get("name", "")): n for n in items}
                 self._rebuild()

@@ -52,8 +52,7 @@ class Store(Protocol):
 
 
 class Informer:
-    """Keeps `store` current with the objects of `kind`; `synced` is set after the
-    first list has been given to it."""
+    """Keeps `store` current with the objects of `kind`."""
 
     def __init__(
         self, source: Source, kind: str, store: Store, watch_timeout_s: int = WATCH_TIMEOUT_S
@@ -62,7 +61,6 @@ class Informer:
         self.kind = kind
         self.store = store
         self.watch_timeout_s = watch_timeout_s
-        self.synced = threading.Event()
         self.lists = 0  # lists done (1 + relists), for tests and logs
         self.watches = 0  # watches started
         self._stop = threading.Event()
@@ -121,7 +119,6 @@ class Informer:
         items, version = self.source.list(self.kind)
         self.lists += 1
         self.store.replace(self.kind, items)
-        self.synced.set()
         return version
 
     def _follow(self, version: str) -> str:

@@ -98,9 +98,9 @@ class Extender:
             if not cache.synced:
                 raise NotReady("the extender has not listed the cluster's Nodes and pods yet")
             cluster = cache.cluster()
+            known = cluster.nodes.keys() | cluster.problems.keys()
             for obj in nodes or ():
-                name = str((obj.get("metadata") or {}).get("name", ""))
-                if name not in cluster.nodes and name not in cluster.problems:
+                if (obj.get("metadata") or {}).get("name", "") not in known:
                     seen = cache.view_of(obj)  # newer than the cache's watch
                     cluster.nodes.update(seen.nodes)
                     cluster.problems.update(seen.problems)
