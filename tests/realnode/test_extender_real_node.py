@@ -2,8 +2,8 @@
 `kubectl apply -k` (the image of `make image`, best fit), ready once its cache has
 listed the cluster (its readinessProbe); a second real kube-scheduler (the cluster's
 own binary, as the node has no image of it) with the shipped profile calling it; the
-real daemon serving the fake NVML's two GPUs in shares (`replicaPolicy: extender`, ten
-replicas of 100 milli-GPUs each) as a host process of the node, and the real kubelet
+shipped deploy/overlays/gpu-shares DaemonSet serving the fake NVML's two GPUs in
+shares (`replicaPolicy: extender`, ten replicas of 100 milli-GPUs each), and the real kubelet
 admitting the pods: every container gets the GPU the extender chose, and an extender
 restarted in the middle (its Deployment scaled to none and back) places the next pod
 from what the pods say, as if it had never stopped."""
@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import re
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +95,60 @@ def extender_overlay(folder: Path, real_node: RealNode, port: int) -> Path:
     return folder
 
 
+def shares_overlay(folder: Path, real_node: RealNode, host: FakeGpuHost) -> Path:
+    """deploy/overlays/gpu-shares as shipped, its config given the fake NVML's host
+    (its folder mounted where it is on the host), the fake NVML named in the
+    environment, and the API server's address (no kube-proxy here)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load((DEPLOY / "overlays" / "gpu-shares" / "config.yaml").read_text())
+    config["devRoot"] = host.dev_root
+    [entry] = config["resources"]
+    entry["nvidia"]["hostRoot"] = host.host_root
+    env = dict(host.env)
+    env["KUBERNETES_SERVICE_HOST"] = "127.0.0.1"
+    env["KUBERNETES_SERVICE_PORT"] = str(real_node.apiserver_port)
+    spec = "/spec/template/spec"
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": f"{spec}/containers/0/name", "value": "devplug"},
+        {
+            "op": "add",
+            "path": f"{spec}/volumes/-",
+            "value": {"name": "fake-gpus", "hostPath": {"path": str(host.folder)}},
+        },
+        {
+            "op": "add",
+            "path": f"{spec}/containers/0/volumeMounts/-",
+            "value": {"name": "fake-gpus", "mountPath": str(host.folder)},
+        },
+    ]
+    for name, value in env.items():
+        item = {"name": name, "value": value}
+        ops.append({"op": "add", "path": f"{spec}/containers/0/env/-", "value": item})
+    data = [{"op": "replace", "path": "/data/config.yaml", "value": yaml.safe_dump(config)}]
+    text = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(DEPLOY / "overlays" / "gpu-shares", folder)],
+        "patches": [
+            {"target": {"kind": "DaemonSet"}, "patch": json.dumps(ops)},
+            {"target": {"kind": "ConfigMap"}, "patch": json.dumps(data)},
+        ],
+    }
+    (folder / "kustomization.yaml").write_text(yaml.safe_dump(text))
+    return folder
+
+
+@contextlib.contextmanager
+def gpu_node(real_node: RealNode) -> Iterator[None]:
+    """The node labelled as a GPU node (the overlay's affinity), unlabelled after."""
+    label = "nvidia.com/gpu.present"
+    real_node.kubectl("label", "node", real_node.node_name, f"{label}=true", "--overwrite")
+    try:
+        yield
+    finally:
+        real_node.kubectl("label", "node", real_node.node_name, f"{label}-")
+
+
 @contextlib.contextmanager
 def extender_deployed(real_node: RealNode, kustomization: Path) -> Iterator[None]:
     """The extender's Deployment applied, until it is ready (its cache synced);
@@ -150,18 +203,6 @@ def visible(real_node: RealNode, namespace: str, pod: str) -> str:
     return str(seen)
 
 
-@contextlib.contextmanager
-def shipped_namespace(real_node: RealNode) -> Iterator[None]:
-    """deploy/extender's namespace, which deploy/base makes (the DaemonSet's), unless
-    there; deleted afterwards if made here."""
-    made = real_node.kubectl("create", "namespace", NAMESPACE, check=False).returncode == 0
-    try:
-        yield
-    finally:
-        if made:
-            real_node.kubectl("delete", "namespace", NAMESPACE, "--wait=true", timeout=120)
-
-
 def shipped_tag() -> str:
     text = (DEPLOY / "extender" / "kustomization.yaml").read_text()
     images = yaml.safe_load(text)["images"]
@@ -181,12 +222,6 @@ def test_the_real_scheduler_with_the_extender_gives_each_container_the_gpu_it_ch
     with tempfile.TemporaryDirectory(prefix="devplug-extender-") as tmp:
         folder = Path(tmp)
         host = FakeGpuHost(folder / "gpus", {"driver": {"loaded": True}, "gpus": [gpu(0), gpu(1)]})
-        nvidia = {"hostRoot": host.host_root, "replicas": 10, "replicaPolicy": "extender"}
-        document = {"devRoot": host.dev_root, "resources": [{"name": RESOURCE, "nvidia": nvidia}]}
-        (folder / "config.yaml").write_text(yaml.safe_dump(document))
-        serve = [sys.executable, "-m", "devplug.cli.main", "serve", "--config"]
-        serve += [str(folder / "config.yaml"), "--node-name", real_node.node_name]
-        serve += ["--kubeconfig", str(real_node.kubeconfig)]
         port = free_port()
         (folder / "scheduler.yaml").write_text(
             yaml.safe_dump(scheduler_config(real_node.kubeconfig, port))
@@ -194,17 +229,18 @@ def test_the_real_scheduler_with_the_extender_gives_each_container_the_gpu_it_ch
         scheduler = [str(real_node.bin_dir / "kube-scheduler"), "--config"]
         scheduler += [str(folder / "scheduler.yaml"), "--bind-address=127.0.0.1"]
         scheduler += [f"--secure-port={free_port()}"]
-        popen = lambda command, **kw: real_node.popen(*command, **kw)  # noqa: E731
 
         def published(node: dict[str, Any]) -> bool:
             notes = node["metadata"].get("annotations") or {}
             return node["metadata"]["name"] == real_node.node_name and INVENTORY in notes
 
         with (
-            process(serve, folder / "daemon.log", env=host.env, popen=popen),
             process(scheduler, folder / "scheduler.log"),
             real_node.namespace("extender") as ns,
-            shipped_namespace(real_node),
+            gpu_node(real_node),
+            real_node.deployed(
+                shares_overlay(folder / "shares", real_node, host), NAMESPACE, "devplug-gpu"
+            ),
         ):
             watch_until(real_node.api, core.list_node, published, timeout=WAIT_S)
             real_node.wait_allocatable({RESOURCE: 20}, timeout=WAIT_S)
