@@ -42,6 +42,8 @@ from tests.serve_helpers import free_port, http_get
 
 MODELS = {"acc0": "u250", "acc1": "u280"}
 CDI_KIND = f"{DRIVER}/claim"
+# A daemon's start (the Kubernetes client's import first) on a busy machine.
+REGISTERED_S = 60
 
 
 @pytest.fixture
@@ -56,7 +58,7 @@ async def test_pod_with_a_claim_gets_the_cdi_device_of_its_allocation(dirs: Node
     async with kubelet_for(dirs) as kubelet:
         daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
         try:
-            await kubelet.wait_for_registration(DRIVER)
+            await kubelet.wait_for_registration(DRIVER, timeout=REGISTERED_S)
             assert kubelet.dra is not None
             assert kubelet.dra.drivers[DRIVER].version == "v1.DRAPlugin"
             [result] = await kubelet.apply(claim_pod("p1", "claim-u280"))
@@ -105,7 +107,7 @@ async def test_pod_with_a_claim_gets_the_cdi_device_of_its_allocation(dirs: Node
             # Kubelet restart: the driver registers again, the pod keeps its devices.
             seen = kubelet.registrations(DRIVER)
             await kubelet.restart()
-            await kubelet.wait_for_registration(DRIVER, after=seen)
+            await kubelet.wait_for_registration(DRIVER, after=seen, timeout=REGISTERED_S)
             pod = kubelet.pod("p1")
             assert pod is not None
             assert pod.containers[0].options.cdi_devices == [f"{CDI_KIND}=uid-1-acc1"]
@@ -114,7 +116,7 @@ async def test_pod_with_a_claim_gets_the_cdi_device_of_its_allocation(dirs: Node
             assert daemon.stop() == 0
             seen = kubelet.registrations(DRIVER)
             daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
-            await kubelet.wait_for_registration(DRIVER, after=seen)
+            await kubelet.wait_for_registration(DRIVER, after=seen, timeout=REGISTERED_S)
             checkpoint = dirs.plugins / DRIVER / "prepared-claims.json"
             assert "uid-1" in json.loads(checkpoint.read_text())["claims"]
             # The claim can no longer be read: the restarted driver answers from
@@ -280,7 +282,7 @@ async def test_node_plugin_serves_while_the_api_server_is_unreachable(
     """Slices that cannot be published are retried; the kubelet side works meanwhile."""
     daemon, port = unreachable_api
     async with kubelet_for(dirs) as kubelet:
-        await kubelet.wait_for_registration(DRIVER)
+        await kubelet.wait_for_registration(DRIVER, timeout=REGISTERED_S)
         assert daemon.stderr is not None
         lines = iter(daemon.stderr.readline, "")
         failed = await asyncio.to_thread(
@@ -314,7 +316,7 @@ async def test_readyz_waits_for_the_kubelet_to_register_the_driver(
     assert f"{DRIVER}: not registered with the kubelet" in body.splitlines()
 
     async with kubelet_for(dirs) as kubelet:
-        await kubelet.wait_for_registration(DRIVER)
+        await kubelet.wait_for_registration(DRIVER, timeout=REGISTERED_S)
         await asyncio.to_thread(wait_for_log, log, f"{DRIVER}: registered with the kubelet")
         assert await asyncio.to_thread(http_get, port, "/readyz") == (200, "ok\n")
 
