@@ -417,7 +417,7 @@ def test_the_real_api_servers_refusals_are_said_and_the_context_chosen(
     import yaml
     from api_servers import closed_port, write_kubeconfig
 
-    from devplug.fleet.kube import ApiError, KubeApi
+    from devplug.apiserver.client import ApiError, KubeApi
 
     admin = yaml.safe_load(Path(kubeconfig).read_text())
     server = admin["clusters"][0]["cluster"]["server"]

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from devplug.fleet.kube import KubeApi
+from devplug.apiserver.client import KubeApi
 from devplug.fleet.runner import FleetError, FleetRunner, Options, remove_fleet
 from devplug.fleet.spec import parse_fleet
 
