@@ -106,7 +106,9 @@ class KubeApi:
         MissingExtra naming `extra` (for `feature`) when aiohttp is not there."""
         from devplug.apiserver.kubeconfig import load
         from devplug.ground.extras import require
+        from devplug.ground.lazy import allow_ssl
 
+        allow_ssl()  # `devplug serve` keeps ssl out until a feature needs the API server
         require("aiohttp", extra, feature)
         return cls(load(kubeconfig, context), **kwargs)
 
