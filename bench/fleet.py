@@ -98,7 +98,7 @@ async def _compare_clients(kubeconfig: str) -> dict[str, Any]:
     lean path: CPU per call in this process, and the ratio."""
     from kubernetes.aio import client, config
 
-    from devplug.fleet.kube import MERGE_PATCH, KubeApi
+    from devplug.apiserver.client import MERGE_PATCH, KubeApi
 
     body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "bench-client-node"}}
     patch = {"metadata": {"labels": {"bench": "x"}}}
@@ -218,7 +218,7 @@ async def _pods_end_to_end(
     apiserver: list[int],
     etcd: list[int],
 ) -> dict[str, Any]:
-    from devplug.fleet.kube import KubeApi
+    from devplug.apiserver.client import KubeApi
 
     async with KubeApi.from_kubeconfig(kubeconfig, concurrency=16) as api:
         return await _pods_through(api, count, fleet_pid, scheduler_pid, apiserver, etcd)

@@ -199,7 +199,7 @@ def _bench(
 async def _run(
     kubeconfig: str, nodes: int, pods: int, processes: dict[str, list[int]]
 ) -> dict[str, Any]:
-    from devplug.fleet.kube import KubeApi
+    from devplug.apiserver.client import KubeApi
 
     async with KubeApi.from_kubeconfig(kubeconfig, concurrency=CREATE_CONCURRENCY) as api:
         await api.call("POST", "/apis/resource.k8s.io/v1/deviceclasses", device_class())

@@ -39,6 +39,8 @@ from fleet import bench_fleet
 from floor import bench_floor
 from floor import summary as floor_summary
 from gdp import bench_gdp
+from kubeclient import bench_kubeclient
+from kubeclient import summary as kubeclient_summary
 from nvidia import bench_nvidia
 from placement import bench_placement
 from placement import summary as placement_summary
@@ -207,6 +209,7 @@ def main() -> int:
         report["sysfs_hotplug"] = bench_sysfs(root)
         report["dra"] = bench_dra(root)
         report["fleet"] = bench_fleet(root)
+        report["kubeclient"] = bench_kubeclient(root)
         from startup import bench_startup  # bench/startup.py
 
         report["startup"] = bench_startup(root)
@@ -290,6 +293,8 @@ def summary(report: dict[str, Any]) -> str:
             f"fleet {fleet['nodes']} nodes in {fleet['registered_s']} s, "
             f"{fleet['end_to_end']['pods_per_s']} pods/s"
         )
+    if report.get("kubeclient", {}).get("devplug"):
+        parts.append(kubeclient_summary(report["kubeclient"]))
     if "nvidia" in report:
         gpus = report["nvidia"]
         parts.append(

@@ -33,8 +33,8 @@ from api_servers import (
 
 from devplug.apiserver import backoff, failures
 from devplug.apiserver.backoff import Backoff
+from devplug.apiserver.client import KubeApi
 from devplug.apiserver.kubeconfig import load
-from devplug.fleet.kube import KubeApi
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "devplug"
 
@@ -230,7 +230,7 @@ def _api_modules() -> Iterator[tuple[Path, ast.Module]]:
     """The modules that talk to an API server (through either client)."""
     markers = (
         "kubernetes",
-        "devplug.fleet.kube",
+        "devplug.apiserver.client",
         "devplug.framework.dra.kube",
         "devplug.apiserver",
     )

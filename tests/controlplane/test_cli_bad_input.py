@@ -410,7 +410,7 @@ async def no_rights_token(kubeconfig: str) -> str:
     """A token of a service account with no rights on the test run's API server."""
     import contextlib
 
-    from devplug.fleet.kube import ApiError, KubeApi
+    from devplug.apiserver.client import ApiError, KubeApi
 
     async with KubeApi.from_kubeconfig(kubeconfig) as api:
         path = "/api/v1/namespaces/default/serviceaccounts"

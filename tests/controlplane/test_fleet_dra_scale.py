@@ -19,7 +19,7 @@ import msgspec
 import pytest
 import yaml
 
-from devplug.fleet.kube import KubeApi
+from devplug.apiserver.client import KubeApi
 from devplug.fleet.runner import FleetRunner, Options, remove_fleet
 from devplug.fleet.spec import parse_fleet
 from devplug.testing.components import (

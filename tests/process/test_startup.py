@@ -25,6 +25,8 @@ NOT_FOR_SERVE = {
     "pyudev",
     "prometheus_client",
     "kubernetes",
+    "aiohttp",
+    "devplug.apiserver.client",
     "jsonschema",
 }
 

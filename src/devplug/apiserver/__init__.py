@@ -8,9 +8,11 @@
 - `failures`: what a failure means (permanent: not trusted, not authorized; or
   transient: away, overloaded) and one line that says so;
 - `backoff`: the one exponential backoff with jitter between attempts;
+- `client`: devplug's asyncio client (aiohttp, msgspec), the one stack every module
+  that talks to an API server moves to (chosen by `make bench`, key `kubeclient`);
 - `official`: the official `kubernetes` client set up from a kubeconfig, with
-  timeouts on every request.
+  timeouts on every request, for the modules not moved yet.
 
-Standard library (and PyYAML) only, so that the fleet's aiohttp client and the DRA
-driver's official client share it without importing each other.
+Each client imports its HTTP library only when it is used; the rest is the standard
+library (and PyYAML), shared by both without importing either.
 """

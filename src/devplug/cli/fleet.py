@@ -122,11 +122,12 @@ def run(args: argparse.Namespace) -> int:
         return fleet
     if args.action == "check":
         return _check(fleet, args.output)
-    from devplug.fleet.kube import FAILURES, KubeApi, explain, patience
+    from devplug.apiserver.client import FAILURES, explain, patience
+    from devplug.fleet import connect
     from devplug.ground.extras import MissingExtra
 
     try:
-        api = KubeApi.from_kubeconfig(args.kubeconfig, args.context, concurrency=args.concurrency)
+        api = connect(args.kubeconfig, args.context, concurrency=args.concurrency)
     except ValueError as error:
         return _fail(str(error))
     except MissingExtra as error:

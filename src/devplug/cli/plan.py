@@ -187,16 +187,16 @@ def run(args: argparse.Namespace) -> int:
         require("plotly", "report", "--html")
     api: Any = None
     if args.kubeconfig or args.context:
-        from devplug.fleet.kube import KubeApi
+        from devplug.fleet import connect
         from devplug.ground.extras import MissingExtra
 
         try:
-            api = KubeApi.from_kubeconfig(args.kubeconfig, args.context)
+            api = connect(args.kubeconfig, args.context)
         except ValueError as error:
             return _fail(str(error))
         except MissingExtra as error:
             return _fail(str(error), EXIT_FAILED)
-    from devplug.fleet.kube import FAILURES, explain, patience
+    from devplug.apiserver.client import FAILURES, explain, patience
 
     folder = Path(tempfile.mkdtemp(prefix="devplug-plan-"))
     try:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from devplug.fleet.kube import ApiError, KubeApi, Unavailable, retrying
+from devplug.apiserver.client import ApiError, KubeApi, Unavailable, retrying
 
 log = logging.getLogger("devplug.fleet")
 

@@ -17,9 +17,7 @@ from typing import Any
 import msgspec
 
 from devplug.apiserver.backoff import Backoff
-from devplug.fleet.calls import FleetCalls
-from devplug.fleet.counters import Counters
-from devplug.fleet.kube import (
+from devplug.apiserver.client import (
     RETRY_FIRST_S,
     RETRY_MAX_S,
     STRATEGIC_PATCH,
@@ -27,6 +25,8 @@ from devplug.fleet.kube import (
     Unavailable,
     retriable,
 )
+from devplug.fleet.calls import FleetCalls
+from devplug.fleet.counters import Counters
 from devplug.fleet.node import FleetNode
 from devplug.fleet.objects import event_body
 from devplug.fleet.spec import Pool

@@ -11,9 +11,9 @@ import contextlib
 from collections.abc import Mapping
 from typing import Any
 
+from devplug.apiserver.client import MERGE_PATCH, ApiError, KubeApi, retrying
 from devplug.fleet.calls import FleetCalls
 from devplug.fleet.hardware import PoolHardware
-from devplug.fleet.kube import MERGE_PATCH, ApiError, KubeApi, retrying
 from devplug.fleet.objects import (
     FLEET_LABEL,
     LEASE_NAMESPACE,

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devplug.apiserver.client import STRATEGIC_PATCH, ApiError, KubeApi, Unavailable
 from devplug.fleet.calls import LIST_PAGE, FleetCalls
 from devplug.fleet.counters import Counters
 from devplug.fleet.hardware import PoolHardware, build_pool
-from devplug.fleet.kube import STRATEGIC_PATCH, ApiError, KubeApi, Unavailable
 from devplug.fleet.node import FleetNode
 from devplug.fleet.objects import conditions, now, now_micro
 from devplug.fleet.podworkers import WATCH_TIMEOUT_S, PodWorkers

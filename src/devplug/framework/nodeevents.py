@@ -3,9 +3,10 @@
 log line and the metric of the same change.
 
 A daemon service: it subscribes to the framework's `health_changed` events and posts
-one events.k8s.io/v1 Event per change, from a thread, so the event loop never waits for
-the API server. Events are best effort, as the kubelet's are: a post that fails is
-logged (once per kind of failure) and dropped; a backlog past QUEUE_SIZE is dropped too.
+one events.k8s.io/v1 Event per change through devplug's asyncio client, from a queue of
+its own, so nothing else waits for the API server. Events are best effort, as the
+kubelet's are: a post that fails is logged (once per kind of failure) and dropped; a
+backlog past QUEUE_SIZE is dropped too.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from devplug.framework import observe
 
 if TYPE_CHECKING:
+    from devplug.apiserver.client import KubeApi
     from devplug.framework.daemon import Daemon
 
 log = logging.getLogger("devplug.nodeevents")
@@ -26,6 +28,8 @@ QUEUE_SIZE = 100
 NAMESPACE = "default"  # where the kubelet puts the events of its Node
 CONTROLLER = "devplug.io/devplug"
 NOTE_LIMIT = 1024  # the API's limit on an Event's note
+POST_TIMEOUT_S = 10.0
+EVENTS = f"/apis/events.k8s.io/v1/namespaces/{NAMESPACE}/events"
 
 
 class NodeEvents:
@@ -33,11 +37,13 @@ class NodeEvents:
 
     def __init__(self, node: str, kubeconfig: str | None = None) -> None:
         """ValueError (one line) when no kubeconfig or in-cluster account can be used;
-        MissingExtra without the Kubernetes client."""
-        from devplug.framework.dra.kube import api_client
+        MissingExtra without the client's HTTP library."""
+        from devplug.apiserver.client import KubeApi
 
         self.node = node
-        self._api = api_client(kubeconfig)
+        self._api = KubeApi.from_kubeconfig(
+            kubeconfig, extra="dra", feature="the Kubernetes API (DRA, --kubeconfig)"
+        )
         self.posted = 0
         self._queue: asyncio.Queue[observe.Event] = asyncio.Queue(QUEUE_SIZE)
         self._said: set[str] = set()
@@ -52,15 +58,15 @@ class NodeEvents:
     async def run(self, daemon: Daemon | None = None) -> None:
         observe.add_observer(self._observe)
         try:
-            while True:
-                event = await self._queue.get()
-                await asyncio.to_thread(self._post, self._api, event)
+            async with self._api as api:
+                while True:
+                    event = await self._queue.get()
+                    await self._post(api, event)
         finally:
             observe.remove_observer(self._observe)
-            self._api.close()
 
-    def _post(self, api: Any, event: observe.Event) -> None:
-        from kubernetes import client
+    async def _post(self, api: KubeApi, event: observe.Event) -> None:
+        from devplug.apiserver.client import FAILURES
 
         sick = bool(event.fields.get("unhealthy"))
         body = {
@@ -76,12 +82,9 @@ class NodeEvents:
             "regarding": {"apiVersion": "v1", "kind": "Node", "name": self.node},
             "note": f"{event.resource}: {event.message}"[:NOTE_LIMIT],
         }
-        events: Any = client.EventsV1Api(api)  # the body is the API's JSON form
         try:
-            events.create_namespaced_event(
-                NAMESPACE, body, _preload_content=False, _request_timeout=10
-            )
-        except Exception as error:  # the client raises many kinds; an event is best effort
+            await api.call("POST", EVENTS, body, timeout=POST_TIMEOUT_S)
+        except (*FAILURES, ValueError) as error:  # an event is best effort (ValueError: no JSON)
             what = _api_problem(error)
             self._say(f"cannot post an Event on node {self.node} ({what}): dropped")
             return
@@ -95,13 +98,8 @@ class NodeEvents:
 
 def _api_problem(error: Exception) -> str:
     """What the API server said (its Status message), or the client's error."""
-    import json
+    from devplug.apiserver.client import ApiError
 
-    status = getattr(error, "status", None)
-    if not status:
+    if not isinstance(error, ApiError):
         return str(error)
-    try:
-        message = json.loads(getattr(error, "body", "") or "{}").get("message")
-    except ValueError:
-        message = None
-    return f"{status} {message or getattr(error, 'reason', '')}"
+    return f"{error.status} {error.message or error.reason}"

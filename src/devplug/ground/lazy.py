@@ -38,6 +38,19 @@ def block_ssl() -> None:
 
 def allow_ssl() -> None:
     """Undo `block_ssl`, before importing a library that needs TLS (the Kubernetes
-    client)."""
-    if sys.modules.get("ssl", False) is None:
-        del sys.modules["ssl"]
+    client). The asyncio modules loaded while ssl was out hold None for it and would
+    refuse a TLS connection: they are given the module, and asyncio's TLS protocol
+    (whose names are defined only with ssl there) is loaded again."""
+    if sys.modules.get("ssl", False) is not None:
+        return
+    del sys.modules["ssl"]
+    import importlib
+    import ssl
+
+    for name in ("asyncio.base_events", "asyncio.selector_events"):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "ssl", False) is None:
+            module.ssl = ssl  # type: ignore[attr-defined]
+    sslproto = sys.modules.get("asyncio.sslproto")
+    if sslproto is not None and getattr(sslproto, "ssl", False) is None:
+        importlib.reload(sslproto)

@@ -25,8 +25,8 @@ from typing import Any
 import msgspec
 
 from devplug.apiserver import failures
+from devplug.apiserver.client import FAILURES
 from devplug.fleet.hardware import PoolHardware, build_pool
-from devplug.fleet.kube import FAILURES
 from devplug.fleet.node import FleetNode
 from devplug.fleet.objects import node_labels, taints
 from devplug.fleet.requests import pod_requests

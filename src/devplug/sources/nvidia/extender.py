@@ -15,9 +15,7 @@ Two jobs, one API client:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -119,26 +117,28 @@ class ExtenderAgent:
 
     def __init__(self, node: str, kubeconfig: str | None = None) -> None:
         """ValueError (one line) when no kubeconfig or in-cluster account can be used;
-        MissingExtra without the Kubernetes client."""
-        from devplug.framework.dra.kube import api_client
+        MissingExtra without the client's HTTP library."""
+        from devplug.apiserver.client import KubeApi
 
         self.node = node
-        self._api = api_client(kubeconfig)
+        self._api = KubeApi.from_kubeconfig(
+            kubeconfig, extra="dra", feature="the Kubernetes API (DRA, --kubeconfig)"
+        )
         self._given: set[str] = set()  # pod UIDs given here, before their annotation lands
-        self._lock = threading.Lock()
+        self._marks: set[asyncio.Task[None]] = set()  # the pods' annotations on their way
         self._latest = ""  # the inventory to publish
         self._wanted = asyncio.Event()
         self.published = ""  # the inventory on the Node now
         self._said: set[str] = set()
 
     async def run(self, daemon: Daemon) -> None:
-        writer = asyncio.ensure_future(self._write())
-        try:
-            await follow(daemon, self._update, uses_extender)
-        finally:
-            writer.cancel()
-            await asyncio.gather(writer, return_exceptions=True)
-            self._api.close()
+        async with self._api:
+            writer = asyncio.ensure_future(self._write())
+            try:
+                await follow(daemon, self._update, uses_extender)
+            finally:
+                writer.cancel()
+                await asyncio.gather(writer, *self._marks, return_exceptions=True)
 
     def _update(self, plugins: Sequence[Plugin]) -> None:
         nvidia: list[SharesPlugin] = [p for p in plugins if uses_extender(p)]  # type: ignore[misc]
@@ -158,14 +158,16 @@ class ExtenderAgent:
 
     async def _write(self) -> None:
         """Patch the Node's annotation with the latest inventory, retrying with backoff."""
+        from devplug.apiserver.client import FAILURES
+
         backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S)
         while True:
             await self._wanted.wait()
             self._wanted.clear()
             text = self._latest
             try:
-                await asyncio.to_thread(self._patch_node, text)
-            except Exception as error:  # the client raises many kinds; retried
+                await self._patch_node(text)
+            except (*FAILURES, ValueError) as error:  # retried (ValueError: no JSON)
                 self._say(f"cannot publish the GPU inventory on node {self.node}: {error}")
                 await asyncio.sleep(backoff.next())
                 self._wanted.set()
@@ -174,35 +176,28 @@ class ExtenderAgent:
             self.published = text
             log.info("GPU inventory published on node %s", self.node)
 
-    def _patch_node(self, text: str) -> None:
-        from kubernetes import client
+    async def _patch_node(self, text: str) -> None:
+        from devplug.apiserver.client import STRATEGIC_PATCH
 
         body = {"metadata": {"annotations": {INVENTORY: text}}}
-        client.CoreV1Api(self._api).patch_node(self.node, body, _preload_content=False)
+        path = f"/api/v1/nodes/{self.node}"
+        await self._api.call("PATCH", path, body, content_type=STRATEGIC_PATCH)
 
-    def _pods(self) -> list[dict[str, Any]]:
-        from kubernetes import client
-
-        core = client.CoreV1Api(self._api)
-        answer: Any = core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={self.node},status.phase=Pending",
-            _preload_content=False,
-        )
-        items: list[dict[str, Any]] = json.loads(answer.data).get("items") or []
+    async def _pods(self) -> list[dict[str, Any]]:
+        selector = f"spec.nodeName={self.node},status.phase=Pending"
+        answer = await self._api.call("GET", "/api/v1/pods", params={"fieldSelector": selector})
+        items: list[dict[str, Any]] = (answer or {}).get("items") or []
         return items
 
-    def match_now(self, resource: str, size: int) -> Match | None:
-        """The pod a request of `size` devices of `resource` is for (blocking)."""
+    async def match_now(self, resource: str, size: int) -> Match | None:
+        """The pod a request of `size` devices of `resource` is for."""
         candidates = []
-        for pod in self._pods():
+        for pod in await self._pods():
             meta = pod.get("metadata") or {}
             notes = meta.get("annotations") or {}
             uid = str(meta.get("uid", ""))
-            if ASSIGNED not in notes or GIVEN in notes:
+            if ASSIGNED not in notes or GIVEN in notes or uid in self._given:
                 continue
-            with self._lock:
-                if uid in self._given:
-                    continue
             if requested(pod, resource) != size:
                 continue
             candidates.append((str(meta.get("creationTimestamp", "")), meta, notes))
@@ -216,28 +211,30 @@ class ExtenderAgent:
         )
 
     async def match(self, resource: str, size: int) -> Match | None:
-        """`match_now` from a thread; None, said once, when the API server cannot answer."""
+        """`match_now`; None, said once, when the API server cannot answer."""
+        from devplug.apiserver.client import FAILURES
+
         try:
-            return await asyncio.to_thread(self.match_now, resource, size)
-        except Exception as error:  # the client raises many kinds
+            return await self.match_now(resource, size)
+        except (*FAILURES, ValueError) as error:
             self._say(f"cannot list the pods of node {self.node}: {error}")
             return None
 
     def given(self, match: Match, gpus: Sequence[str]) -> None:
         """Mark the pod given `gpus`: at once here, on the pod in the background."""
-        with self._lock:
-            self._given.add(match.uid)
-        threading.Thread(target=self._mark, args=(match, tuple(gpus)), daemon=True).start()
+        self._given.add(match.uid)
+        task = asyncio.get_running_loop().create_task(self._mark(match, tuple(gpus)))
+        self._marks.add(task)
+        task.add_done_callback(self._marks.discard)
 
-    def _mark(self, match: Match, gpus: tuple[str, ...]) -> None:
-        from kubernetes import client
+    async def _mark(self, match: Match, gpus: tuple[str, ...]) -> None:
+        from devplug.apiserver.client import FAILURES, STRATEGIC_PATCH
 
         body = {"metadata": {"annotations": {GIVEN: join(gpus)}}}
+        path = f"/api/v1/namespaces/{match.namespace}/pods/{match.name}"
         try:
-            client.CoreV1Api(self._api).patch_namespaced_pod(
-                match.name, match.namespace, body, _preload_content=False
-            )
-        except Exception as error:  # kept in memory; the kubelet does not ask again
+            await self._api.call("PATCH", path, body, content_type=STRATEGIC_PATCH)
+        except (*FAILURES, ValueError) as error:  # kept in memory; the kubelet does not ask again
             self._say(f"cannot mark pod {match.pod} given: {error}")
 
     def _say(self, problem: str) -> None:

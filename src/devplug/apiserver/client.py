@@ -1,11 +1,13 @@
-"""A lean asyncio client of the Kubernetes API for a whole fleet in one process.
+"""devplug's asyncio client of the Kubernetes API: the one way to talk to an API server.
 
 The kubeconfig is read by devplug's one reader (`devplug.apiserver.kubeconfig`: the
 context, TLS, a token from the file, a token file or a command, the in-cluster service
 account); requests go through one aiohttp session (the HTTP library the official
 asyncio client is built on) with bodies encoded and decoded by msgspec, without the
-generated models. `make bench` measures this path beside the official asyncio client
-on the same calls (`fleet.client`).
+generated models. `make bench` (`kubeclient`) measures it beside the official client
+(blocking in threads, and asyncio), kubernetes_asyncio and lightkube on the fleet's
+call mix: it spends the least CPU per call and the least memory in a daemon, which is
+why it is the one stack (the numbers are in bench/kubeclient.py and docs/architecture.md).
 
 A call that cannot reach the API server raises `Unavailable`; one that cannot succeed
 until someone changes something (the server's certificate not trusted) raises
@@ -31,7 +33,11 @@ from devplug.apiserver import failures
 from devplug.apiserver.backoff import Backoff, Deadline
 from devplug.apiserver.kubeconfig import Target
 
-log = logging.getLogger("devplug.fleet.kube")
+log = logging.getLogger("devplug.apiserver.client")
+
+# What a command that needs the client says when aiohttp is missing (the extra to install).
+EXTRA = "fleet"
+FEATURE = "a fleet on an API server (fleet up/down, plan --kubeconfig)"
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -88,15 +94,22 @@ class KubeApi:
 
     @classmethod
     def from_kubeconfig(
-        cls, kubeconfig: str | None, context: str | None = None, **kwargs: Any
+        cls,
+        kubeconfig: str | None,
+        context: str | None = None,
+        *,
+        extra: str = EXTRA,
+        feature: str = FEATURE,
+        **kwargs: Any,
     ) -> KubeApi:
         """ValueError with a one-line reason when the kubeconfig cannot be used;
-        MissingExtra naming the `fleet` extra when its client libraries are not there."""
+        MissingExtra naming `extra` (for `feature`) when aiohttp is not there."""
         from devplug.apiserver.kubeconfig import load
         from devplug.ground.extras import require
+        from devplug.ground.lazy import allow_ssl
 
-        for module in ("kubernetes", "aiohttp"):
-            require(module, "fleet", "a fleet on an API server (fleet up/down, plan --kubeconfig)")
+        allow_ssl()  # `devplug serve` keeps ssl out until a feature needs the API server
+        require("aiohttp", extra, feature)
         return cls(load(kubeconfig, context), **kwargs)
 
     async def _authorization(self) -> dict[str, str]:
