@@ -152,7 +152,12 @@ class FleetNode:
         requests = pod_requests(pod, parsed)
         if refusal := self._resource_check(requests):
             return self._refuse(parsed, *refusal)
-        rejection = await self.manager.admit(parsed)
+        placements = self.hardware.placements
+        if placements is None:
+            rejection = await self.manager.admit(parsed)
+        else:
+            with placements.admitting(self.name, pod):
+                rejection = await self.manager.admit(parsed)
         if rejection is not None:
             return self._refuse(parsed, rejection.reason, rejection.message)
         held = Held(meta["name"], meta.get("namespace") or "default", requests)
