@@ -112,7 +112,13 @@ def _outcome(obj: dict[str, Any]) -> str | None:
 
 
 async def _arrive(
-    kubeconfig: str, order: Sequence[TracePod], fleet: str, run: str, wait_s: float
+    kubeconfig: str,
+    order: Sequence[TracePod],
+    fleet: str,
+    run: str,
+    wait_s: float,
+    latencies: list[float],
+    progress: bool = False,
 ) -> list[str]:
     """Create the pods one at a time, each once the one before is decided; where each
     went ('' for pending)."""
@@ -144,6 +150,7 @@ async def _arrive(
         where: list[str] = []
         try:
             for pod in order:
+                began = time.monotonic()
                 await api.call("POST", pods, pod_body(pod, fleet, run))
                 async with asyncio.timeout(wait_s):
                     while pod.name not in decided:
@@ -152,6 +159,9 @@ async def _arrive(
                             watcher.result()
                         await changed.wait()
                 where.append(decided[pod.name])
+                latencies.append(time.monotonic() - began)
+                if progress and len(where) % 100 == 0:
+                    print(f"{len(where)} of {len(order)} pods decided", file=sys.stderr)
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
@@ -176,6 +186,7 @@ def run_trace_fleet(
     policy: str,
     seed: int = 42,
     inflate_percent: float = 100.0,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """The fleet's allocation and the planner's on the same inputs, as JSON."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -230,7 +241,10 @@ def run_trace_fleet(
         setup_s = time.monotonic() - started
         ready_fleet = ready.get("fleet", fleet_name)
         started = time.monotonic()
-        where = asyncio.run(_arrive(kubeconfig, order, ready_fleet, run, 120.0))
+        latencies: list[float] = []
+        where = asyncio.run(
+            _arrive(kubeconfig, order, ready_fleet, run, 120.0, latencies, progress)
+        )
         placed_s = time.monotonic() - started
     finally:
         if scheduler is not None:
@@ -265,8 +279,14 @@ def run_trace_fleet(
         "planner_placed": sum(1 for w in plan_where if w),
         "pods_on_another_node": len(differ),
         "first_other_node": (
-            {"index": differ[0], "pod": order[differ[0]].name, "fleet": where[differ[0]],
-             "planner": plan_where[differ[0]]} if differ else None
+            {
+                "index": differ[0],
+                "pod": order[differ[0]].name,
+                "fleet": where[differ[0]],
+                "planner": plan_where[differ[0]],
+            }
+            if differ
+            else None
         ),  # fmt: skip
         "fleet_admitted": stopped.get("admitted"),
         "fleet_rejected": stopped.get("rejected"),
@@ -274,4 +294,14 @@ def run_trace_fleet(
         "placed_s": round(placed_s, 2),
         "pods_per_s": round(len(order) / placed_s, 1) if placed_s else None,
         "planner_s": round(plan_s, 2),
+        "pod_ms": _quantiles(latencies),
     }
+
+
+def _quantiles(seconds: list[float]) -> dict[str, float]:
+    """p50, p95 and max of the time from a pod's creation to its decision, in ms."""
+    ranked = sorted(seconds)
+    if not ranked:
+        return {}
+    at = lambda q: round(1000 * ranked[min(len(ranked) - 1, int(q * len(ranked)))], 1)  # noqa: E731
+    return {"p50": at(0.5), "p95": at(0.95), "max": round(1000 * ranked[-1], 1)}
