@@ -65,8 +65,8 @@ def run_policy(policy: str) -> dict[str, Any]:
     from devplug.extender.verbs import Extender
     from devplug.placement import MILLI, TargetWorkload
     from devplug.placement.inventory import Gpu, Inventory
-    from devplug.plan.replay import arrivals
     from devplug.placement.trace import read_nodes, read_pods
+    from devplug.plan.replay import arrivals
 
     nodes, pods = read_nodes(str(NODES)), read_pods(str(PODS))
     objects = Objects(

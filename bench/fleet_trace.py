@@ -8,8 +8,8 @@ API server, publishing its GPU inventory), the extender (`devplug extender --pol
 shape; every pod through the extender, all nodes scored) are real processes. The pods
 arrive as the planner has them (`devplug.plan.replay.arrivals`: sorted, shuffled with
 the seed, inflated to the share of GPU capacity, arrivals only), one at a time: each is
-created once the one before is bound or unschedulable, so that both place the same pod
-on the same state. Allocation: the GPU capacity the bound pods ask for (a share counts
+created once the one before is unschedulable, or bound and admitted by its node, so that
+both place the same pod on the same state. Allocation: the GPU capacity the bound pods ask for (a share counts
 as its share), as the planner counts it.
 
 `make fleet-bench` runs it on openb's 1,213 nodes (`python bench/fleet.py --openb`); the
@@ -100,11 +100,12 @@ def pod_body(pod: TracePod, fleet: str, run: str) -> dict[str, Any]:
 
 
 def _outcome(obj: dict[str, Any]) -> str | None:
-    """The node a pod is bound to, '' when the scheduler found it unschedulable, None
-    while neither."""
+    """The node a pod is bound to once its node admitted or rejected it, '' when the
+    scheduler found it unschedulable, None while neither."""
     node = (obj.get("spec") or {}).get("nodeName")
     if node:
-        return str(node)
+        phase = (obj.get("status") or {}).get("phase")
+        return str(node) if phase in ("Running", "Failed") else None
     for condition in (obj.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
             return ""
@@ -215,7 +216,8 @@ def run_trace_fleet(
     )  # fmt: skip
     scheduler = None
     try:
-        assert extender.stdout is not None and fleet.stdout is not None
+        assert extender.stdout is not None
+        assert fleet.stdout is not None
         url = extender.stdout.readline().strip()
         if not url:
             raise RuntimeError("devplug extender did not start")
@@ -287,7 +289,7 @@ def run_trace_fleet(
             }
             if differ
             else None
-        ),  # fmt: skip
+        ),
         "fleet_admitted": stopped.get("admitted"),
         "fleet_rejected": stopped.get("rejected"),
         "setup_s": round(setup_s, 2),

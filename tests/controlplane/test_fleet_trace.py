@@ -1,7 +1,13 @@
 """openb on the real kube-scheduler with devplug's extender, on a fleet built from 100 of
-its nodes (drawn with a seed), agrees with the planner: the GPU capacity allocated at
-100 % arrived is within a point of `devplug plan`'s for the same nodes, pods, seed and
-policy (bench/fleet_trace.py; `make fleet-bench` runs all 1,213 nodes)."""
+its nodes (drawn with a seed), agrees with the planner: each pod lands on the node the
+planner gives it, and the GPU capacity allocated is within a point of `devplug plan`'s
+for the same nodes, pods, seed and policy (bench/fleet_trace.py).
+
+The pods arrive one at a time, each a few scheduler and extender round trips, so the
+test inflates the workload to 25 % of the subset's GPU capacity (about 150 pods) rather
+than 100 % (about 620 pods, minutes on a busy machine): it checks the decisions pod by
+pod; `FLEET_SAMPLE=100 make fleet-bench` runs the same subset to 100 %, and `make
+fleet-bench` all 1,213 nodes."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ NODES = OPENB / "openb_node_list_gpu_node.csv"
 PODS = OPENB / "openb_pod_list_default.csv"
 SUBSET = 100
 SEED = 42
+INFLATE_PERCENT = 25.0
 
 
 def test_the_real_scheduler_with_the_extender_allocates_what_the_planner_does_on_100_openb_nodes(
@@ -33,9 +40,14 @@ def test_the_real_scheduler_with_the_extender_allocates_what_the_planner_does_on
     finally:
         sys.path.remove(str(ROOT / "bench"))
     nodes = subset(NODES, SUBSET, SEED, tmp_path / "openb_100_nodes.csv")
-    report = run_trace_fleet(tmp_path / "run", kubeconfig, plane.bin_dir, nodes, PODS, "fgd", SEED)
+    report = run_trace_fleet(
+        tmp_path / "run", kubeconfig, plane.bin_dir, nodes, PODS, "fgd", SEED, INFLATE_PERCENT
+    )
     assert report["nodes"] == SUBSET
+    assert report["pods"] > 100, report
+    assert report["planner_allocated_percent"] > INFLATE_PERCENT - 2, report
+    assert abs(report["difference_points"]) <= 1.0, report
+    assert report["pods_on_another_node"] <= report["pods"] // 100, report
+    # Every pod the scheduler bound was admitted by its node with the GPU chosen for it.
     assert report["fleet_rejected"] == 0, report
     assert report["fleet_admitted"] == report["fleet_placed"], report
-    assert report["planner_allocated_percent"] > 80, report
-    assert abs(report["difference_points"]) <= 1.0, report

@@ -121,8 +121,8 @@ def _fail(message: str, code: int = style.EXIT_USAGE) -> int:
 
 
 def _run_trace(args: argparse.Namespace) -> int:
-    from devplug.plan.replay import plan_trace
     from devplug.placement.trace import TraceError, is_pod_list
+    from devplug.plan.replay import plan_trace
     from devplug.plan.trace_report import trace_text
 
     if args.filename or args.kubeconfig or args.vary:

@@ -40,9 +40,15 @@ def node_list_fleet(path: str) -> Fleet:
         raise ConfigError(str(error)) from None
     config = parse_config(
         yaml.safe_dump(
-            {"resources": [{"name": RESOURCE,
-                            "nvidia": {"replicas": REPLICAS, "replicaPolicy": "extender"}}]}
-        ),  # fmt: skip
+            {
+                "resources": [
+                    {
+                        "name": RESOURCE,
+                        "nvidia": {"replicas": REPLICAS, "replicaPolicy": "extender"},
+                    }
+                ]
+            }
+        ),
         f"{path}: the nodes' config",
     )
     shapes: dict[tuple[int, int, int, str], list[str]] = {}
@@ -81,4 +87,3 @@ def _pool_name(model: str, gpus: int, cpu: int, memory: int, taken: set[str]) ->
         name = f"{base[:50]}-{suffix}"
     taken.add(name)
     return name
-

@@ -207,8 +207,8 @@ def plan_trace(
 ) -> dict[str, Any]:
     """The whole report: the trace read, each policy replayed with each seed (TraceError
     for a bad trace)."""
-    from devplug.plan import published
     from devplug.placement.trace import read_nodes, read_pods
+    from devplug.plan import published
     from devplug.plan.trace_report import trace_document
 
     nodes = read_nodes(nodes_path)
