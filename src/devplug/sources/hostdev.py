@@ -281,7 +281,7 @@ class HostDevicePlugin(Plugin):
             return True
         return any(fnmatchcase(name, p) for p in self._interest.get(folder, ()))
 
-    def _rewatch(self, watcher: DirWatcher) -> bool:
+    def _rewatch(self, watcher: DirWatcher[Path]) -> bool:
         """Watch the folders of now; False if one vanished before it could be watched
         (look again: its parent is watched instead)."""
         self._interest = self.folders()
