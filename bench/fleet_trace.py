@@ -9,8 +9,8 @@ shape; every pod through the extender, all nodes scored) are real processes. The
 arrive as the planner has them (`devplug.plan.replay.arrivals`: sorted, shuffled with
 the seed, inflated to the share of GPU capacity, arrivals only), one at a time: each is
 created once the one before is unschedulable, or bound and admitted by its node, so that
-both place the same pod on the same state. Allocation: the GPU capacity the bound pods ask for (a share counts
-as its share), as the planner counts it.
+both place the same pod on the same state. Allocation: the GPU capacity the bound pods
+ask for (a share counts as its share), as the planner counts it.
 
 `make fleet-bench` runs it on openb's 1,213 nodes (`python bench/fleet.py --openb`); the
 test `tests/controlplane/test_fleet_trace.py` on 100 of them.

@@ -4,7 +4,7 @@ planner gives it, and the GPU capacity allocated is within a point of `devplug p
 for the same nodes, pods, seed and policy (bench/fleet_trace.py).
 
 The pods arrive one at a time, each a few scheduler and extender round trips, so the
-test inflates the workload to 25 % of the subset's GPU capacity (about 150 pods) rather
+test inflates the workload to 20 % of the subset's GPU capacity (about 120 pods) rather
 than 100 % (about 620 pods, minutes on a busy machine): it checks the decisions pod by
 pod; `FLEET_SAMPLE=100 make fleet-bench` runs the same subset to 100 %, and `make
 fleet-bench` all 1,213 nodes."""
@@ -24,7 +24,7 @@ NODES = OPENB / "openb_node_list_gpu_node.csv"
 PODS = OPENB / "openb_pod_list_default.csv"
 SUBSET = 100
 SEED = 42
-INFLATE_PERCENT = 25.0
+INFLATE_PERCENT = 20.0
 
 
 def test_the_real_scheduler_with_the_extender_allocates_what_the_planner_does_on_100_openb_nodes(
