@@ -166,12 +166,20 @@ async def _arrive(
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-            await api.call(
-                "DELETE",
-                pods,
-                params={"labelSelector": f"{RUN_LABEL}={run}", "gracePeriodSeconds": "0"},
-            )
     return where
+
+
+async def _delete_pods(kubeconfig: str, run: str) -> None:
+    """The run's pods, once the scheduler is stopped (deleting frees room, and a pending
+    pod would then be placed)."""
+    from devplug.fleet.kube import KubeApi
+
+    async with KubeApi.from_kubeconfig(kubeconfig) as api:
+        await api.call(
+            "DELETE",
+            f"/api/v1/namespaces/{NAMESPACE}/pods",
+            params={"labelSelector": f"{RUN_LABEL}={run}", "gracePeriodSeconds": "0"},
+        )
 
 
 def _devplug(*args: str) -> list[str]:
@@ -255,6 +263,7 @@ def run_trace_fleet(
         extender.wait(timeout=30)
         fleet.terminate()
         out, _ = fleet.communicate(timeout=60)
+        asyncio.run(_delete_pods(kubeconfig, run))
         subprocess.run(
             _devplug("fleet", "down", "-f", str(nodes_csv), "--kubeconfig", kubeconfig),
             capture_output=True,
