@@ -5,7 +5,7 @@ for the same nodes, pods, seed and policy (bench/fleet_trace.py).
 
 The pods arrive one at a time, each a few scheduler and extender round trips, so the
 test inflates the workload to 20 % of the subset's GPU capacity (about 120 pods) rather
-than 100 % (about 620 pods, minutes on a busy machine): it checks the decisions pod by
+than 100 % (about 620 pods, a minute and a half on a busy machine): it checks the decisions pod by
 pod; `FLEET_SAMPLE=100 make fleet-bench` runs the same subset to 100 %, and `make
 fleet-bench` all 1,213 nodes."""
 
