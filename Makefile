@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # (PEP 735, pip >= 25.1), which is not published with the package.
 EXTRAS := dra,envtest,fleet,report,udev
 
-.PHONY: demo test test-node test-node-linted test-other lint proto dist bench fleet-bench fleet-bench-dra soak clean image image-deps node-deps browser-deps
+.PHONY: demo test test-node test-node-linted test-other lint proto dist bench fleet-bench fleet-bench-synthetic fleet-bench-dra soak clean image image-deps node-deps browser-deps
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
@@ -65,9 +65,19 @@ dist: $(STAMP)
 bench: $(STAMP) image
 	@$(BIN)/python bench/run.py
 
+# openb's default trace on a fleet of its 1,213 GPU nodes: the real kube-scheduler with
+# devplug's extender (policy FLEET_POLICY: fgd, bestfit, packing or default) places the
+# paper's workload one pod at a time, beside the planner's answer for the same policy
+# (docs/fleet.md; 8,000 pods one at a time: the better part of an hour; JSON on
+# stdout). FLEET_SAMPLE=N: N nodes drawn with the seed.
+FLEET_POLICY ?= fgd
+FLEET_SAMPLE ?=
+fleet-bench: $(STAMP)
+	@$(BIN)/python bench/fleet.py --openb --policy $(FLEET_POLICY) $(if $(FLEET_SAMPLE),--sample $(FLEET_SAMPLE))
+
 # `devplug fleet` at full size: 1,000 nodes x 8 devices (each shared twice), 10,000 pods
 # through the real kube-scheduler (minutes; JSON on stdout). `make bench`: 100 nodes.
-fleet-bench: $(STAMP)
+fleet-bench-synthetic: $(STAMP)
 	@$(BIN)/python bench/fleet.py --nodes 1000 --pods 10000
 
 # The same 1,000 nodes serving their GPUs through DRA (8 per node, a ResourceSlice each),

@@ -82,8 +82,8 @@ def run_policy(policy: str, cached: bool) -> tuple[dict[str, Any], list[str]]:
     from devplug.extender.verbs import Extender
     from devplug.placement import MILLI, TargetWorkload
     from devplug.placement.inventory import Gpu, Inventory
+    from devplug.placement.trace import read_nodes, read_pods
     from devplug.plan.replay import arrivals
-    from devplug.plan.trace import read_nodes, read_pods
 
     nodes, pods = read_nodes(str(NODES)), read_pods(str(PODS))
     # Never started: Objects gives it each change, as its watch would.

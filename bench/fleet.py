@@ -3,9 +3,11 @@ registered, pods scheduled by the real scheduler and admitted by the fleet's kub
 stand-ins end to end, the CPU each process spent on it, the fleet's memory per node,
 and the lean API client beside the official asyncio client on the same calls.
 
-`make bench` runs it at 100 nodes (`bench_fleet(root)`); `make fleet-bench` at 1,000
-nodes and 10,000 pods (`python bench/fleet.py --nodes 1000 --pods 10000`). Skipped,
-with the reason, where the control-plane binaries are absent.
+`make bench` runs it at 100 nodes (`bench_fleet(root)`); `make fleet-bench-synthetic` at
+1,000 nodes and 10,000 pods (`python bench/fleet.py --nodes 1000 --pods 10000`). Skipped,
+with the reason, where the control-plane binaries are absent. `--openb` runs openb's
+trace on a fleet of its node list through the real scheduler and devplug's extender,
+beside the planner (bench/fleet_trace.py; `make fleet-bench`).
 
 The pods go to a kube-scheduler of the benchmark's own (the same binary, its own
 scheduler name) so that its metrics endpoint can be read; the control plane's own
@@ -287,6 +289,40 @@ async def _pods_through(
     return result
 
 
+def bench_fleet_openb(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """openb on the real scheduler with the extender, and the planner's answer."""
+    from fleet_trace import run_trace_fleet, subset
+
+    openb = ROOT.parent / "shared" / "data" / "openb"
+    nodes = openb / "openb_node_list_gpu_node.csv"
+    pods = openb / "openb_pod_list_default.csv"
+    if not nodes.is_file():
+        return {"skipped": f"openb is not in {openb}"}
+    plane = ControlPlane.find(ROOT)
+    if plane is None:
+        return {"skipped": how_to_provide(ROOT)}
+    if args.sample:
+        nodes = subset(nodes, args.sample, args.seed, folder / "openb_nodes.csv")
+    kubeconfig = plane.start()
+    started = time.monotonic()
+    try:
+        report = run_trace_fleet(
+            folder / "run",
+            kubeconfig,
+            plane.bin_dir,
+            nodes,
+            pods,
+            args.policy,
+            args.seed,
+            args.inflate,
+            progress=True,
+        )
+    finally:
+        plane.stop()
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    return report
+
+
 def main() -> int:
     import tempfile
 
@@ -304,9 +340,32 @@ def main() -> int:
         help="the scheduler's client QPS, and with --dra the claim controller's "
         f"(default: their own; {QPS} with --dra; 0: their own)",
     )
+    parser.add_argument(
+        "--openb",
+        action="store_true",
+        help="openb's default trace on a fleet of its node list, through the real scheduler "
+        "and devplug's extender, beside the planner (bench/fleet_trace.py)",
+    )
+    parser.add_argument(
+        "--policy", default="fgd", help="--openb: the extender's and the planner's policy"
+    )
+    parser.add_argument("--seed", type=int, default=42, help="--openb: the protocol's seed")
+    parser.add_argument(
+        "--inflate",
+        type=float,
+        default=100.0,
+        help="--openb: the pods' GPU request, %% of the GPU capacity",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        help="--openb: this many nodes of the list, drawn with the seed (default: all)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="devplug-fleet-bench-") as tmp:
-        if args.dra:
+        if args.openb:
+            report = {"fleet_openb": bench_fleet_openb(Path(tmp), args)}
+        elif args.dra:
             qps = QPS if args.scheduler_qps is None else args.scheduler_qps or None
             pods = 4000 if args.pods is None else args.pods
             report = {"fleet_dra": bench_fleet_dra(Path(tmp), args.nodes, pods, qps)}

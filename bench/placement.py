@@ -31,7 +31,7 @@ import json, os, resource, sys, time
 started, cpu_started = time.perf_counter(), time.process_time()
 from devplug.placement import MILLI, TargetWorkload
 from devplug.plan.replay import arrivals, replay, summary
-from devplug.plan.trace import read_nodes, read_pods
+from devplug.placement.trace import read_nodes, read_pods
 nodes, pods = read_nodes(sys.argv[1]), read_pods(sys.argv[2])
 order = arrivals(pods, 42, 130, sum(n.gpus for n in nodes) * MILLI)
 target = TargetWorkload.of(p.demand for p in pods)

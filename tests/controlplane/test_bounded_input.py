@@ -186,13 +186,13 @@ def _load_kubeconfig(path: Path) -> object:
 
 
 def _load_trace_nodes(path: Path) -> object:
-    from devplug.plan.trace import read_nodes
+    from devplug.placement.trace import read_nodes
 
     return read_nodes(str(path))
 
 
 def _load_trace_pods(path: Path) -> object:
-    from devplug.plan.trace import is_pod_list, read_pods
+    from devplug.placement.trace import is_pod_list, read_pods
 
     is_pod_list(str(path))
     return read_pods(str(path))
@@ -229,7 +229,7 @@ BOMS = [b"", b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff"]
 def test_every_file_reader_takes_any_bytes_in_one_line(
     tmp_path: Path, reader: str, bom: bytes, body: bytes
 ) -> None:
-    from devplug.plan.trace import TraceError
+    from devplug.placement.trace import TraceError
     from devplug.plan.workload import WorkloadError
     from devplug.sources.config import ConfigError
 

@@ -11,8 +11,8 @@ import pytest
 from sim_helpers import devplug
 
 from devplug.placement import MILLI
+from devplug.placement.trace import TraceError, TracePod, read_nodes, read_pods
 from devplug.plan.replay import arrivals, plan_trace
-from devplug.plan.trace import TraceError, TracePod, read_nodes, read_pods
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENB = ROOT.parent / "shared" / "data" / "openb"

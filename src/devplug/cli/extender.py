@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     target = None
     if args.workload:
         from devplug.placement import TargetWorkload
-        from devplug.plan.trace import TraceError, read_pods
+        from devplug.placement.trace import TraceError, read_pods
 
         try:
             target = TargetWorkload.of(p.demand for p in read_pods(args.workload))

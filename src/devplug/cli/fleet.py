@@ -98,9 +98,12 @@ def _fail(message: str, code: int = style.EXIT_USAGE) -> int:
 
 
 def read_fleet(names: list[str], prog: str) -> Fleet | int:
-    """The one fleet file of `-f` ('-': stdin, its paths from the current folder), or
-    the exit status of a one-line error."""
+    """The one fleet file of `-f` ('-': stdin, its paths from the current folder), or a
+    cluster trace's node list (CSV, as `devplug plan --nodes` reads it); or the exit
+    status of a one-line error."""
+    from devplug.fleet.nodelist import node_list_fleet
     from devplug.fleet.spec import load_fleet, parse_fleet
+    from devplug.placement.trace import is_node_list
     from devplug.sources import ConfigError
 
     if len(names) != 1:
@@ -108,6 +111,8 @@ def read_fleet(names: list[str], prog: str) -> Fleet | int:
     try:
         if names[0] == "-":
             return parse_fleet(sys.stdin.read(), "stdin", Path.cwd())
+        if is_node_list(names[0]):
+            return node_list_fleet(names[0])
         return load_fleet(names[0])
     except ConfigError as error:
         return style.fail(prog, str(error), style.EXIT_USAGE)

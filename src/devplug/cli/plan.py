@@ -121,8 +121,8 @@ def _fail(message: str, code: int = style.EXIT_USAGE) -> int:
 
 
 def _run_trace(args: argparse.Namespace) -> int:
+    from devplug.placement.trace import TraceError, is_pod_list
     from devplug.plan.replay import plan_trace
-    from devplug.plan.trace import TraceError, is_pod_list
     from devplug.plan.trace_report import trace_text
 
     if args.filename or args.kubeconfig or args.vary:
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_node_logs(getattr(args, "log_level", "info"))
     from devplug.cli.fleet import read_fleet
-    from devplug.plan.trace import is_pod_list
+    from devplug.placement.trace import is_pod_list
     from devplug.plan.variants import KnobError, parse_vary
     from devplug.plan.workload import WorkloadError, load_workload
 

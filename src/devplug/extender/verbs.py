@@ -216,12 +216,12 @@ class Extender:
         return {name: policy.score(view.node, demand) for name, (view, demand) in fits.items()}
 
     def prioritize(self, args: Any) -> list[dict[str, Any]]:
-        """HostPriorityList: the policy's best node 10 (the first of equals in the
-        candidates' order), the others 0 to 9 by their score between the worst and the
-        best; nodes the pod does not fit 0."""
+        """HostPriorityList: the policy's best node 10 (the first of equals by name: the
+        scheduler's order of candidates changes from call to call), the others 0 to 9 by
+        their score between the worst and the best; nodes the pod does not fit 0."""
         names = self._candidates(args)[2]
         scores = self.scores(args)
-        ranked = rank(scores, names)
+        ranked = rank(scores, sorted(names))
         return [{"Host": name, "Score": ranked.get(name, 0)} for name in names]
 
     def bind(self, args: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 
+from devplug.fleet.shares import PoolPlacements
 from devplug.fleet.spec import GpuHostSpec, Pool, gpu_description
 from devplug.framework.device import Attribute
 from devplug.framework.dra.driver import DriverBinding
@@ -40,6 +41,9 @@ class PoolHardware:
     # Served through DRA (published in ResourceSlices, prepared per claim).
     drivers: list[DriverBinding] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
+    # A GPU resource served with `replicaPolicy: extender`: published on each Node for
+    # the scheduler extender, and told which pod each request is for.
+    placements: PoolPlacements | None = None
 
     def capacity(self) -> dict[str, int]:
         """Devices per device-plugin resource, all of them."""
@@ -83,6 +87,7 @@ def build_pool(pool: Pool, folder: Path) -> PoolHardware:
             plugin.publish(plugin.discover())
             for warning in plugin.warnings:
                 log.warning("pool %s: %s", pool.name, warning)
+        placements = _placements(plugins)
         if pool.spec.gpus is not None:  # read once: nothing polls the pool's NVML later
             from devplug.sources.nvidia.plugin import NvidiaPlugin
 
@@ -90,7 +95,7 @@ def build_pool(pool: Pool, folder: Path) -> PoolHardware:
                 id(p.source): p.source for p in plugins if isinstance(p, NvidiaPlugin)
             }.values():
                 source.release()
-    hardware = PoolHardware(pool)
+    hardware = PoolHardware(pool, placements=placements)
     for plugin in plugins:
         if serves_device_plugin(plugin.spec.mode):
             hardware.device_plugins.append(plugin)
@@ -98,6 +103,20 @@ def build_pool(pool: Pool, folder: Path) -> PoolHardware:
             hardware.drivers.append(config_driver(plugin))
         hardware.labels.update(plugin.node_labels())
     return hardware
+
+
+def _placements(plugins: list[SourcePlugin]) -> PoolPlacements | None:
+    """The pool's shares for the extender: the first plugin served with `replicaPolicy:
+    extender` (one per node is published, as `devplug serve` does)."""
+    from devplug.sources.nvidia.extender import inventory, uses_extender
+    from devplug.sources.nvidia.plugin import NvidiaPlugin
+
+    for plugin in plugins:
+        if isinstance(plugin, NvidiaPlugin) and uses_extender(plugin):
+            placements = PoolPlacements(inventory(plugin))
+            plugin.placements = placements
+            return placements
+    return None
 
 
 def config_driver(plugin: SourcePlugin) -> DriverBinding:

@@ -14,6 +14,7 @@ nothing: the pods keep their devices and their status is written once it is back
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -170,14 +171,22 @@ class FleetNode:
         requests = pod_requests(pod, parsed)
         given = self._claims.objects
         given.update(((parsed.namespace, name), obj) for name, obj in claims.items())
+        placements = self.hardware.placements
+        # A GPU share for the extender: the plugin is told the pod it answers for.
+        chosen = (
+            placements.admitting(self.name, pod)
+            if placements is not None
+            else contextlib.nullcontext()
+        )
         try:
-            admitted = await admit_pod(
-                parsed,
-                self.manager,
-                self.claims,
-                resource_check=lambda _: self._resource_check(requests),
-                runtime_options=False,  # no container runtime here
-            )
+            with chosen:
+                admitted = await admit_pod(
+                    parsed,
+                    self.manager,
+                    self.claims,
+                    resource_check=lambda _: self._resource_check(requests),
+                    runtime_options=False,  # no container runtime here
+                )
         finally:
             given.clear()
         if isinstance(admitted, Refusal):

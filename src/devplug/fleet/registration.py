@@ -51,6 +51,8 @@ async def register_node(
     """Register node `name` (Node, Lease, ResourceSlices); its UID and its Lease."""
     status = node_status(pool, hardware.capacity(), hardware.allocatable(), now())
     body = node_body(name, fleet, pool, hardware.labels, status)
+    if hardware.placements is not None:
+        body["metadata"]["annotations"] = hardware.placements.annotations(name)
     api = calls.api
 
     async def create() -> Any:
@@ -58,7 +60,7 @@ async def register_node(
             await api.call(
                 "PATCH",
                 f"/api/v1/nodes/{name}",
-                {"metadata": {"labels": body["metadata"]["labels"]}, "spec": body["spec"]},
+                {"metadata": _owned(body["metadata"]), "spec": body["spec"]},
                 content_type=MERGE_PATCH,
             )
             return await api.call(
@@ -90,6 +92,12 @@ async def register_node(
             piece["metadata"]["labels"].update(fleet_labels(fleet, pool.name))
             await calls.ensure(f"slice of {name}", SLICES, piece)
     return uid, lease
+
+
+def _owned(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What a node taken over gets of the Node's metadata: its labels, and its GPU
+    inventory where it publishes one (other annotations stay)."""
+    return {k: meta[k] for k in ("labels", "annotations") if k in meta}
 
 
 async def _listed(api: KubeApi, path: str, params: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -53,6 +53,8 @@ class GpuHostSpec(_Schema):
     # A model of the fake driver's tables ('H100-SXM5-80GB', 'A100-SXM4-40GB'...) or
     # its NVML name ('NVIDIA H100 80GB HBM3').
     model: str = "H100-SXM5-80GB"
+    # The name NVML gives the GPUs (nvmlDeviceGetName) instead of the model's own.
+    name: str | None = None
     count: int = 8
     # GPUs are spread evenly over the NUMA nodes, in index order.
     numa_nodes: int = 1
@@ -311,4 +313,8 @@ def gpu_description(spec: GpuHostSpec) -> dict[str, Any]:
     }
     if spec.mig:
         group["mig"] = spec.mig
-    return fake_host(yaml.safe_dump({"gpus": [group], "nvlink": spec.nvlink}))
+    host = fake_host(yaml.safe_dump({"gpus": [group], "nvlink": spec.nvlink}))
+    if spec.name:
+        for entry in host["gpus"]:
+            entry["name"] = spec.name
+    return host

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from devplug.placement import MILLI, Node
-from devplug.plan.trace import TracePod
+from devplug.placement.trace import TracePod
 
 OPENB_NODES = 1213
 OPENB_GPUS = 6212

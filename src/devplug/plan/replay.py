@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from devplug.placement import MILLI, Node, Placer, TargetWorkload, make_policy
-from devplug.plan.trace import TraceError, TracePod
+from devplug.placement.trace import TraceError, TracePod
 
 MARKS = (100,)  # arrived demand (% of GPU capacity) the report reads the run at
 
@@ -207,8 +207,8 @@ def plan_trace(
 ) -> dict[str, Any]:
     """The whole report: the trace read, each policy replayed with each seed (TraceError
     for a bad trace)."""
+    from devplug.placement.trace import read_nodes, read_pods
     from devplug.plan import published
-    from devplug.plan.trace import read_nodes, read_pods
     from devplug.plan.trace_report import trace_document
 
     nodes = read_nodes(nodes_path)

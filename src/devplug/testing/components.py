@@ -23,6 +23,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -88,10 +89,12 @@ class Component:
         scheduler_name: str,
         qps: float | None = None,
         burst: int | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> Component:
         """A kube-scheduler that schedules only pods naming `scheduler_name`; its API
         client's rate is `qps`/`burst` (clientConnection in its config; the
-        scheduler's own defaults, 50 and 100, when None)."""
+        scheduler's own defaults, 50 and 100, when None); `settings`: more top-level
+        keys of its KubeSchedulerConfiguration (extenders, percentageOfNodesToScore)."""
         folder.mkdir(parents=True, exist_ok=True)
         limits = ""
         if qps is not None:
@@ -106,6 +109,11 @@ class Component:
             "leaderElection:\n  leaderElect: false\n"
             f"profiles:\n  - schedulerName: {scheduler_name}\n"
         )
+        if settings:
+            import yaml
+
+            with config.open("a") as handle:
+                yaml.safe_dump(dict(settings), handle, sort_keys=False)
         port = _free_port()
         command = [
             str(bin_dir / "kube-scheduler"),

@@ -50,6 +50,15 @@ RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
 
 
+class Placements(Protocol):
+    """Who tells a plugin served with `replicaPolicy: extender` which pod a request is
+    for: the node's ExtenderAgent, or a simulated node that knows the pod it admits."""
+
+    async def match(self, resource: str, size: int) -> Match | None: ...
+
+    def given(self, match: Match, gpus: Sequence[str]) -> None: ...
+
+
 class SharesPlugin(Protocol):
     """What this service needs of a plugin served with `replicaPolicy: extender` (the
     NVIDIA plugin, which imports this module)."""
@@ -58,7 +67,7 @@ class SharesPlugin(Protocol):
     resource_name: str
     source: GpuSource
     nvidia: NvidiaSpec
-    placements: ExtenderAgent | None
+    placements: Placements | None
 
     @property
     def devices(self) -> Mapping[str, Device]: ...

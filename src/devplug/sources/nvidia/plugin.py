@@ -32,7 +32,7 @@ from devplug.sources.nvidia.config import (
 )
 from devplug.sources.nvidia.discovery import CDI_KIND, resource_names
 from devplug.sources.nvidia.discovery import devices as unit_devices
-from devplug.sources.nvidia.extender import ExtenderAgent, Match
+from devplug.sources.nvidia.extender import Match, Placements
 from devplug.sources.nvidia.imex import add_channels, missing_channels
 from devplug.sources.nvidia.labels import node_labels
 from devplug.sources.nvidia.source import GpuSource
@@ -58,7 +58,7 @@ class NvidiaPlugin(Plugin):
         self.primary = resource == source.name
         # With replicaPolicy extender: the service that finds the pod a request is
         # for, and the pod each preferred answer was for (by its device IDs).
-        self.placements: ExtenderAgent | None = None
+        self.placements: Placements | None = None
         self._answered: dict[frozenset[str], Match] = {}
 
     @property

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from devplug.ground import inputs
-from devplug.placement import MILLI, Demand, Node
+from devplug.placement.state import MILLI, Demand, Node
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "gpu_spec")
@@ -78,13 +78,22 @@ def _number(row: dict[str, str], column: str, where: str, high: int | None = Non
 
 def is_pod_list(path: str) -> bool:
     """Whether a CSV file has the columns of a trace pod list."""
+    return {"num_gpu", "gpu_milli"} <= _header(path)
+
+
+def is_node_list(path: str) -> bool:
+    """Whether a CSV file has the columns of a trace node list."""
+    return set(NODE_COLUMNS) <= _header(path)
+
+
+def _header(path: str) -> set[str]:
     try:
         with open(path, encoding="utf-8-sig", errors="replace") as handle:
             first = handle.readline(64 * 1024)  # a header, not a whole file of one line
         header = next(csv.reader([first]), [])
     except (OSError, csv.Error):
-        return False
-    return {"num_gpu", "gpu_milli"} <= {c.strip() for c in header}
+        return set()
+    return {c.strip() for c in header}
 
 
 def read_nodes(path: str) -> list[Node]:
