@@ -125,7 +125,7 @@ async def _arrive(
     went ('' for pending)."""
     import msgspec
 
-    from devplug.fleet.kube import KubeApi
+    from devplug.apiserver.client import KubeApi
 
     decided: dict[str, str] = {}
     changed = asyncio.Event()
@@ -172,7 +172,7 @@ async def _arrive(
 async def _delete_pods(kubeconfig: str, run: str) -> None:
     """The run's pods, once the scheduler is stopped (deleting frees room, and a pending
     pod would then be placed)."""
-    from devplug.fleet.kube import KubeApi
+    from devplug.apiserver.client import KubeApi
 
     async with KubeApi.from_kubeconfig(kubeconfig) as api:
         await api.call(
