@@ -16,8 +16,8 @@ import yaml
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.dra.names import default_driver_name, device_name
 from devplug.ground.channel import FAST_RECONNECT
+from devplug.kube.dranames import default_driver_name, device_name
 from devplug.sources import ConfigError, parse_config
 from tests.dra_helpers import DRIVER, NodeDirs, accelerator_config
 

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from devplug.framework.cdi import default_kind
-from devplug.framework.names import resource_name_problem
-from devplug.kube.names import label_value
+from devplug.kube.cdi import default_kind
+from devplug.kube.names import label_value, resource_name_problem
 from devplug.sources.config import (
     Config,
     ConfigError,

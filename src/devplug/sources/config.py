@@ -17,13 +17,12 @@ from typing import NoReturn, TypeVar
 
 import msgspec
 
-from devplug.api.constants import MAX_DEVICE_ID_LENGTH
-from devplug.framework.cdi import default_kind, kind_problem
-from devplug.framework.device import cdi_name_problem, env_problem, permissions_problem
-from devplug.framework.names import REPLICA_SEPARATOR, device_id_problem, resource_name_problem
+from devplug.config.ids import REPLICA_SEPARATOR, device_id_problem, path_device_id
 from devplug.ground import inputs
 from devplug.ground.trust import write_problem
-from devplug.outputs.nfd import label_name_problem
+from devplug.kube.cdi import cdi_name_problem, default_kind, kind_problem
+from devplug.kube.containers import env_problem, permissions_problem
+from devplug.kube.names import label_name_problem, resource_name_problem
 from devplug.sources import hardware
 from devplug.sources.draconfig import (
     MODES,
@@ -557,7 +556,6 @@ def has_glob(path: str) -> bool:
     return glob.has_magic(path)
 
 
-_UNSAFE_ID_CHARS = re.compile(r"[\s,]|[^\x20-\x7e]")
 _ENV_UNSAFE = re.compile(r"[^A-Za-z0-9]")
 
 
@@ -572,41 +570,6 @@ def group_device_id(group: GroupSpec) -> str:
 def required_mounts(group: GroupSpec) -> list[str]:
     """The host paths of the mounts a group's devices need (Unhealthy while missing)."""
     return [m.host_path for m in group.mounts if m.required]
-
-
-def path_device_id(path: str) -> str:
-    """'/dev/bus/usb/001/002' -> 'bus-usb-001-002' (outside /dev: '/a/b' -> 'a-b').
-
-    Not capped: see `cap_id`.
-    """
-    path = posixpath.normpath(path)
-    stem = path.removeprefix("/dev/") if path.startswith("/dev/") else path.lstrip("/")
-    return _UNSAFE_ID_CHARS.sub("_", stem.replace("/", "-")) or "root"
-
-
-def virtual_device_id(resource_name: str, index: int) -> str:
-    """The `index`th virtual device of 'example.com/fake': 'fake-<index>'."""
-    return f"{resource_name.rpartition('/')[2]}-{index}"
-
-
-def cap_id(device_id: str, limit: int = MAX_DEVICE_ID_LENGTH) -> str:
-    """`device_id` if it fits in `limit` characters, else a prefix plus '-' and 10 hex
-    characters of its sha256: unique and stable across restarts."""
-    if len(device_id) <= limit:
-        return device_id
-    import hashlib  # only for long IDs: it loads OpenSSL (~0.7 MiB)
-
-    digest = hashlib.sha256(device_id.encode()).hexdigest()[:10]
-    return f"{device_id[: limit - 11]}-{digest}"
-
-
-def replica_ids(device_id: str, count: int) -> list[str]:
-    """The IDs a device is served under: itself, or '<id>::<k>' for each of `count`
-    replicas; the base is shortened (`cap_id`) so that every ID fits the kubelet's limit."""
-    if count == 1:
-        return [cap_id(device_id)]
-    base = cap_id(device_id, MAX_DEVICE_ID_LENGTH - len(f"{REPLICA_SEPARATOR}{count - 1}"))
-    return [f"{base}{REPLICA_SEPARATOR}{k}" for k in range(count)]
 
 
 def ids_env_name(resource_name: str) -> str:

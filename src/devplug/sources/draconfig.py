@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 import msgspec
 
-from devplug.framework.device import Attribute, env_problem
+from devplug.framework.device import Attribute
+from devplug.kube.containers import env_problem
 from devplug.kube.quantity import parse_quantity
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def check_attributes(
     """Attribute names and values a ResourceSlice accepts."""
     if not attributes:
         return
-    from devplug.framework.dra.slices import attribute_problem
+    from devplug.kube.dranames import attribute_problem
 
     for name, value in attributes.items():
         if problem := attribute_problem(name, value):
@@ -136,7 +137,7 @@ def check_dra(
     count: int = 1,
     nvidia: bool = False,
 ) -> None:
-    from devplug.framework.dra.names import attribute_name_problem, driver_name_problem
+    from devplug.kube.dranames import attribute_name_problem, driver_name_problem
 
     if spec.driver is not None and (problem := driver_name_problem(spec.driver)):
         fail(f"{at}.driver", problem)
@@ -211,7 +212,7 @@ def check_node_work(resource: ResourceSpec, at: str, fail: _Fail) -> None:
 
 def _check_partitions(spec: PartitionsSpec, at: str, fail: _Fail) -> None:
     from devplug.api.dra.constants import MAX_COUNTERS_PER_SET
-    from devplug.framework.dra.names import label_name_problem
+    from devplug.kube.dranames import label_name_problem
 
     if (spec.slots is None) == (not spec.counters):
         fail(at, "expected 'slots' (with 'sizes') or 'counters' (with 'devices'), one of them")
@@ -273,7 +274,7 @@ def _check_capacity(name: str, spec: CapacitySpec, at: str, fail: _Fail) -> None
     """What the API server checks of a shared capacity, so that a config it would
     refuse stops at start with one line instead of failing each publish."""
     from devplug.api.dra.constants import MAX_VALID_VALUES
-    from devplug.framework.dra.names import attribute_name_problem
+    from devplug.kube.dranames import attribute_name_problem
 
     if problem := attribute_name_problem(name):
         fail(at, problem)
@@ -404,7 +405,7 @@ def driver_name(resource_name: str, spec: DraSpec | None) -> str:
     """The resource's DRA driver: `dra.driver`, or one derived from the resource name."""
     if spec is not None and spec.driver is not None:
         return spec.driver
-    from devplug.framework.dra.names import default_driver_name
+    from devplug.kube.dranames import default_driver_name
 
     return default_driver_name(resource_name)
 
@@ -414,7 +415,7 @@ def plugin_driver_name(resource_name: str, spec_name: str, spec: DraSpec | None)
     from the plugin's resource name. With it, the entry's own resource gets it, and the
     further resources an entry serves (a GPU entry's MIG profiles or models) get
     '<their short name>.<dra.driver>'."""
-    from devplug.framework.dra.names import MAX_LABEL, default_driver_name
+    from devplug.kube.dranames import MAX_LABEL, default_driver_name
 
     if spec is None or spec.driver is None:
         return default_driver_name(resource_name)

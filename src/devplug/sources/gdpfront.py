@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from devplug.framework.device import permissions_problem
 from devplug.ground import inputs
+from devplug.kube.containers import permissions_problem
 from devplug.kube.names import is_dns_subdomain
 from devplug.sources.config import Config, ConfigError, check_trusted, config_from_data
 

@@ -14,8 +14,8 @@ from typing import Literal, NoReturn
 
 import msgspec
 
-from devplug.framework.cdi import CDI_MODES, DEFAULT_CDI_DIR, CdiMode, kind_problem
 from devplug.ground.trust import program_problem
+from devplug.kube.cdi import CDI_MODES, DEFAULT_CDI_DIR, CdiMode, kind_problem
 from devplug.outputs.nfd import DEFAULT_FEATURE_FILE
 
 Fail = Callable[[str, str], NoReturn]

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from devplug.framework.cdi import apply_mode, default_kind
+from devplug.config.ids import path_device_id, replica_ids
+from devplug.framework.cdi import apply_mode
 from devplug.framework.device import Attribute, ContainerEdits, Device, DeviceNode, Mount
 from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import pick
 from devplug.ground.dirwatch import DirWatcher
+from devplug.kube.cdi import default_kind
 from devplug.outputs.nfd import device_labels
 from devplug.sources import hardware
 from devplug.sources.config import (
@@ -37,8 +39,6 @@ from devplug.sources.config import (
     has_glob,
     ids_env_name,
     is_selector,
-    path_device_id,
-    replica_ids,
     required_mounts,
 )
 from devplug.sources.health import run_checks, verdicts

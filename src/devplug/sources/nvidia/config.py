@@ -13,8 +13,8 @@ from typing import Any, Literal, NoReturn
 
 import msgspec
 
-from devplug.framework.names import resource_name_problem
 from devplug.ground.trust import program_problem
+from devplug.kube.names import resource_name_problem
 from devplug.sources.hardware import HealthSpec, check_health
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from devplug.config.ids import replica_ids
 from devplug.framework.device import Attribute, Device, DeviceNode, Mount
-from devplug.sources.config import replica_ids
 from devplug.sources.hardware import DEFAULT_DEV_ROOT
 from devplug.sources.nvidia.config import (
     CDI_STRATEGIES,

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from devplug.config.ids import physical_id
 from devplug.framework.device import Device
-from devplug.framework.preferred import physical_id
 from devplug.kube.names import MAX_LABEL_VALUE, label_value
 from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
 from devplug.sources.nvidia.discovery import Unit, host_path, single_problem

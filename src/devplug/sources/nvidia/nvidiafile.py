@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgspec
 
-from devplug.framework.names import resource_name_problem
 from devplug.ground.trust import write_problem
-from devplug.kube.names import is_dns_subdomain
+from devplug.kube.names import is_dns_subdomain, resource_name_problem
 
 if TYPE_CHECKING:
     from devplug.sources.nvidia.config import NvidiaConfigRef, NvidiaSpec

@@ -15,9 +15,9 @@ from typing import Any
 
 import msgspec
 
+from devplug.config.ids import REPLICA_SEPARATOR
 from devplug.framework import observe
 from devplug.framework.device import ContainerEdits, Device
-from devplug.framework.names import REPLICA_SEPARATOR
 from devplug.framework.plugin import AllocationError, Plugin
 from devplug.framework.preferred import prefer_numa_local, spread_replicas
 from devplug.sources.config import ResourceSpec

@@ -14,12 +14,14 @@ from __future__ import annotations
 import hashlib
 import re
 
-from devplug.api.dra.constants import MAX_ATTRIBUTE_NAME_LENGTH
 from devplug.kube.names import MAX_DNS_LABEL, is_dns_label, is_dns_subdomain
 
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
 MAX_LABEL = MAX_DNS_LABEL
+# resource.k8s.io's limits on a device attribute: its name after the domain, a string value.
+MAX_ATTRIBUTE_NAME_LENGTH = 32
+MAX_STRING_ATTRIBUTE_LENGTH = 64
 
 
 def driver_name_problem(name: str) -> str | None:
@@ -79,6 +81,15 @@ def attribute_name_problem(name: str) -> str | None:
             f"attribute name {name!r} must be a C identifier of at most "
             f"{MAX_ATTRIBUTE_NAME_LENGTH} characters{' after the domain' if slash else ''}"
         )
+    return None
+
+
+def attribute_problem(name: str, value: str | int | bool) -> str | None:
+    """Why a device cannot carry the attribute `name: value` in a slice, or None."""
+    if problem := attribute_name_problem(name):
+        return problem
+    if isinstance(value, str) and len(value) > MAX_STRING_ATTRIBUTE_LENGTH:
+        return f"attribute {name!r}: value longer than {MAX_STRING_ATTRIBUTE_LENGTH} characters"
     return None
 
 
