@@ -1408,7 +1408,7 @@ def test_the_api_server_accepts_what_the_config_accepts(api: Any) -> None:
     from devplug.framework.dra.driver import TAINT_EFFECTS
     from devplug.framework.dra.slices import slice_bodies
     from devplug.sources import ConfigError, build_plugins, parse_config
-    from devplug.sources.draconfig import config_driver
+    from devplug.sources.dradriver import config_driver
 
     resource = client.ResourceV1Api(api)
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import pytest
 
-from devplug.config.ids import cap_id, path_device_id, replica_ids, virtual_device_id
+from devplug.config.ids import cap_id, ids_env_name, path_device_id, replica_ids, virtual_device_id
 from devplug.sources import (
     ConfigError,
     HostDevicePlugin,
@@ -23,7 +23,6 @@ from devplug.sources import (
     load_default_config,
     parse_config,
 )
-from devplug.sources.config import ids_env_name
 
 # -- refused configs: one real `devplug check` per case ---------------------------------
 

@@ -138,12 +138,8 @@ def _add_dra_reports(
 ) -> None:
     """The mode of each resource and, for those served through DRA, the ResourceSlices
     the daemon would publish for this node now."""
-    from devplug.sources.draconfig import (
-        config_driver,
-        extended_resource_name,
-        plugin_driver_name,
-        serves_dra,
-    )
+    from devplug.config.dra import extended_resource_name, plugin_driver_name, serves_dra
+    from devplug.sources.dradriver import config_driver
 
     for plugin, entry in zip(plugins, report, strict=True):
         spec = plugin.spec

@@ -1,6 +1,7 @@
 """Device IDs, in one place: what the kubelet accepts as one, how devplug derives one
 from a path or an index, how it shortens one that is too long, and how replicas of a
-shared device are named ('<id>::<k>'). The framework checks Devices by these rules,
+shared device are named ('<id>::<k>'), and the variables that hand a container its
+allocated IDs. The framework checks Devices by these rules,
 and the config and the sources make IDs by them."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 REPLICA_SEPARATOR = "::"
 
 _UNSAFE_ID_CHARS = re.compile(r"[\s,]|[^\x20-\x7e]")
+_ENV_UNSAFE = re.compile(r"[^A-Za-z0-9]")
 
 
 def device_id_problem(device_id: str) -> str | None:
@@ -65,3 +67,14 @@ def replica_ids(device_id: str, count: int) -> list[str]:
 def physical_id(device_id: str) -> str:
     """The device a replica ID belongs to ('gpu0::3' -> 'gpu0'); other IDs are their own."""
     return device_id.partition(REPLICA_SEPARATOR)[0]
+
+
+def ids_env_name(resource_name: str) -> str:
+    """'example.com/kvm' -> 'DEVPLUG_EXAMPLE_COM_KVM'."""
+    return "DEVPLUG_" + _ENV_UNSAFE.sub("_", resource_name).upper()
+
+
+def pci_resource_env(resource_name: str) -> str:
+    """KubeVirt's variable for the PCI addresses of a resource:
+    'example.com/fpga-u280' -> 'PCI_RESOURCE_EXAMPLE_COM_FPGA-U280'."""
+    return "PCI_RESOURCE_" + resource_name.upper().replace("/", "_").replace(".", "_")

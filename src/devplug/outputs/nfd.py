@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from devplug.config.hardware import DEFAULT_FEATURE_FILE
 from devplug.config.ids import physical_id
 from devplug.framework.device import Device
 from devplug.framework.plugin import Plugin
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("devplug.outputs.nfd")
 
-DEFAULT_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/devplug"
 HEADER = "# devplug: node labels of the resources it serves; removed when it stops\n"
 
 

@@ -13,16 +13,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from devplug.config.errors import ConfigError
+from devplug.config.limits import LimitsSpec
+from devplug.config.load import load_config, load_default_config, parse_config
+from devplug.config.resource import ResourceSpec
+from devplug.config.root import Config
+from devplug.framework.limits import Limits
 from devplug.kube.cdi import default_kind
 from devplug.kube.names import label_value, resource_name_problem
-from devplug.sources.config import (
-    Config,
-    ConfigError,
-    ResourceSpec,
-    load_config,
-    load_default_config,
-    parse_config,
-)
 from devplug.sources.hostdev import HostDevicePlugin
 from devplug.sources.sysfs.select import Pool, selected_devices
 from devplug.sources.sysfs.tree import Sysfs
@@ -108,10 +106,21 @@ def build_plugins(
                 cdi = msgspec.structs.replace(cdi, kind=default_kind(f"{cdi.kind}-{pool.model}"))
             pool_spec = msgspec.structs.replace(spec, name=name, split=None, cdi=cdi)
             plugins.append(HostDevicePlugin(pool_spec, sysfs, pool))
-    limits = config.limits.to_limits()
+    limits = limits_of(config.limits)
     for plugin in plugins:
         plugin.limits = limits
     return plugins
+
+
+def limits_of(spec: LimitsSpec) -> Limits:
+    """The framework's limits as the config's `limits:` block sets them."""
+    return Limits(
+        max_request_bytes=spec.max_request_bytes,
+        max_devices=spec.max_devices_per_resource,
+        max_ids_per_request=spec.max_ids_per_request,
+        max_streams=spec.max_streams,
+        register_timeout_s=spec.register_timeout_seconds,
+    )
 
 
 def pool_name(resource: str, model: str) -> str:

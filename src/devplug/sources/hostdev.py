@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from devplug.config.ids import path_device_id, replica_ids
+from devplug.config import hardware
+from devplug.config.groups import GroupSpec, group_device_id, has_glob, is_selector, required_mounts
+from devplug.config.ids import ids_env_name, path_device_id, replica_ids
+from devplug.config.resource import ResourceSpec
 from devplug.framework.cdi import apply_mode
 from devplug.framework.device import Attribute, ContainerEdits, Device, DeviceNode, Mount
 from devplug.framework.plugin import Plugin
@@ -31,16 +34,6 @@ from devplug.framework.preferred import pick
 from devplug.ground.dirwatch import DirWatcher
 from devplug.kube.cdi import default_kind
 from devplug.outputs.nfd import device_labels
-from devplug.sources import hardware
-from devplug.sources.config import (
-    GroupSpec,
-    ResourceSpec,
-    group_device_id,
-    has_glob,
-    ids_env_name,
-    is_selector,
-    required_mounts,
-)
 from devplug.sources.health import run_checks, verdicts
 from devplug.sources.sysfs.select import Pool, Selected, selected_devices, vfio_env
 from devplug.sources.sysfs.tree import Sysfs

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from devplug.config.load import check_trusted
 from devplug.framework import observe
 from devplug.ground import inputs
 from devplug.ground.dirwatch import ENTRY_EVENTS, DirWatcher, Mask
 from devplug.ground.signals import RELOAD_SIGNAL, hold_reload_signal, take_held_reload
 from devplug.sources import Config, ConfigError, build_plugins, parse_config
-from devplug.sources.config import check_trusted
 from devplug.sources.validate import plugins_to_serve
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def config_inputs(config: Config) -> tuple[list[Path], set[Path]]:
         ref = resource.nvidia.nvidia_config if resource.nvidia is not None else None
         if ref is None:
             continue
-        from devplug.sources.nvidia.nvidiafile import inputs as read_by
+        from devplug.config.nvidiafile import inputs as read_by
 
         files += read_by(ref)
         folders.add(Path(ref.folder) if ref.folder else Path(ref.file or "/").parent)

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from devplug.api.constants import KUBELET_SOCKET
+from devplug.config.dra import serves_device_plugin
+from devplug.config.errors import ConfigError
+from devplug.config.root import Config
 from devplug.framework.limits import Limits, device_limit_problem
 from devplug.ground.unixserver import socket_path_problem
 from devplug.sources import start_problems
-from devplug.sources.config import Config, ConfigError
-from devplug.sources.draconfig import serves_device_plugin
 
 if TYPE_CHECKING:
     from devplug.framework.plugin import Plugin

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from devplug.config.ids import replica_ids, virtual_device_id
+from devplug.config.ids import ids_env_name, replica_ids, virtual_device_id
+from devplug.config.resource import ResourceSpec
 from devplug.framework.device import Device
 from devplug.framework.plugin import Plugin
 from devplug.outputs.nfd import device_labels
-from devplug.sources.config import ResourceSpec, ids_env_name
 
 
 class VirtualPlugin(Plugin):

@@ -15,21 +15,21 @@ from typing import Any
 
 import msgspec
 
+from devplug.config.hardware import DEFAULT_DEV_ROOT
 from devplug.config.ids import REPLICA_SEPARATOR
-from devplug.framework import observe
-from devplug.framework.device import ContainerEdits, Device
-from devplug.framework.plugin import AllocationError, Plugin
-from devplug.framework.preferred import prefer_numa_local, spread_replicas
-from devplug.sources.config import ResourceSpec
-from devplug.sources.hardware import DEFAULT_DEV_ROOT
-from devplug.sources.nvidia.cdispec import host_spec, spec_document
-from devplug.sources.nvidia.config import (
+from devplug.config.nvidia import (
     CDI_STRATEGIES,
     cdi_only,
     fails_requests_greater_than_one,
     replicas_of,
     served_name,
 )
+from devplug.config.resource import ResourceSpec
+from devplug.framework import observe
+from devplug.framework.device import ContainerEdits, Device
+from devplug.framework.plugin import AllocationError, Plugin
+from devplug.framework.preferred import prefer_numa_local, spread_replicas
+from devplug.sources.nvidia.cdispec import host_spec, spec_document
 from devplug.sources.nvidia.discovery import CDI_KIND, resource_names
 from devplug.sources.nvidia.discovery import devices as unit_devices
 from devplug.sources.nvidia.extender import ExtenderAgent, Match

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from devplug.config.hardware import DEFAULT_DEV_ROOT
+from devplug.config.nvidia import NvidiaSpec
+from devplug.config.resource import ResourceSpec
 from devplug.framework import observe
-from devplug.sources.config import ResourceSpec
-from devplug.sources.hardware import DEFAULT_DEV_ROOT
 from devplug.sources.health import check_problem
 from devplug.sources.nvidia import blocking
-from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.sources.nvidia.discovery import Unit, host_path, layout_problem, units
 from devplug.sources.nvidia.health import (
     HealthThread,
