@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -22,26 +21,19 @@ from devplug.framework.limits import Limits
 from devplug.kube.cdi import default_kind
 from devplug.kube.names import label_value, resource_name_problem
 from devplug.sources.hostdev import HostDevicePlugin
+from devplug.sources.protocol import Source, SourcePlugin
 from devplug.sources.sysfs.select import Pool, selected_devices
 from devplug.sources.sysfs.tree import Sysfs
 from devplug.sources.virtual import VirtualPlugin
 
 log = logging.getLogger("devplug.sources")
 
-# Every kind offers `discover()` (the devices to serve now, without publishing) and
-# `warnings` (one-line messages, e.g. a glob that matches nothing).
-if TYPE_CHECKING:
-    from devplug.sources.nvidia.plugin import NvidiaPlugin
-
-    SourcePlugin = HostDevicePlugin | VirtualPlugin | NvidiaPlugin
-else:
-    SourcePlugin = HostDevicePlugin | VirtualPlugin  # NVIDIA's loads only when configured
-
 __all__ = [
     "Config",
     "ConfigError",
     "HostDevicePlugin",
     "ResourceSpec",
+    "Source",
     "SourcePlugin",
     "VirtualPlugin",
     "build_plugin",
@@ -67,10 +59,10 @@ def resource_names(config: Config) -> list[str]:
     return names
 
 
-def start_problems(plugins: Iterable[object]) -> list[str]:
-    """Why these plugins must not be served (one line each; none: fine), e.g. NVML
+def start_problems(sources: Iterable[Source]) -> list[str]:
+    """Why these sources must not be served (one line each; none: fine), e.g. NVML
     failing for an `nvidia:` entry with failOnInitError."""
-    return [p for p in (getattr(plugin, "start_problem", "") for plugin in plugins) if p]
+    return [s.start_problem for s in sources if s.start_problem]
 
 
 def build_plugin(spec: ResourceSpec, sysfs: Sysfs | None = None) -> SourcePlugin:

@@ -27,6 +27,7 @@ from devplug.ground import inputs
 from devplug.ground.dirwatch import ENTRY_EVENTS, DirWatcher, Mask
 from devplug.ground.signals import RELOAD_SIGNAL, hold_reload_signal, take_held_reload
 from devplug.sources import Config, ConfigError, build_plugins, parse_config
+from devplug.sources.protocol import SourcePlugin
 from devplug.sources.validate import plugins_to_serve
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from devplug.framework.plugin import Plugin
 
 # How `devplug serve` turns a checked config into the plugins it serves.
-BuildPlugins = Callable[[Config], Sequence["Plugin"]]
+BuildPlugins = Callable[[Config], Sequence[SourcePlugin]]
 
 log = logging.getLogger("devplug.sources.reload")
 
@@ -231,4 +232,6 @@ def _built_from(plugin: Plugin) -> tuple[object, object, object]:
     resource its pool (a per-model or NVML-derived resource has a spec of its own, so it
     is compared as itself, not by its entry's name), and the config's `limits` (its
     server's options and bounds are set when it starts)."""
-    return getattr(plugin, "spec", None), getattr(plugin, "pool", None), plugin.limits
+    if isinstance(plugin, SourcePlugin):
+        return plugin.spec, plugin.pool, plugin.limits
+    return None, None, plugin.limits
