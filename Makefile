@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # (PEP 735, pip >= 25.1), which is not published with the package.
 EXTRAS := dra,envtest,fleet,report,udev
 
-.PHONY: demo test test-node test-other lint proto dist bench fleet-bench fleet-bench-dra soak clean image image-deps node-deps browser-deps
+.PHONY: demo test test-node test-node-linted test-other lint proto dist bench fleet-bench fleet-bench-dra soak clean image image-deps node-deps browser-deps
 
 # Quiet on stdout, so that `make bench` and `make demo --output json` print only their own output.
 $(STAMP): pyproject.toml
@@ -30,12 +30,17 @@ TEST_WORKERS ?= 2
 # By the tier markers (tests/conftest.py gives each test its folder's), so that no tier
 # is left out of both.
 NODE_TIERS := realnode or image
+NODE_RUN = $(BIN)/python -m pytest -q -m "$(NODE_TIERS)"
 
-test: lint image-deps node-deps browser-deps
-	@$(MAKE) -s -j2 --output-sync=target test-node test-other
+# The lint runs first in the real node's lane, which is the shorter one.
+test: image-deps node-deps browser-deps $(STAMP)
+	@$(MAKE) -s -j2 --output-sync=target test-node-linted test-other
+
+test-node-linted: lint
+	$(NODE_RUN)
 
 test-node: $(STAMP)
-	$(BIN)/python -m pytest -q -m "$(NODE_TIERS)"
+	$(NODE_RUN)
 
 test-other: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not ($(NODE_TIERS))"

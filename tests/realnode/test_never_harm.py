@@ -86,8 +86,19 @@ def test_a_second_simulator_refuses_and_touches_nothing(short_tmp: Path) -> None
 def test_the_simulator_refuses_to_start_beside_the_real_kubelet(real_node: RealNode) -> None:
     folder = "/var/lib/kubelet/device-plugins"
 
-    def listing() -> str:
-        return real_node.exec("ls", "-li", folder, "/var/lib/kubelet").stdout
+    def listing() -> list[str]:
+        """Each entry's inode, type and path: what a start that touched them would change.
+
+        Link counts and times are left out, because the kubelet itself adds and removes pod folders
+        meanwhile; the checkpoint's inode too, because the kubelet rewrites it by rename.
+        """
+        found = ("find", folder, "/var/lib/kubelet", "-maxdepth", "1", "-printf", "%i %y %p\\n")
+        out = real_node.exec(*found)
+        lines = []
+        for line in out.stdout.splitlines():
+            _inode, kind, path = line.split(" ", 2)
+            lines.append(f"{kind} {path}" if path.endswith("_checkpoint") else line)
+        return sorted(set(lines))
 
     before = listing()
     cmd = [sys.executable, "-m", "devplug.cli.main", "kubelet", "--plugin-dir", folder]
