@@ -11,7 +11,6 @@ across restarts.
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 from devplug.kube.names import MAX_DNS_LABEL, is_dns_label, is_dns_subdomain
@@ -49,6 +48,8 @@ def device_name(device_id: str) -> str:
     if is_dns_label(device_id):
         return device_id
     label = _NOT_LABEL.sub("-", device_id.lower()).strip("-") or "device"
+    import hashlib  # only for IDs that need it: it loads OpenSSL (~0.7 MiB)
+
     digest = hashlib.sha256(device_id.encode()).hexdigest()[:8]
     return f"{label[: MAX_LABEL - 9].rstrip('-')}-{digest}"
 
@@ -98,5 +99,7 @@ def object_name(*parts: str) -> str:
     name = "-".join(_NOT_LABEL.sub("-", p.lower()).strip("-") for p in parts if p)
     if len(name) <= 253:
         return name
+    import hashlib  # only for long names: it loads OpenSSL (~0.7 MiB)
+
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
     return f"{name[:242].rstrip('-')}-{digest}"
