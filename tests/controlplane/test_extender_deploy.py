@@ -45,7 +45,13 @@ def test_the_scheduler_calls_the_extender_beside_it_for_the_nodes_resource() -> 
     pod = by_kind(objects, "Deployment")["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
     args = build_parser().parse_args(containers["extender"]["args"])
-    assert (args.command, args.policy, args.address) == ("extender", "fgd", "127.0.0.1")
+    assert (args.command, args.policy, args.address) == ("extender", "fgd", "0.0.0.0")
+    probes = {c["livenessProbe"]["httpGet"]["path"]: c for c in pod["containers"]}
+    assert containers["extender"]["readinessProbe"]["httpGet"] == {
+        "path": "/readyz",
+        "port": args.port,
+    }
+    assert probes["/healthz"] is containers["extender"]
     [config_map] = [o for o in objects if o["kind"] == "ConfigMap"]
     scheduler = yaml.safe_load(config_map["data"]["scheduler.yaml"])
     [extender] = scheduler["extenders"]
@@ -55,6 +61,7 @@ def test_the_scheduler_calls_the_extender_beside_it_for_the_nodes_resource() -> 
         "prioritize",
         "bind",
     )
+    assert extender["ignorable"] is False
     [profile] = scheduler["profiles"]
     assert profile["schedulerName"] == "devplug-extender"
     [managed] = extender["managedResources"]

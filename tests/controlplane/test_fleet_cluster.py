@@ -286,7 +286,7 @@ def test_a_dra_claim_the_scheduler_allocates_is_prepared_on_the_node(
                 pods = f"/api/v1/namespaces/{ns}/pods"
                 await api.call("POST", pods, body)
                 seen = await until(api, pods, lambda p: phase(p.get("user", {})) == "Running")
-                preparer = runner.nodes["dra-0"]._preparers[driver]
+                preparer = runner.nodes["dra-0"].preparers[driver]
                 prepared = dict(preparer.prepared)
                 await api.call("DELETE", f"{pods}/user")
                 await until(api, pods, lambda p: "user" not in p)

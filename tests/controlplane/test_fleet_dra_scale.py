@@ -162,9 +162,9 @@ def test_every_claim_from_a_template_is_allocated_by_the_scheduler_and_prepared_
             bound = await follow(api, pods, lambda found: sum(map(running, found.values())) == PODS)
             claims = await api.call("GET", f"{resource}/namespaces/{name}/resourceclaims")
             prepared = {
-                node: dict(found._preparers[driver].prepared)
+                node: dict(found.preparers[driver].prepared)
                 for node, found in runner.nodes.items()
-                if driver in found._preparers
+                if driver in found.preparers
             }
             await api.call("DELETE", pods, params={"gracePeriodSeconds": "0"})
             stop.set()

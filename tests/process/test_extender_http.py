@@ -1,6 +1,7 @@
 """`devplug extender` over real HTTP without an API server to read: bad requests
 answered 400 in one line, an API server away answered 503 (filter, prioritize) or in
-the bind's Error, bad options refused in one line."""
+the bind's Error, bad options refused in one line; an API server's 410 and 504 told
+apart, so the cache lists again."""
 
 from __future__ import annotations
 
@@ -128,3 +129,23 @@ def test_shares_without_an_api_server_to_publish_to_refuse_to_start(short_tmp: P
     assert "Traceback" not in done.stderr
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("devplug serve: replicaPolicy extender: no kubeconfig")
+
+
+@pytest.mark.parametrize(("status", "meaning"), [(410, "Expired"), (504, "Behind")])
+def test_a_list_or_watch_answered_410_or_504_tells_the_cache_to_list_again(
+    short_tmp: Path, status: int, meaning: str
+) -> None:
+    from api_servers import answering, write_kubeconfig
+
+    from devplug.extender import kubeapi
+
+    with answering(status) as server:
+        kubeconfig = write_kubeconfig(short_tmp / "kc", f"http://127.0.0.1:{server.port}")
+        api = KubeApi(str(kubeconfig))
+        try:
+            with pytest.raises(getattr(kubeapi, meaning)):
+                api.list("pods")
+            with pytest.raises(getattr(kubeapi, meaning)):
+                api.watch("nodes", "7", 1)
+        finally:
+            api.close()

@@ -113,3 +113,52 @@ def test_the_dra_modules_load_only_when_a_driver_is_served() -> None:
         "assert 'devplug.framework.dra.driver' in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# Serves one device and, in its Allocate answer, names the modules of LATER loaded by then.
+PROBE = """
+import sys
+from devplug import Device, Plugin, run
+
+LATER = sys.argv[2:]
+
+class Probe(Plugin):
+    resource_name = "example.com/probe"
+
+    async def allocate(self, devices):
+        edits = await super().allocate(devices)
+        edits.env["LOADED"] = " ".join(m for m in LATER if m in sys.modules) or "none"
+        return edits
+
+run(Probe(devices=[Device("p0")]), plugin_dir=sys.argv[1])
+"""
+
+
+def test_a_device_plugin_registers_and_allocates_without_loading_pathlib(short_tmp: Path) -> None:
+    """The door's device-plugin path holds its paths as str: pathlib, and the
+    urllib.parse and ipaddress it imports, stay out of a plugin's memory and start."""
+    dirs = NodeDirs(short_tmp)
+    later = ["pathlib", "urllib.parse", "ipaddress"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBE, str(dirs.plugin_dir), *later],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    envs: dict[str, str] = {}
+
+    async def scenario() -> None:
+        async with kubelet_for(dirs) as kubelet:
+            await kubelet.wait_for_resource("example.com/probe", count=1)
+            [probed] = await kubelet.apply(pod("probed", {"app": {"example.com/probe": 1}}))
+            assert probed.admitted, probed.message
+            envs.update((e.name, e.value) for e in probed.containers[0].options.envs)
+
+    try:
+        run(scenario())
+    finally:
+        code = stop_process(proc)
+    output = proc.stdout.read() if proc.stdout else ""
+    assert code == 0, output
+    assert envs["LOADED"] == "none", envs

@@ -48,6 +48,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
+    from devplug.extender.cache import Cache
     from devplug.extender.kubeapi import KubeApi
     from devplug.extender.server import ExtenderServer
     from devplug.extender.verbs import Extender
@@ -66,11 +67,16 @@ def run(args: argparse.Namespace) -> int:
         api = KubeApi(args.kubeconfig, args.context)
     except (MissingExtra, ValueError) as error:
         return style.fail(args, str(error), style.EXIT_USAGE)
+    cache = Cache(api)
     try:
-        server = ExtenderServer((args.address, args.port), Extender(api, args.policy, target))
+        server = ExtenderServer(
+            (args.address, args.port), Extender(api, args.policy, target, cache)
+        )
     except OSError as error:
         where = f"{args.address}:{args.port}"
         return style.fail(args, f"cannot listen on {where}: {error.strerror or error}")
+    # Lists and watches Nodes and pods; /readyz says ready once both are listed.
+    cache.start()
     log = logging.getLogger("devplug.extender")
     log.info("extender serving on %s, policy %s", server.url, args.policy)
     print(server.url, flush=True)  # the address, port 0 resolved: for scripts
@@ -78,5 +84,6 @@ def run(args: argparse.Namespace) -> int:
         server.serve_forever()
     finally:
         server.server_close()
+        cache.stop()
         api.close()
     return style.EXIT_OK

@@ -1,10 +1,12 @@
 """The extender over HTTP (the standard library's server, one thread per request):
-POST /filter, /prioritize and /bind with the scheduler's JSON, GET /healthz.
+POST /filter, /prioritize and /bind with the scheduler's JSON; GET /healthz (the
+server answers) and /readyz (the cache has listed the cluster: the verbs can answer).
 
 A body that is not JSON, or not the verb's shape, gets 400 and one line saying what
 was wrong; a failure of the API server gets 503 and one line (filter and prioritize)
 or an ExtenderBindingResult with its Error (bind, as the scheduler reads it); never a
-traceback.
+traceback. Before the cache has listed the cluster, the verbs answer the same way,
+saying so.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from devplug.extender.verbs import BadRequest, Extender
+from devplug.extender.verbs import BadRequest, Extender, NotReady
 
 log = logging.getLogger("devplug.extender")
 
@@ -48,6 +50,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/healthz":
             self._send(200, "ok")
+        elif self.path == "/readyz":
+            if self.server.extender.ready:
+                self._send(200, "ok")
+            else:
+                self._send(503, "not ready: the cluster's Nodes and pods are not listed yet")
         else:
             self._send(404, f"no such path {self.path!r}: POST /filter, /prioritize or /bind")
 
@@ -80,6 +87,13 @@ class _Handler(BaseHTTPRequestHandler):
             answer = verb(args)
         except BadRequest as error:
             self._send(400, f"{self.path}: {error}")
+            return
+        except NotReady as error:
+            problem = str(error)
+            if self.path.rstrip("/") == "/bind":
+                self._send(200, {"Error": problem})
+            else:
+                self._send(503, f"{self.path}: {problem}")
             return
         except Exception as error:  # the API server's failures, in one line
             problem = api_problem(error)

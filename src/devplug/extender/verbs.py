@@ -2,10 +2,12 @@
 and `bind`, with the JSON shapes of k8s.io/kube-scheduler/extender/v1 (ExtenderArgs,
 ExtenderFilterResult, HostPriorityList, ExtenderBindingArgs, ExtenderBindingResult).
 
-Each call reads the cluster again through `Api` (Nodes and pods, the only state), so a
-restarted extender answers as the one before it. Binds are serialised: a bind reads
-the state its predecessor wrote (the pod's ASSIGNED annotation), so two pods never get
-the same share.
+With a cache (devplug.extender.cache, what `devplug extender` runs), each call reads
+the state in memory that list and watch keep current; without one, each call reads
+the cluster again through `Api`. Either way Nodes and pods are the only state, so a
+restarted extender answers as the one before it. Binds are serialised: a bind sees
+the shares its predecessor took (assumed in the cache at once, or its ASSIGNED
+annotation read again), so two pods never get the same share.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from devplug.extender.cache import Cache
 from devplug.extender.state import Cluster, NodeView, PodError, build, pod_demand, pod_needs
 from devplug.placement import POLICY_NAMES, Demand, TargetWorkload, make_policy
 from devplug.placement.inventory import ASSIGNED, ids, join
@@ -25,6 +28,10 @@ MAX_PRIORITY = 10  # MaxExtenderPriority: an extender's scores are 0 to 10
 
 class BadRequest(ValueError):
     """A request that is not what the verb takes; the message is one line."""
+
+
+class NotReady(RuntimeError):
+    """The cache has not listed the cluster yet: no answer would be right."""
 
 
 class Api(Protocol):
@@ -60,14 +67,24 @@ class Extender:
     """Filters, ranks and binds with one placement policy (devplug.placement)."""
 
     def __init__(
-        self, api: Api, policy: str = "default", target: TargetWorkload | None = None
+        self,
+        api: Api,
+        policy: str = "default",
+        target: TargetWorkload | None = None,
+        cache: Cache | None = None,
     ) -> None:
         if policy not in POLICY_NAMES:
             raise ValueError(f"unknown policy {policy!r}: one of {', '.join(POLICY_NAMES)}")
         self.api = api
         self.policy_name = policy
         self.target = target
+        self.cache = cache
         self._bind_lock = threading.Lock()
+
+    @property
+    def ready(self) -> bool:
+        """Whether the verbs can answer: the cache (if any) has listed Nodes and pods."""
+        return self.cache is None or self.cache.synced
 
     # -- state ---------------------------------------------------------------------
 
@@ -76,6 +93,19 @@ class Extender:
     ) -> tuple[Cluster, list[dict[str, Any]]]:
         """The state now: `nodes` (the scheduler's candidates) or every Node, with every
         pod's placed shares taken; and the pods."""
+        cache = self.cache
+        if cache is not None:
+            if not cache.synced:
+                raise NotReady("the extender has not listed the cluster's Nodes and pods yet")
+            cluster = cache.cluster()
+            known = cluster.nodes.keys() | cluster.problems.keys()
+            for obj in nodes or ():
+                if (obj.get("metadata") or {}).get("name", "") not in known:
+                    seen = cache.view_of(obj)  # newer than the cache's watch
+                    cluster.nodes.update(seen.nodes)
+                    cluster.problems.update(seen.problems)
+                    cluster.owner.update(seen.owner)
+            return cluster, cache.pods()
         pods = self.api.pods()
         return build(self.api.nodes() if nodes is None else nodes, pods), pods
 
@@ -201,7 +231,10 @@ class Extender:
         name, namespace = _string(args, "PodName"), _string(args, "PodNamespace")
         uid, node = _string(args, "PodUID"), _string(args, "Node")
         with self._bind_lock:
-            pod = self.api.pod(namespace, name)
+            known = self.cache.pod(namespace, name) if self.cache is not None else None
+            if known is None or (known.get("metadata") or {}).get("uid") != uid:
+                known = self.api.pod(namespace, name)  # newer than the cache's watch
+            pod = known
             meta = pod.get("metadata") or {}
             if meta.get("uid") != uid:
                 return {"Error": f"pod {namespace}/{name} has UID {meta.get('uid')}, not {uid}"}
@@ -221,6 +254,10 @@ class Extender:
                 gpus = policy.gpus(view.node, demand)
                 chosen = [view.inventory.gpus[i].id for i in gpus]
                 self.api.annotate(namespace, name, {ASSIGNED: join(chosen)})
+            if self.cache is not None:
+                # Counted now, not when the watch brings the pod back: the next bind
+                # sees this share taken.
+                self.cache.assume(pod, node, chosen)
             self.api.bind(namespace, name, uid, node)
         return {"Error": ""}
 

@@ -1,11 +1,14 @@
-"""A plugin in the same process as the simulated kubelet: the device manager's endpoint
-without a socket.
+"""A plugin or a DRA driver in the same process as the simulated kubelet: the device
+manager's endpoint and the DRA manager's, without a socket.
 
 Many simulated nodes share one process and one event loop, so a node cannot give
 each of its plugins a socket, a gRPC server and a channel. `LocalEndpoint` hands the
 device manager's calls to the plugin's own `DevicePluginServicer`, the code that
 answers the kubelet on a real node: the same request validation, hooks and refusals,
 with the gRPC status a refusal would carry worded as the kubelet prints it.
+`LocalDraEndpoint` hands NodePrepareResources and NodeUnprepareResources to the
+driver's `Preparer`, the code its DRA service runs, with a refusal worded as the
+error field of the driver's answer.
 """
 
 from __future__ import annotations
@@ -17,8 +20,18 @@ from typing import Any, NoReturn
 import grpc
 
 from devplug.api.v1beta1 import api_pb2 as pb
+from devplug.framework.dra.claims import ClaimError
+from devplug.framework.dra.driver import ClaimRef
+from devplug.framework.dra.prepare import Preparer
 from devplug.framework.plugin import Plugin
 from devplug.framework.servicer import DevicePluginServicer
+from devplug.simulator.draendpoint import (
+    CdiByRequest,
+    DraEndpoint,
+    PrepareError,
+    add_devices,
+    refused,
+)
 from devplug.simulator.endpoint import (
     CLOSED_BY_PLUGIN,
     Endpoint,
@@ -107,3 +120,32 @@ class LocalEndpoint(Endpoint):
     async def close(self) -> None:
         self.mark_stopped()
         self.servicer.close()
+
+
+class LocalDraEndpoint(DraEndpoint):
+    """A DRA driver's `Preparer` (its pool on one node), called as over its socket."""
+
+    def __init__(self, preparer: Preparer) -> None:
+        super().__init__(preparer.driver.name)
+        self.preparer = preparer
+
+    async def prepare(self, claim: ClaimRef) -> CdiByRequest:
+        try:
+            devices = await self.preparer.prepare(claim)
+        except ClaimError as error:
+            raise refused(self.name, claim, str(error)) from None
+        except OSError as error:  # the CDI spec or the checkpoint cannot be written
+            raise refused(self.name, claim, f"cannot prepare: {error}") from None
+        by_request: CdiByRequest = {}
+        for device in devices:
+            add_devices(by_request, device.requests, device.cdi_ids)
+        return by_request
+
+    async def unprepare(self, claim: ClaimRef) -> None:
+        try:
+            await self.preparer.unprepare(claim)
+        except ClaimError as error:
+            raise PrepareError(f"{self.name}: unprepare of {claim.name}: {error}") from None
+        except OSError as error:
+            message = f"{self.name}: unprepare of {claim.name}: cannot unprepare: {error}"
+            raise PrepareError(message) from None

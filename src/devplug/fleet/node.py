@@ -1,11 +1,12 @@
 """One simulated node: the kubelet's admission of the pods bound to it, in memory.
 
-A pod goes through what a kubelet does with it, in the kubelet's order: the resource
-check of its admission handler (`OutOfcpu`, `OutOfmemory`, `OutOfpods`,
-`OutOf<resource>`, with the kubelet's message), the topology manager and the device
-manager of the simulator (`TopologyAffinityError`, `UnexpectedAdmissionError`),
-backed by the pool's real plugins in-process; then its DRA claims are prepared by the
-pool's drivers, and PreStartContainer is called where a plugin asks for it. What the
+A pod goes through the kubelet's admission of the simulator (`pipeline.admit_pod`), in
+the kubelet's order: the resource check of its admission handler (`OutOfcpu`,
+`OutOfmemory`, `OutOfpods`, `OutOf<resource>`, with the kubelet's message), the
+topology manager and the device manager (`TopologyAffinityError`,
+`UnexpectedAdmissionError`), backed by the pool's real plugins in-process
+(`LocalEndpoint`); then its DRA claims are prepared by the pool's drivers in-process
+(`LocalDraEndpoint`), and PreStartContainer is called where a plugin asks for it. What the
 node holds is kept in its device manager, so an API server that goes away loses
 nothing: the pods keep their devices and their status is written once it is back.
 """
@@ -20,21 +21,24 @@ from pathlib import Path
 from typing import Any
 
 from devplug.fleet.hardware import PoolHardware
-from devplug.fleet.local import LocalEndpoint
+from devplug.fleet.local import LocalDraEndpoint, LocalEndpoint
 from devplug.fleet.objects import rejected_status, running_status
 from devplug.fleet.requests import pod_requests, quantity_units
 from devplug.framework.dra.claims import ClaimError
 from devplug.framework.dra.driver import ClaimRef
 from devplug.framework.dra.prepare import Preparer
-from devplug.simulator.dra import pod_claims
-from devplug.simulator.manager import AdmissionError, DeviceManager
+from devplug.simulator.manager import DeviceManager
+from devplug.simulator.pipeline import DRA, Refusal, admit_pod
+from devplug.simulator.podclaims import PodClaims, pod_claims
 from devplug.simulator.pods import InvalidPod, PodSpec, parse_pod
-from devplug.simulator.results import CREATE_CONTAINER_CONFIG_ERROR, REASON_FAILED_PREPARE
+from devplug.simulator.results import STARTED, WAITING
 
 log = logging.getLogger("devplug.fleet.node")
 
 # The kubelet's reasons for a pod its resource check refuses (lifecycle/predicate.go).
 OUT_OF = {"cpu": "OutOfcpu", "memory": "OutOfmemory", "pods": "OutOfpods"}
+# The waiting reason of a container while an init container before it has not run.
+POD_INITIALIZING = "PodInitializing"
 # Resources a stopped plugin keeps for this long, as in the kubelet (no plugin stops
 # in a fleet unless the process does).
 GRACE_PERIOD_S = 300.0
@@ -103,7 +107,8 @@ class FleetNode:
         }
         self.held: dict[str, Held] = {}
         self._claims = _GivenClaims()
-        self._preparers: dict[str, Preparer] = {}
+        self._endpoints: dict[str, LocalDraEndpoint] = {}
+        self.claims = PodClaims(self._read_claim, self._endpoint_of)
         self._listed = 0
         self._all_listed = asyncio.Event()
 
@@ -141,6 +146,19 @@ class FleetNode:
     def devices_in_use(self, resource: str) -> int:
         return len(self.manager.in_use(resource))
 
+    @property
+    def preparers(self) -> dict[str, Preparer]:
+        """The preparer of each driver called so far, by driver name."""
+        return {name: endpoint.preparer for name, endpoint in self._endpoints.items()}
+
+    def prepared_devices(self) -> dict[str, list[str]]:
+        """The devices of each driver that prepared claims hold."""
+        held: dict[str, list[str]] = {}
+        for driver, preparer in self.preparers.items():
+            for claim in preparer.prepared.values():
+                held.setdefault(driver, []).extend(d.device for d in claim.devices)
+        return held
+
     # -- admission ---------------------------------------------------------------------
 
     async def admit(self, pod: Mapping[str, Any], claims: Mapping[str, Any]) -> Admission:
@@ -150,40 +168,40 @@ class FleetNode:
         if isinstance(parsed, InvalidPod):  # the API server took it, so only a bug does this
             return self._refuse(parsed, "UnexpectedAdmissionError", parsed.message)
         requests = pod_requests(pod, parsed)
-        if refusal := self._resource_check(requests):
-            return self._refuse(parsed, *refusal)
-        rejection = await self.manager.admit(parsed)
-        if rejection is not None:
-            return self._refuse(parsed, rejection.reason, rejection.message)
-        held = Held(meta["name"], meta.get("namespace") or "default", requests)
-        self.held[parsed.uid] = held
+        given = self._claims.objects
+        given.update(((parsed.namespace, name), obj) for name, obj in claims.items())
         try:
-            held.claims = await self._prepare(parsed, claims)
-        except ClaimError as error:
-            # The kubelet retries a failed preparation and the pod waits meanwhile.
-            self.manager.remove_pod(parsed.uid)
-            del self.held[parsed.uid]
-            message = f"failed to prepare dynamic resources: {error}"
-            return Admission(False, {}, (REASON_FAILED_PREPARE, message))
-        waiting: dict[str, tuple[str, str]] = {}
-        for container in parsed.all_containers:
-            try:
-                await self.manager.pre_start(parsed, container)
-            except AdmissionError as error:
-                waiting[container.name] = (CREATE_CONTAINER_CONFIG_ERROR, str(error))
-        devices = {
-            c.name: {
-                resource: allocation.ids()
-                for resource, allocation in self.manager.container_devices(
-                    parsed.uid, c.name
-                ).items()
-            }
-            for c in parsed.all_containers
+            admitted = await admit_pod(
+                parsed,
+                self.manager,
+                self.claims,
+                resource_check=lambda _: self._resource_check(requests),
+                runtime_options=False,  # no container runtime here
+            )
+        finally:
+            given.clear()
+        if isinstance(admitted, Refusal):
+            if admitted.step == DRA:  # the kubelet retries; the pod waits meanwhile
+                message = f"failed to prepare dynamic resources: {admitted.message}"
+                return Admission(False, {}, (admitted.reason, message))
+            return self._refuse(parsed, admitted.reason, admitted.message)
+        refs = [
+            ClaimRef(parsed.namespace, name, str((claims[name].get("metadata") or {}).get("uid")))
+            for name in (pod_claims(parsed).values() if claims else ())
+            if name in claims
+        ]
+        self.held[parsed.uid] = Held(
+            meta["name"], meta.get("namespace") or "default", requests, refs
+        )
+        waiting = {
+            c.name: (c.state, c.message) if c.state != WAITING else (POD_INITIALIZING, "")
+            for c in admitted
+            if c.state != STARTED
         }
         status = running_status(
             spec_doc.get("containers") or [], spec_doc.get("initContainers") or [], waiting
         )
-        return Admission(True, status, devices=devices)
+        return Admission(True, status, devices={c.name: c.devices for c in admitted})
 
     def _refuse(self, pod: PodSpec | InvalidPod, reason: str, message: str) -> Admission:
         log.info(
@@ -208,40 +226,19 @@ class FleetNode:
                 )
         return None
 
-    async def _prepare(self, pod: PodSpec, claims: Mapping[str, Any]) -> list[ClaimRef]:
-        """NodePrepareResources for each claim of the pod with devices of our drivers."""
-        prepared: list[ClaimRef] = []
-        for claim_name in pod_claims(pod).values():
-            obj = claims.get(claim_name)
-            if obj is None:
-                raise ClaimError(f"ResourceClaim {pod.namespace}/{claim_name} not found")
-            meta = obj.get("metadata") or {}
-            ref = ClaimRef(pod.namespace, claim_name, str(meta.get("uid")))
-            self._claims.objects[(ref.namespace, ref.name)] = obj
-            try:
-                for driver in self._drivers_of(obj):
-                    await self._preparer(driver).prepare(ref)
-            finally:
-                self._claims.objects.pop((ref.namespace, ref.name), None)
-            prepared.append(ref)
-        return prepared
+    async def _read_claim(self, claim: ClaimRef) -> Mapping[str, Any]:
+        return self._claims.get(claim)
 
-    def _drivers_of(self, claim: Mapping[str, Any]) -> list[str]:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        results = (allocation.get("devices") or {}).get("results") or []
-        ours = {d.name for d in self.hardware.drivers}
-        named = {r.get("driver") for r in results if r.get("pool") == self.name}
-        if not results:
-            raise ClaimError("the claim is not allocated")
-        return sorted(n for n in named if n in ours)
-
-    def _preparer(self, driver_name: str) -> Preparer:
-        found = self._preparers.get(driver_name)
+    def _endpoint_of(self, driver_name: str) -> LocalDraEndpoint | None:
+        """The driver of the pool on this node, made when first called."""
+        found = self._endpoints.get(driver_name)
         if found is None:
-            driver = next(d for d in self.hardware.drivers if d.name == driver_name)
+            driver = next((d for d in self.hardware.drivers if d.name == driver_name), None)
+            if driver is None:
+                return None
             folder = self.folder / self.name / driver_name
-            found = Preparer(driver, self.name, self._claims, folder / "cdi", folder)
-            self._preparers[driver_name] = found
+            preparer = Preparer(driver, self.name, self._claims, folder / "cdi", folder)
+            found = self._endpoints[driver_name] = LocalDraEndpoint(preparer)
         return found
 
     async def release(self, uid: str) -> bool:
@@ -250,12 +247,5 @@ class FleetNode:
         if held is None:
             return False
         self.manager.remove_pod(uid)
-        for ref in held.claims:
-            for preparer in self._preparers.values():
-                try:
-                    await preparer.unprepare(ref)
-                except ClaimError as error:
-                    log.warning(
-                        "%s: unpreparing %s/%s: %s", self.name, ref.namespace, ref.name, error
-                    )
+        await self.claims.unprepare_pod(uid)
         return True

@@ -246,7 +246,7 @@ class PodWorkers:
     async def _claims_of(self, pod: Mapping[str, Any]) -> dict[str, Any]:
         """The ResourceClaims the pod names, read now (the scheduler wrote their
         allocation before it bound the pod)."""
-        from devplug.simulator.dra import pod_claims
+        from devplug.simulator.podclaims import pod_claims
         from devplug.simulator.pods import PodSpec, parse_pod
 
         if not (pod.get("spec") or {}).get("resourceClaims"):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -24,11 +25,15 @@ from devplug.framework.registration import NotAnswering, Superseded, register
 from devplug.framework.servicer import DevicePluginServicer
 from devplug.ground.unixserver import (
     SocketIdentity,
+    StrPath,
     UnixServer,
     kubelet_socket_ok,
     socket_identity,
     socket_path_problem,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 log = logging.getLogger("devplug.endpoint")
 
@@ -41,12 +46,13 @@ STOP_GRACE_S = 1.0
 
 
 class Endpoint:
-    def __init__(self, plugin: Plugin, plugin_dir: Path) -> None:
+    def __init__(self, plugin: Plugin, plugin_dir: StrPath) -> None:
         self.plugin = plugin
-        self.plugin_dir = plugin_dir
-        self.socket_path = plugin_dir / plugin.socket_name
-        self.kubelet_socket = plugin_dir / KUBELET_SOCKET
-        if problem := socket_path_problem(self.socket_path):
+        # Paths as str: pathlib stays unloaded in a plugin daemon (see the properties).
+        self._plugin_dir = os.fspath(plugin_dir) or "."
+        self._socket_path = os.path.join(self._plugin_dir, plugin.socket_name)
+        self._kubelet_socket = os.path.join(self._plugin_dir, KUBELET_SOCKET)
+        if problem := socket_path_problem(self._socket_path):
             raise ValueError(f"{plugin.resource_name}: {problem}")
         self._server: UnixServer | None = None
         self._servicer: DevicePluginServicer | None = None
@@ -76,7 +82,7 @@ class Endpoint:
                 observe.emit(
                     observe.SOCKET_GONE,
                     self.name,
-                    f"socket {self.socket_path} is gone, serving again",
+                    f"socket {self._socket_path} is gone, serving again",
                 )
             try:
                 await self._serve()
@@ -89,11 +95,11 @@ class Endpoint:
                 self._schedule_retry()
                 return
             if self._problem is not None:
-                log.info("%s: serving %s again", self.name, self.socket_path)
+                log.info("%s: serving %s again", self.name, self._socket_path)
                 self._problem = None
             if self._server is None or not self._server.owns_path():
                 return  # wiped while starting: its deletion event brings us back here
-        kubelet = socket_identity(self.kubelet_socket)
+        kubelet = socket_identity(self._kubelet_socket)
         if kubelet is None:
             if self._registered_to is not None:
                 observe.emit(
@@ -103,9 +109,9 @@ class Endpoint:
             return
         if kubelet == self._registered_to:
             return
-        if not kubelet_socket_ok(self.kubelet_socket):
+        if not kubelet_socket_ok(self._kubelet_socket):
             # A link or plain file named kubelet.sock: never followed out of the folder.
-            log.error("%s: %s is not a socket: not registering", self.name, self.kubelet_socket)
+            log.error("%s: %s is not a socket: not registering", self.name, self._kubelet_socket)
             return
         await self._register(kubelet)
 
@@ -121,11 +127,11 @@ class Endpoint:
             # Connected to this very kubelet.sock, whose kubelet has wiped the folder
             # already: our socket is there now, and stays for its dial back.
             ours = server is not None and server is self._server and server.owns_path()
-            return ours and socket_identity(self.kubelet_socket) == kubelet
+            return ours and socket_identity(self._kubelet_socket) == kubelet
 
         try:
             await register(
-                self.kubelet_socket,
+                self._kubelet_socket,
                 self.plugin.socket_name,
                 self.plugin.resource_name,
                 options,
@@ -202,7 +208,7 @@ class Endpoint:
         await self._stop_server(grace=0)
         servicer = DevicePluginServicer(self.plugin)
         server = UnixServer(
-            self.socket_path,
+            self._socket_path,
             lambda s: add_guarded(pb_grpc.add_DevicePluginServicer_to_server, servicer, s),
             self.plugin.limits.server_options(),
         )
@@ -223,6 +229,24 @@ class Endpoint:
         if self._retry is not None:
             self._retry.cancel()
         await self._stop_server(grace=STOP_GRACE_S)
+
+    @property
+    def plugin_dir(self) -> Path:
+        from pathlib import Path
+
+        return Path(self._plugin_dir)
+
+    @property
+    def socket_path(self) -> Path:
+        from pathlib import Path
+
+        return Path(self._socket_path)
+
+    @property
+    def kubelet_socket(self) -> Path:
+        from pathlib import Path
+
+        return Path(self._kubelet_socket)
 
     @property
     def registered(self) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 
 import grpc
 
@@ -23,6 +22,7 @@ from devplug.api.constants import REGISTER_DIAL_TIMEOUT_S, VERSION
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.ground.channel import unix_channel
+from devplug.ground.unixserver import StrPath
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -50,7 +50,7 @@ async def connect(channel: grpc.aio.Channel, timeout: float = CONNECT_TIMEOUT_S)
 
 
 async def register(
-    kubelet_socket: Path,
+    kubelet_socket: StrPath,
     endpoint: str,
     resource_name: str,
     options: pb.DevicePluginOptions,

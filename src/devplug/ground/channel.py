@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import grpc
 
@@ -16,6 +16,6 @@ FAST_RECONNECT = (
 )
 
 
-def unix_channel(path: Path | str) -> grpc.aio.Channel:
+def unix_channel(path: str | os.PathLike[str]) -> grpc.aio.Channel:
     """An asyncio channel to the gRPC server on the unix socket at `path`."""
     return grpc.aio.insecure_channel(f"unix://{path}", options=FAST_RECONNECT)

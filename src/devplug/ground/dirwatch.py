@@ -20,7 +20,7 @@ import logging
 import os
 import struct
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from typing import Generic, TypeVar
 
 log = logging.getLogger("devplug.dirwatch")
 
@@ -65,9 +65,9 @@ _GONE = Mask.IGNORED | Mask.DELETE_SELF | Mask.MOVE_SELF
 _HEADER = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then the name
 _READ_BYTES = 64 * 1024
 
-# Called with the watched folder and the entry's name; the name is "" when the folder
-# itself went away (its watch is then dropped and must be added again).
-Callback = Callable[[Path, str], None]
+# A folder as the caller names it (a pathlib.Path, or a str where pathlib is not
+# loaded otherwise: the plugin daemon), handed back to its callback as given.
+Folder = TypeVar("Folder", bound="str | os.PathLike[str]")
 
 _libc: ctypes.CDLL | None = None
 
@@ -94,8 +94,12 @@ def _events(data: bytes) -> Iterator[tuple[int, int, str]]:
         yield wd, mask, os.fsdecode(name)
 
 
-class DirWatcher:
-    def __init__(self, callback: Callback, mask: int = ENTRY_EVENTS) -> None:
+class DirWatcher(Generic[Folder]):
+    """Watches folders; `callback` is called with the watched folder and the entry's
+    name, the name "" when the folder itself went away (its watch is then dropped and
+    must be added again)."""
+
+    def __init__(self, callback: Callable[[Folder, str], None], mask: int = ENTRY_EVENTS) -> None:
         self._callback = callback
         self._mask = mask
         fd = _inotify().inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -103,15 +107,15 @@ class DirWatcher:
             error = ctypes.get_errno()
             raise OSError(error, f"inotify: {os.strerror(error)}")
         self._fd = fd
-        self._watches: dict[Path, int] = {}
-        self._folders: dict[int, Path] = {}  # by watch descriptor, until IGNORED
+        self._watches: dict[Folder, int] = {}
+        self._folders: dict[int, Folder] = {}  # by watch descriptor, until IGNORED
         self._reader: asyncio.AbstractEventLoop | None = None  # the loop `run` reads in
 
     @property
-    def folders(self) -> set[Path]:
+    def folders(self) -> set[Folder]:
         return set(self._watches)
 
-    def watch(self, folder: Path) -> bool:
+    def watch(self, folder: Folder) -> bool:
         """Start watching `folder`; False when it does not exist (or is no folder)."""
         if folder in self._watches:
             return True
@@ -124,13 +128,13 @@ class DirWatcher:
         self._folders.setdefault(wd, folder)  # the same inode by a second name: the first
         return True
 
-    def unwatch(self, folder: Path) -> None:
+    def unwatch(self, folder: Folder) -> None:
         wd = self._watches.pop(folder, None)
         if wd is not None and self._fd >= 0:
             # -1 (ignored): the kernel dropped it already (folder removed).
             _inotify().inotify_rm_watch(self._fd, wd)
 
-    def set_folders(self, folders: set[Path]) -> None:
+    def set_folders(self, folders: set[Folder]) -> None:
         for folder in self.folders - folders:
             self.unwatch(folder)
         for folder in folders:

@@ -318,11 +318,7 @@ async def run_scheduler(
 
 
 def _held_claims(node: FleetNode) -> dict[str, list[str]]:
-    held: dict[str, list[str]] = {}
-    for driver, preparer in node._preparers.items():
-        for claim in preparer.prepared.values():
-            held.setdefault(driver, []).extend(d.device for d in claim.devices)
-    return held
+    return node.prepared_devices()
 
 
 async def _create(api: Any, namespace: str, planned: Sequence[PlannedPod]) -> None:

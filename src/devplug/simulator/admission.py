@@ -1,6 +1,7 @@
 """Pod admission on the simulated node, in the kubelet's order: a pod that runs again
-is unchanged, a clash of name or UID is refused, then the device and topology managers
-admit it, DRA prepares its claims, and its containers start.
+is unchanged, a clash of name or UID is refused, then the kubelet's admission
+(`pipeline.admit_pod`, which the fleet shares): the device and topology managers admit
+it, DRA prepares its claims, and its containers start.
 
 An admitted pod is kept in the pod manager; a rejected one holds no devices and is not
 kept. Each outcome is an event.
@@ -14,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from devplug.simulator.containers import start_containers
 from devplug.simulator.events import POD_ADMITTED, POD_REJECTED
 from devplug.simulator.manager import DeviceManager
+from devplug.simulator.pipeline import Refusal, admit_pod
 from devplug.simulator.podmanager import PodManager, same_pod
 from devplug.simulator.pods import InvalidPod, PodSpec
 from devplug.simulator.results import REASON_ALREADY_EXISTS, REASON_INVALID, PodResult
@@ -58,19 +59,10 @@ async def admit(
             f'pods "{item.name}" already exists with another spec (or uid); delete it '
             "to apply this one",
         )
-    rejection = await manager.admit(item)
-    if rejection is not None:
-        return rejected(item.name, item.namespace, item.uid, rejection.reason, rejection.message)
-    cdi: dict[str, list[str]] = {}
-    if dra is not None:
-        from devplug.simulator.dra import PrepareError
-
-        try:
-            cdi = await dra.prepare_pod(item)
-        except PrepareError as error:
-            manager.remove_pod(item.uid)
-            return rejected(item.name, item.namespace, item.uid, error.reason, str(error))
-    containers = await start_containers(manager, item, cdi)
+    admitted = await admit_pod(item, manager, dra.pod_claims if dra is not None else None)
+    if isinstance(admitted, Refusal):
+        return rejected(item.name, item.namespace, item.uid, admitted.reason, admitted.message)
+    containers = admitted
     result = PodResult(item.name, item.namespace, item.uid, True, containers=containers)
     pods.add(item, result)
     log.info("pod %s/%s admitted", item.namespace, item.name)

@@ -25,17 +25,28 @@ from devplug.simulator.results import (
 log = logging.getLogger("devplug.simulator.kubelet")
 
 
+# The options of a container whose runtime options are not asked for.
+NO_OPTIONS = RuntimeOptions()
+
+
 async def start_containers(
-    manager: DeviceManager, pod: PodSpec, cdi: Mapping[str, list[str]]
+    manager: DeviceManager,
+    pod: PodSpec,
+    cdi: Mapping[str, list[str]],
+    *,
+    runtime_options: bool = True,
 ) -> list[ContainerResult]:
     """Start the containers in order: PreStartContainer where the plugin asks for it,
-    then the runtime options of the CRI CreateContainer request."""
+    then the runtime options of the CRI CreateContainer request (left empty where
+    `runtime_options` is false: no container runtime takes them)."""
     results = []
     blocked = False
     for container in pod.all_containers:
         devices = container_devices(manager, pod.uid, container.name)
-        options = with_cdi(
-            manager.run_options(pod.uid, container.name), cdi.get(container.name, [])
+        options = (
+            with_cdi(manager.run_options(pod.uid, container.name), cdi.get(container.name, []))
+            if runtime_options
+            else NO_OPTIONS
         )
         if blocked:
             results.append(

@@ -124,7 +124,7 @@ class DraPlugins:
         # The same devices' health messages (why they are unhealthy), where given.
         self.device_health_message: dict[tuple[str, str, str], str] = {}
         self._on_event = on_event or (lambda kind, driver, detail: None)
-        self._watcher: DirWatcher | None = None
+        self._watcher: DirWatcher[Path] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
 

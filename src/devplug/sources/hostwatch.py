@@ -52,7 +52,7 @@ class FolderWatch:
     """The folders one resource watches now, on `watcher`, and the names that matter in
     each (`resource` names it in the log)."""
 
-    def __init__(self, resource: str, watcher: DirWatcher) -> None:
+    def __init__(self, resource: str, watcher: DirWatcher[Path]) -> None:
         self.resource = resource
         self.watcher = watcher
         self._interest: dict[Path, set[str]] = {}

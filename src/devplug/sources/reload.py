@@ -103,7 +103,9 @@ class ConfigReloader:
 
     async def run(self, daemon: Daemon) -> None:
         wake = self._wake
-        watcher = DirWatcher(lambda _folder, _name: wake.set(), ENTRY_EVENTS | Mask.CLOSE_WRITE)
+        watcher: DirWatcher[Path] = DirWatcher(
+            lambda _folder, _name: wake.set(), ENTRY_EVENTS | Mask.CLOSE_WRITE
+        )
 
         def watch() -> None:
             folders = config_inputs(self.config)[1]

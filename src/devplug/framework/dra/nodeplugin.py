@@ -319,7 +319,7 @@ class NodePlugin:
     async def run(self) -> None:
         """Serve until cancelled; then stop and remove both sockets."""
         wake = asyncio.Event()
-        watcher = DirWatcher(lambda folder, name: wake.set())
+        watcher: DirWatcher[Path] = DirWatcher(lambda folder, name: wake.set())
         try:
             events = asyncio.create_task(watcher.run())
             try:
