@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +38,21 @@ def short_tmp() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture
+def daemons() -> Iterator[list[Any]]:
+    """The processes a test starts (it appends them: a `subprocess.Popen`, or anything
+    with a `stop()`), stopped at its end, last first, whatever happened."""
+    from sim_helpers import stop_process
+
+    started: list[Any] = []
+    yield started
+    for daemon in reversed(started):
+        if isinstance(daemon, subprocess.Popen):
+            stop_process(daemon, timeout=15)
+        else:
+            daemon.stop()
+
+
 TIERS = ("unit", "process", "controlplane", "realnode", "image")
 
 
@@ -57,14 +74,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier marker from the folder: `pytest -m unit` runs the pure tier alone, and
     `make test` splits the suite by these markers, so a test outside the tier folders
-    would belong to no run's plan: it is refused."""
-    outside = sorted({str(i.path) for i in items if i.path.parent.name not in TIERS})
+    (or folders within them) would belong to no run's plan: it is refused."""
+    tiers = {item: _tier(item.path) for item in items}
+    outside = sorted({str(item.path) for item, tier in tiers.items() if tier is None})
     if outside:
         raise pytest.UsageError(
             f"test files outside the tier folders ({', '.join(TIERS)}): {', '.join(outside)}"
         )
-    for item in items:
-        item.add_marker(getattr(pytest.mark, item.path.parent.name))
+    for item, tier in tiers.items():
+        item.add_marker(getattr(pytest.mark, str(tier)))
+
+
+def _tier(path: Path) -> str | None:
+    """The tier folder a test file lies in, directly or in a folder of its own (a story
+    split by behaviour, tests/controlplane/dra/)."""
+    for folder in path.parents:
+        if folder.name in TIERS and folder.parent.name == "tests":
+            return folder.name
+    return None
 
 
 def _node_lock(config: pytest.Config) -> MachineLock:

@@ -49,6 +49,8 @@ async def wait_for_file(path: Path, condition: Callable[[str | None], bool]) -> 
 
 
 def wait_file(path: Path, condition: Callable[[str | None], bool]) -> str | None:
+    """`wait_for_file` for a test with no loop of its own (one that drives a daemon
+    process from sync code): the wait gets a loop of its own."""
     return asyncio.run(wait_for_file(path, condition))
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -178,10 +177,6 @@ def pod(
 
 def pods_yaml(*manifests: Mapping[str, Any]) -> str:
     return yaml.safe_dump_all([dict(m) for m in manifests], sort_keys=False)
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    asyncio.run(coro)
 
 
 def cli_command(*args: str) -> list[str]:

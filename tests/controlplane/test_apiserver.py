@@ -75,7 +75,9 @@ FAILURES = [
 
 
 def fleet_get(kubeconfig: Path, times: int = 1) -> Any:
-    """The nodes, listed `times` times by one fleet client."""
+    """The nodes, listed `times` times by one fleet client. Called from sync code on
+    purpose: the table of failures calls each client the same way, the official one
+    being sync."""
 
     async def get() -> Any:
         async with KubeApi.from_kubeconfig(str(kubeconfig)) as api:
@@ -202,6 +204,8 @@ def test_the_context_chooses_the_cluster(kubeconfig: str, tmp_path: Path) -> Non
 
 
 def fleet_get_context(kubeconfig: Path, context: str) -> Any:
+    """The nodes, listed by a fleet client of `context`; sync, as `fleet_get`."""
+
     async def get() -> Any:
         async with KubeApi.from_kubeconfig(str(kubeconfig), context) as api:
             return await api.call("GET", "/api/v1/nodes")

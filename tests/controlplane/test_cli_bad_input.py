@@ -405,36 +405,37 @@ def test_commands_that_end_give_up_on_the_api_server_in_one_line(files: Files) -
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.fixture
+async def no_rights_token(kubeconfig: str) -> str:
+    """A token of a service account with no rights on the test run's API server."""
+    import contextlib
+
+    from devplug.fleet.kube import ApiError, KubeApi
+
+    async with KubeApi.from_kubeconfig(kubeconfig) as api:
+        path = "/api/v1/namespaces/default/serviceaccounts"
+        with contextlib.suppress(ApiError):
+            await api.call("POST", path, {"metadata": {"name": "no-rights"}})
+        answer = await api.call("POST", f"{path}/no-rights/token", {"spec": {}})
+        return str(answer["status"]["token"])
+
+
 @pytest.mark.timeout(180)
 def test_the_real_api_servers_refusals_are_said_and_the_context_chosen(
-    kubeconfig: str, files: Files
+    kubeconfig: str, files: Files, no_rights_token: str
 ) -> None:
     """Against a real kube-apiserver: a wrong token (401) and a service account with no
     rights (403) fail at once in one line; --context picks the cluster."""
-    import asyncio
-    import contextlib
 
     import yaml
     from api_servers import closed_port, write_kubeconfig
-
-    from devplug.fleet.kube import ApiError, KubeApi
 
     admin = yaml.safe_load(Path(kubeconfig).read_text())
     server = admin["clusters"][0]["cluster"]["server"]
     ca = admin["clusters"][0]["cluster"]["certificate-authority"]
 
-    async def service_account_token() -> str:
-        async with KubeApi.from_kubeconfig(kubeconfig) as api:
-            path = "/api/v1/namespaces/default/serviceaccounts"
-            with contextlib.suppress(ApiError):
-                await api.call("POST", path, {"metadata": {"name": "no-rights"}})
-            answer = await api.call("POST", f"{path}/no-rights/token", {"spec": {}})
-            return str(answer["status"]["token"])
-
     scratch = files.scratch
-    forbidden = write_kubeconfig(
-        scratch / "kc-403", server, token=asyncio.run(service_account_token()), ca=ca
-    )
+    forbidden = write_kubeconfig(scratch / "kc-403", server, token=no_rights_token, ca=ca)
     wrong = write_kubeconfig(scratch / "kc-401", server, token="not-a-token", ca=ca)
     contexts = {"away": f"https://127.0.0.1:{closed_port()}", "real": server}
     token = admin["users"][0]["user"]["token"]

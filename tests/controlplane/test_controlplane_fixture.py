@@ -51,7 +51,7 @@ def test_the_named_folder_wins_over_the_one_beside_the_repository(
 def test_cluster_tests_skip_with_the_how_to(tmp_path: Path) -> None:
     """The real-control-plane tests, run from a copy of the repository with no
     binaries beside it nor named: all skipped, with the how-to, none failed."""
-    result = pytest_in_bare_clone(tmp_path, "tests/controlplane/test_dra_cluster.py")
+    result = pytest_in_bare_clone(tmp_path, "tests/controlplane/dra")
     assert result.returncode == 0, result.stdout + result.stderr
     assert " skipped" in result.stdout
     assert " passed" not in result.stdout

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 import yaml
 
 from devplug.fleet.kube import KubeApi
@@ -115,19 +117,25 @@ def phase(pod: dict[str, Any]) -> str:
     return str((pod.get("status") or {}).get("phase", ""))
 
 
-def run(kubeconfig: str, scenario: Callable[[KubeApi], Any]) -> Any:
-    async def main() -> Any:
-        async with KubeApi.from_kubeconfig(kubeconfig) as api:
-            return await scenario(api)
+@pytest.fixture
+async def api(kubeconfig: str) -> AsyncIterator[KubeApi]:
+    """The fleet's own client of the test run's API server."""
+    async with KubeApi.from_kubeconfig(kubeconfig) as client:
+        yield client
 
-    return asyncio.run(main())
+
+@pytest.fixture
+def kubeconfig_settings(kubeconfig: str) -> dict[str, Any]:
+    """The test run's kubeconfig, as YAML says it."""
+    settings: dict[str, Any] = yaml.safe_load(Path(kubeconfig).read_text())
+    return settings
 
 
 # -- registration ---------------------------------------------------------------------------
 
 
-def test_up_registers_nodes_with_their_devices_and_keeps_them_fresh(
-    kubeconfig: str, tmp_path: Path
+async def test_up_registers_nodes_with_their_devices_and_keeps_them_fresh(
+    api: KubeApi, tmp_path: Path
 ) -> None:
     dra = {"name": "example.com/dracc", "mode": "dra", "virtual": 2}
     pool = acc_pool("reg", count=2)
@@ -155,7 +163,7 @@ def test_up_registers_nodes_with_their_devices_and_keeps_them_fresh(
             )
             return runner, nodes["items"], renewed["reg-0"], slices["items"]
 
-    runner, nodes, lease, slices = run(kubeconfig, scenario)
+    runner, nodes, lease, slices = await scenario(api)
     assert sorted(n["metadata"]["name"] for n in nodes) == ["reg-0", "reg-1"]
     node = next(n for n in nodes if n["metadata"]["name"] == "reg-0")
     assert node["status"]["capacity"] == {"cpu": "4", "memory": "8Gi", "pods": "110", ACC: "4"}
@@ -180,8 +188,8 @@ def test_up_registers_nodes_with_their_devices_and_keeps_them_fresh(
 # -- pods ---------------------------------------------------------------------------------
 
 
-def test_pods_the_scheduler_binds_run_fail_with_the_kubelets_reason_and_free_devices(
-    kubeconfig: str, tmp_path: Path
+async def test_pods_the_scheduler_binds_run_fail_with_the_kubelets_reason_and_free_devices(
+    api: KubeApi, tmp_path: Path
 ) -> None:
     gpus = {
         "name": "gpu",
@@ -226,7 +234,7 @@ def test_pods_the_scheduler_binds_run_fail_with_the_kubelets_reason_and_free_dev
             events = await api.call("GET", f"/api/v1/namespaces/{ns}/events")
             return failed["greedy"], after, held_before, node.devices_in_use(gpu), events
 
-    greedy, after, before, now, events = run(kubeconfig, scenario)
+    greedy, after, before, now, events = await scenario(api)
     assert greedy["status"]["reason"] == "UnexpectedAdmissionError"
     assert greedy["status"]["message"].startswith(
         "Pod was rejected: Allocate failed due to rpc error: code = InvalidArgument desc = "
@@ -253,8 +261,8 @@ def test_pods_the_scheduler_binds_run_fail_with_the_kubelets_reason_and_free_dev
     )
 
 
-def test_a_dra_claim_the_scheduler_allocates_is_prepared_on_the_node(
-    kubeconfig: str, tmp_path: Path
+async def test_a_dra_claim_the_scheduler_allocates_is_prepared_on_the_node(
+    api: KubeApi, tmp_path: Path
 ) -> None:
     driver = f"acc-{uuid.uuid4().hex[:6]}.example.com"
     resource = {"name": "example.com/acc", "mode": "dra", "virtual": 2, "dra": {"driver": driver}}
@@ -295,7 +303,7 @@ def test_a_dra_claim_the_scheduler_allocates_is_prepared_on_the_node(
         finally:
             await api.call("DELETE", f"{classes}/{driver}")
 
-    claim, user, prepared = run(kubeconfig, scenario)
+    claim, user, prepared = await scenario(api)
     assert user["spec"]["nodeName"] == "dra-0"
     assert list(prepared) == [claim["metadata"]["uid"]]
     [device] = prepared[claim["metadata"]["uid"]].devices
@@ -352,12 +360,14 @@ class Proxy:
         self._open -= {writer, up_writer}
 
 
-def test_an_api_server_outage_loses_no_allocation(kubeconfig: str, tmp_path: Path) -> None:
+async def test_an_api_server_outage_loses_no_allocation(
+    api: KubeApi, kubeconfig: str, tmp_path: Path, kubeconfig_settings: dict[str, Any]
+) -> None:
     """The fleet's connection is cut while pods are deleted and bound behind its back;
     once it is back, the pods it held keep their devices, the deleted one's are free,
     and the new pod gets one nobody holds."""
     fleet = fleet_of("outage", acc_pool("out", devices=3))
-    settings = yaml.safe_load(Path(kubeconfig).read_text())
+    settings = copy.deepcopy(kubeconfig_settings)
     server = settings["clusters"][0]["cluster"]["server"]
     target = int(server.rsplit(":", 1)[1])
 
@@ -402,15 +412,15 @@ def test_an_api_server_outage_loses_no_allocation(kubeconfig: str, tmp_path: Pat
             await runner.wait_for(lambda: set(holders()) == {"keep", "new"})
             return before, held_while_away, holders()
 
-    before, away, after = run(kubeconfig, scenario)
+    before, away, after = await scenario(api)
     assert set(before) == {"keep", "gone"}
     assert away == before  # nothing is lost, nor invented, while the server is away
     assert after["keep"] == before["keep"]
     assert after["new"] != before["keep"]
 
 
-def test_down_removes_what_up_made_and_up_refuses_a_node_it_does_not_own(
-    kubeconfig: str, tmp_path: Path
+async def test_down_removes_what_up_made_and_up_refuses_a_node_it_does_not_own(
+    api: KubeApi, tmp_path: Path
 ) -> None:
     fleet = fleet_of("tidy", acc_pool("tidy", count=2))
     bystander = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "tidy-bystander"}}
@@ -457,7 +467,7 @@ def test_down_removes_what_up_made_and_up_refuses_a_node_it_does_not_own(
         finally:
             await api.call("DELETE", "/api/v1/nodes/tidy-bystander")
 
-    listed, removed, left, leases, problem, after = run(kubeconfig, scenario)
+    listed, removed, left, leases, problem, after = await scenario(api)
     assert len(listed) == 2
     assert removed == {"nodes": 2, "leases": 2, "resourceslices": 0, "events": 0}
     names = {n["metadata"]["name"] for n in left}
@@ -480,11 +490,13 @@ class Renewing(FleetRunner):
         await super()._renew(name)
 
 
-def test_renewals_in_flight_end_with_the_fleet(kubeconfig: str, tmp_path: Path) -> None:
+async def test_renewals_in_flight_end_with_the_fleet(
+    api: KubeApi, kubeconfig: str, tmp_path: Path, kubeconfig_settings: dict[str, Any]
+) -> None:
     """The API server stops answering while leases are renewed: stopping the fleet ends
     the renewals in flight with it, none left to fail once its session is closed."""
     fleet = fleet_of("stall", acc_pool("stall", count=3))
-    settings = yaml.safe_load(Path(kubeconfig).read_text())
+    settings = copy.deepcopy(kubeconfig_settings)
     target = int(settings["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
     only_leases = Options(renew_s=0.3, status_report_s=3600.0)
 
@@ -505,9 +517,10 @@ def test_renewals_in_flight_end_with_the_fleet(kubeconfig: str, tmp_path: Path) 
                 await asyncio.wait_for(runner.renewing.wait(), WAIT_S)  # one that hangs
                 stop.set()
                 await serving
-                return [t for t in asyncio.all_tasks() if "_renew" in repr(t.get_coro())]
+                others = asyncio.all_tasks() - {asyncio.current_task()}  # not this test's
+                return [t for t in others if "_renew" in repr(t.get_coro())]
         finally:
             await proxy.cut()
             await remove_fleet(api, fleet.name)
 
-    assert run(kubeconfig, scenario) == []
+    assert await scenario(api) == []

@@ -122,7 +122,7 @@ def running(pod: dict[str, Any]) -> bool:
     return bool((pod.get("status") or {}).get("phase") == "Running")
 
 
-def test_every_claim_from_a_template_is_allocated_by_the_scheduler_and_prepared_on_its_node(
+async def test_every_claim_from_a_template_is_allocated_by_the_scheduler_and_prepared_on_its_node(
     kubeconfig: str, parts: Parts, tmp_path: Path
 ) -> None:
     name = parts.name
@@ -185,7 +185,7 @@ def test_every_claim_from_a_template_is_allocated_by_the_scheduler_and_prepared_
         async with KubeApi.from_kubeconfig(kubeconfig) as api:
             return await scenario(api)
 
-    seen = asyncio.run(main())
+    seen = await main()
 
     # Every node published its GPUs, in a pool of its own name.
     published: dict[str, set[str]] = {}

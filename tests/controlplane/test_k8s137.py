@@ -17,7 +17,6 @@ from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from devplug.ground.channel import unix_channel
 from tests.dra_helpers import DRIVER, NodeDirs, accelerator_config, serving
-from tests.sim_helpers import run
 
 MODELS = {"acc0": "u250", "acc1": "u280"}
 HEALTH = [(health_v1, health_v1_grpc), (health_v1alpha1, health_v1alpha1_grpc)]
@@ -28,52 +27,51 @@ def dirs(short_tmp: Path) -> NodeDirs:
     return NodeDirs(short_tmp)
 
 
-def test_both_health_versions_stream_the_same_devices_with_the_message(dirs: NodeDirs) -> None:
+async def test_both_health_versions_stream_the_same_devices_with_the_message(
+    dirs: NodeDirs,
+) -> None:
     config = accelerator_config(dirs, MODELS)
 
-    async def scenario() -> None:
-        async with (
-            serving(dirs, config) as kubelet,
-            unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel,
-        ):
-            streams = [
-                (
-                    pb,
-                    grpc_pb.DRAResourceHealthStub(channel).NodeWatchResources(
-                        pb.NodeWatchResourcesRequest()
-                    ),
-                )
-                for pb, grpc_pb in HEALTH
-            ]
-
-            async def read(pb: ModuleType, stream: object) -> dict[str, tuple[str, str]]:
-                message = await stream.read()  # type: ignore[attr-defined]
-                return {
-                    d.device.device_name: (pb.HealthStatus.Name(d.health), d.message)
-                    for d in message.devices
-                }
-
-            for pb, stream in streams:
-                assert await read(pb, stream) == {"acc0": ("HEALTHY", ""), "acc1": ("HEALTHY", "")}
-            (dirs.dev / "acc0").unlink()
-            seen = [await read(pb, stream) for pb, stream in streams]
-            assert seen[0] == seen[1]
-            state, message = seen[0]["acc0"]
-            assert state == "UNHEALTHY", seen
-            assert message, seen
-            assert seen[0]["acc1"] == ("HEALTHY", "")
-            for _, stream in streams:
-                stream.cancel()  # type: ignore[attr-defined]
-            # The simulated kubelet, as a 1.37 one, picks v1 from the listed services.
-            dra = kubelet.dra
-            assert dra is not None
-            assert dra.drivers[DRIVER].health_service == "v1.DRAResourceHealth"
-            await kubelet.wait_for(
-                lambda: dra.device_health_message.get((DRIVER, "node-a", "acc0")) == message,
-                what="acc0's message through the v1 stream",
+    async with (
+        serving(dirs, config) as kubelet,
+        unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel,
+    ):
+        streams = [
+            (
+                pb,
+                grpc_pb.DRAResourceHealthStub(channel).NodeWatchResources(
+                    pb.NodeWatchResourcesRequest()
+                ),
             )
+            for pb, grpc_pb in HEALTH
+        ]
 
-    run(scenario())
+        async def read(pb: ModuleType, stream: object) -> dict[str, tuple[str, str]]:
+            message = await stream.read()  # type: ignore[attr-defined]
+            return {
+                d.device.device_name: (pb.HealthStatus.Name(d.health), d.message)
+                for d in message.devices
+            }
+
+        for pb, stream in streams:
+            assert await read(pb, stream) == {"acc0": ("HEALTHY", ""), "acc1": ("HEALTHY", "")}
+        (dirs.dev / "acc0").unlink()
+        seen = [await read(pb, stream) for pb, stream in streams]
+        assert seen[0] == seen[1]
+        state, message = seen[0]["acc0"]
+        assert state == "UNHEALTHY", seen
+        assert message, seen
+        assert seen[0]["acc1"] == ("HEALTHY", "")
+        for _, stream in streams:
+            stream.cancel()  # type: ignore[attr-defined]
+        # The simulated kubelet, as a 1.37 one, picks v1 from the listed services.
+        dra = kubelet.dra
+        assert dra is not None
+        assert dra.drivers[DRIVER].health_service == "v1.DRAResourceHealth"
+        await kubelet.wait_for(
+            lambda: dra.device_health_message.get((DRIVER, "node-a", "acc0")) == message,
+            what="acc0's message through the v1 stream",
+        )
 
 
 def numa_bodies(dra: dict[str, object], numa: list[int | None]) -> list[dict[str, Any]]:
@@ -200,7 +198,7 @@ def test_a_folder_too_long_for_any_socket_is_refused_with_one_line(short_tmp: Pa
     assert str(folder) in str(e.value)
 
 
-def test_a_driver_whose_registration_socket_would_pass_the_limit_registers(
+async def test_a_driver_whose_registration_socket_would_pass_the_limit_registers(
     short_tmp: Path,
 ) -> None:
     """The node's folders chosen so that '<driver>-<pod UID>-reg.sock' is over 107
@@ -215,31 +213,26 @@ def test_a_driver_whose_registration_socket_would_pass_the_limit_registers(
     assert len(bytes(full)) > 107
     config = accelerator_config(dirs, MODELS)
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            daemon = Daemon(
-                serve_command(dirs, config), dirs.root / "daemon.log", env={"POD_UID": UID}
+    async with kubelet_for(dirs) as kubelet:
+        daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log", env={"POD_UID": UID})
+        try:
+            await kubelet.wait_for_registration(DRIVER)
+            [socket] = [p for p in dirs.registry.iterdir() if p.is_socket()]
+            assert socket != full
+            assert len(bytes(socket)) <= 107
+            dra = kubelet.dra
+            assert dra is not None
+            await kubelet.wait_for(
+                lambda: (DRIVER, "node-a", "acc0") in dra.device_health,
+                what="the health stream read on the shortened dra.sock",
             )
-            try:
-                await kubelet.wait_for_registration(DRIVER)
-                [socket] = [p for p in dirs.registry.iterdir() if p.is_socket()]
-                assert socket != full
-                assert len(bytes(socket)) <= 107
-                dra = kubelet.dra
-                assert dra is not None
-                await kubelet.wait_for(
-                    lambda: (DRIVER, "node-a", "acc0") in dra.device_health,
-                    what="the health stream read on the shortened dra.sock",
-                )
-            finally:
-                daemon.stop()
-            # One line for each socket shortened (dra.sock passes the limit here too).
-            said = [line for line in daemon.output().splitlines() if "shortened" in line]
-            assert len(said) == 2, said
-            assert f"{DRIVER}-{UID}-reg.sock shortened to {socket}" in said[0]
-            assert f"dra-{UID}.sock shortened to" in said[1]
-
-    run(scenario())
+        finally:
+            daemon.stop()
+        # One line for each socket shortened (dra.sock passes the limit here too).
+        said = [line for line in daemon.output().splitlines() if "shortened" in line]
+        assert len(said) == 2, said
+        assert f"{DRIVER}-{UID}-reg.sock shortened to {socket}" in said[0]
+        assert f"dra-{UID}.sock shortened to" in said[1]
 
 
 def slice_with(**spec: Any) -> dict[str, Any]:
@@ -469,7 +462,7 @@ def assert_metadata(dirs: NodeDirs, uid: str, device: str, where: str) -> dict[s
     return {"host": mount["hostPath"], **doc}
 
 
-def test_each_request_of_a_claim_gets_its_device_metadata_file(dirs: NodeDirs) -> None:
+async def test_each_request_of_a_claim_gets_its_device_metadata_file(dirs: NodeDirs) -> None:
     """KEP-5304's file: one per request, its devices with the slices' attributes, at
     the path the pod spec names, bind-mounted read-only through the claim's CDI spec;
     gone at unprepare. A claim made from a template is found under the pod's name."""
@@ -488,42 +481,44 @@ def test_each_request_of_a_claim_gets_its_device_metadata_file(dirs: NodeDirs) -
     base = "/var/run/kubernetes.io/dra-device-attributes"
     docs: list[dict[str, Any]] = []
 
-    async def scenario() -> None:
-        async with (
-            serving(dirs, config),
-            unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel,
+    async with (
+        serving(dirs, config),
+        unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel,
+    ):
+        stub = dragrpc.DRAPluginStub(channel)
+        claims = [
+            drapb.Claim(namespace="default", uid="uid-a", name="claim-a"),
+            drapb.Claim(namespace="default", uid="uid-b", name="pod-x-acc-7k2x9"),
+        ]
+        answer = await stub.NodePrepareResources(
+            drapb.NodePrepareResourcesRequest(claims=claims), timeout=10
+        )
+        for uid, device, where in (
+            ("uid-a", "acc0", f"{base}/resourceclaims/claim-a/fpga"),
+            ("uid-b", "acc1", f"{base}/resourceclaimtemplates/acc/fpga"),
         ):
-            stub = dragrpc.DRAPluginStub(channel)
-            claims = [
-                drapb.Claim(namespace="default", uid="uid-a", name="claim-a"),
-                drapb.Claim(namespace="default", uid="uid-b", name="pod-x-acc-7k2x9"),
-            ]
-            answer = await stub.NodePrepareResources(
-                drapb.NodePrepareResourcesRequest(claims=claims), timeout=10
-            )
-            for uid, device, where in (
-                ("uid-a", "acc0", f"{base}/resourceclaims/claim-a/fpga"),
-                ("uid-b", "acc1", f"{base}/resourceclaimtemplates/acc/fpga"),
-            ):
-                entry = answer.claims[uid]
-                assert entry.error == ""
-                [prepared] = entry.devices
-                ids = list(prepared.cdi_device_ids)
-                assert ids[-1] == f"{DRIVER}/claim={uid}-metadata-fpga", ids
-                docs.append(assert_metadata(dirs, uid, device, where))
-            await stub.NodeUnprepareResources(
-                drapb.NodeUnprepareResourcesRequest(claims=claims), timeout=10
-            )
-
-    run(scenario())
+            entry = answer.claims[uid]
+            assert entry.error == ""
+            [prepared] = entry.devices
+            ids = list(prepared.cdi_device_ids)
+            assert ids[-1] == f"{DRIVER}/claim={uid}-metadata-fpga", ids
+            docs.append(assert_metadata(dirs, uid, device, where))
+        await stub.NodeUnprepareResources(
+            drapb.NodeUnprepareResourcesRequest(claims=claims), timeout=10
+        )
     assert "podClaimName" not in docs[0]
     assert docs[1]["podClaimName"] == "acc"
+    assert_removed(docs)
+
+
+def assert_removed(docs: list[dict[str, Any]]) -> None:
+    """The metadata files of `docs` and their claim's folder are gone."""
     for doc in docs:
         assert not Path(doc["host"]).exists()
         assert not Path(doc["host"]).parent.parent.exists()
 
 
-def test_without_device_metadata_a_claim_gets_no_file(dirs: NodeDirs) -> None:
+async def test_without_device_metadata_a_claim_gets_no_file(dirs: NodeDirs) -> None:
     from devplug.api.dra.v1 import api_pb2 as drapb
     from devplug.api.dra.v1 import api_pb2_grpc as dragrpc
     from tests.dra_helpers import write_claim
@@ -531,25 +526,24 @@ def test_without_device_metadata_a_claim_gets_no_file(dirs: NodeDirs) -> None:
     config = metadata_config(dirs, on=False)
     write_claim(dirs, "claim-a", "uid-a", ["acc0"])
 
-    async def scenario() -> None:
-        async with (
-            serving(dirs, config),
-            unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel,
-        ):
-            answer = await dragrpc.DRAPluginStub(channel).NodePrepareResources(
-                drapb.NodePrepareResourcesRequest(
-                    claims=[drapb.Claim(namespace="default", uid="uid-a", name="claim-a")]
-                ),
-                timeout=10,
-            )
-            [device] = answer.claims["uid-a"].devices
-            assert not any("metadata" in i for i in device.cdi_device_ids)
-            assert not list(dirs.plugins.glob("**/dra-device-metadata"))
-
-    run(scenario())
+    async with (
+        serving(dirs, config),
+        unix_channel(dirs.plugins / DRIVER / "dra.sock") as channel,
+    ):
+        answer = await dragrpc.DRAPluginStub(channel).NodePrepareResources(
+            drapb.NodePrepareResourcesRequest(
+                claims=[drapb.Claim(namespace="default", uid="uid-a", name="claim-a")]
+            ),
+            timeout=10,
+        )
+        [device] = answer.claims["uid-a"].devices
+        assert not any("metadata" in i for i in device.cdi_device_ids)
+        assert not list(dirs.plugins.glob("**/dra-device-metadata"))
 
 
-def test_the_simulated_kubelet_skips_the_calls_an_allocation_says_to_skip(dirs: NodeDirs) -> None:
+async def test_the_simulated_kubelet_skips_the_calls_an_allocation_says_to_skip(
+    dirs: NodeDirs,
+) -> None:
     """As a 1.37 kubelet with DRAOptionalNodeOperations: a claim whose devices of a
     driver all skip the node operations is ready without that driver (not even
     registered); without the field the kubelet needs the driver."""
@@ -570,17 +564,14 @@ def test_the_simulated_kubelet_skips_the_calls_an_allocation_says_to_skip(dirs: 
     seats["spec"]["pool"]["name"] = "node-a"
     (dirs.claims / "seats.yaml").write_text(yaml.safe_dump(seats))
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            dra = kubelet.dra
-            assert dra is not None
-            assert DRIVER not in dra.drivers
-            seat = parse_pod(claim_pod("seat", "seat-claim"))
-            assert isinstance(seat, PodSpec)
-            assert await dra.prepare_pod(seat) == {}
-            other = parse_pod(claim_pod("other", "plain-claim"))
-            assert isinstance(other, PodSpec)
-            with pytest.raises(PrepareError, match=f"DRA driver {DRIVER} is not registered"):
-                await dra.prepare_pod(other)
-
-    run(scenario())
+    async with kubelet_for(dirs) as kubelet:
+        dra = kubelet.dra
+        assert dra is not None
+        assert DRIVER not in dra.drivers
+        seat = parse_pod(claim_pod("seat", "seat-claim"))
+        assert isinstance(seat, PodSpec)
+        assert await dra.prepare_pod(seat) == {}
+        other = parse_pod(claim_pod("other", "plain-claim"))
+        assert isinstance(other, PodSpec)
+        with pytest.raises(PrepareError, match=f"DRA driver {DRIVER} is not registered"):
+            await dra.prepare_pod(other)

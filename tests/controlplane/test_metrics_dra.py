@@ -34,7 +34,6 @@ from tests.dra_helpers import (
 )
 from tests.metrics_helpers import scrape, value
 from tests.serve_helpers import free_port, wait_for_log
-from tests.sim_helpers import run
 
 MODELS = {"acc0": "u250", "acc1": "u280"}
 SERVING = "serving /metrics, /healthz and /readyz"
@@ -82,7 +81,9 @@ async def unprepare(dirs: NodeDirs, refs: list[drapb.Claim]) -> dict[str, str]:
     return {uid: entry.error for uid, entry in answer.claims.items()}
 
 
-def test_claims_are_counted_by_result_from_zero_with_their_durations(dirs: NodeDirs) -> None:
+async def test_claims_are_counted_by_result_from_zero_with_their_durations(
+    dirs: NodeDirs, daemons: list[Any]
+) -> None:
     config = accelerator_config(dirs, MODELS)
     dirs.claims.mkdir(exist_ok=True)
     for name, device in (("ok", "acc0"), ("other", "acc1")):
@@ -90,84 +91,74 @@ def test_claims_are_counted_by_result_from_zero_with_their_durations(dirs: NodeD
         (dirs.claims / f"{name}.yaml").write_text(yaml.safe_dump(claim))
     port = free_port()
     log = dirs.root / "daemon.log"
-    daemon = debug_daemon(dirs, serve_command(dirs, config), port)
+    daemons.append(debug_daemon(dirs, serve_command(dirs, config), port))
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            await kubelet.wait_for_registration(DRIVER)
-            await asyncio.to_thread(wait_for_log, log, SERVING)
-            before = await asyncio.to_thread(scrape, port)
-            # Every series of the driver, at 0 before its first claim.
-            for family in CLAIM_FAMILIES[:-2]:
-                for result in ("ok", "error"):
-                    assert value(before, family, driver=DRIVER, result=result) == 0
-            assert (
-                value(before, "devplug_dra_claim_status_writes_total", driver=DRIVER, result="ok")
-                == 0
-            )
-            assert (
-                value(before, "devplug_dra_slice_publishes_total", driver=DRIVER, result="error")
-                == 0
-            )
-            # Written to the claims folder before the driver registered.
-            assert (
-                value(before, "devplug_dra_slice_publishes_total", driver=DRIVER, result="ok") >= 1
-            )
-            for before_health, after_health in (("Healthy", "Unhealthy"), ("Unhealthy", "Healthy")):
-                labels = {"resource": RESOURCE, "from": before_health, "to": after_health}
-                assert value(before, "devplug_health_transitions_total", **labels) == 0
-            build = value(
-                before,
-                "devplug_build_info",
-                version=build_version(before),
-                python=platform.python_version(),
-            )
-            assert build == 1
+    async with kubelet_for(dirs) as kubelet:
+        await kubelet.wait_for_registration(DRIVER)
+        await asyncio.to_thread(wait_for_log, log, SERVING)
+        before = await asyncio.to_thread(scrape, port)
+        # Every series of the driver, at 0 before its first claim.
+        for family in CLAIM_FAMILIES[:-2]:
+            for result in ("ok", "error"):
+                assert value(before, family, driver=DRIVER, result=result) == 0
+        assert (
+            value(before, "devplug_dra_claim_status_writes_total", driver=DRIVER, result="ok") == 0
+        )
+        assert (
+            value(before, "devplug_dra_slice_publishes_total", driver=DRIVER, result="error") == 0
+        )
+        # Written to the claims folder before the driver registered.
+        assert value(before, "devplug_dra_slice_publishes_total", driver=DRIVER, result="ok") >= 1
+        for before_health, after_health in (("Healthy", "Unhealthy"), ("Unhealthy", "Healthy")):
+            labels = {"resource": RESOURCE, "from": before_health, "to": after_health}
+            assert value(before, "devplug_health_transitions_total", **labels) == 0
+        build = value(
+            before,
+            "devplug_build_info",
+            version=build_version(before),
+            python=platform.python_version(),
+        )
+        assert build == 1
 
-            errors = await prepare(dirs, claims("ok", "missing"))
-            assert errors["uid-ok"] == ""
-            assert "missing not found" in errors["uid-missing"]
-            await asyncio.to_thread(wait_for_log, log, "claim default/missing not prepared")
-            assert await unprepare(dirs, claims("ok")) == {"uid-ok": ""}
-            await asyncio.to_thread(wait_for_log, log, "claim default/ok unprepared")
-            after = await asyncio.to_thread(scrape, port)
-            expected = {
-                ("devplug_dra_prepare_claims_total", "ok"): 1,
-                ("devplug_dra_prepare_claims_total", "error"): 1,
-                ("devplug_dra_prepare_claim_duration_seconds_count", "ok"): 1,
-                ("devplug_dra_prepare_claim_duration_seconds_count", "error"): 1,
-                ("devplug_dra_unprepare_claims_total", "ok"): 1,
-                ("devplug_dra_unprepare_claims_total", "error"): 0,
-            }
-            for (family, result), count in expected.items():
-                assert value(after, family, driver=DRIVER, result=result) == count, family
-            seconds = value(
-                after, "devplug_dra_prepare_claim_duration_seconds_sum", driver=DRIVER, result="ok"
-            )
-            assert 0 < seconds < 10
+        errors = await prepare(dirs, claims("ok", "missing"))
+        assert errors["uid-ok"] == ""
+        assert "missing not found" in errors["uid-missing"]
+        await asyncio.to_thread(wait_for_log, log, "claim default/missing not prepared")
+        assert await unprepare(dirs, claims("ok")) == {"uid-ok": ""}
+        await asyncio.to_thread(wait_for_log, log, "claim default/ok unprepared")
+        after = await asyncio.to_thread(scrape, port)
+        expected = {
+            ("devplug_dra_prepare_claims_total", "ok"): 1,
+            ("devplug_dra_prepare_claims_total", "error"): 1,
+            ("devplug_dra_prepare_claim_duration_seconds_count", "ok"): 1,
+            ("devplug_dra_prepare_claim_duration_seconds_count", "error"): 1,
+            ("devplug_dra_unprepare_claims_total", "ok"): 1,
+            ("devplug_dra_unprepare_claims_total", "error"): 0,
+        }
+        for (family, result), count in expected.items():
+            assert value(after, family, driver=DRIVER, result=result) == count, family
+        seconds = value(
+            after, "devplug_dra_prepare_claim_duration_seconds_sum", driver=DRIVER, result="ok"
+        )
+        assert 0 < seconds < 10
 
-            # A device node goes: one Healthy -> Unhealthy transition, one more publish.
-            published = after[
-                (
-                    "devplug_dra_slice_publishes_total",
-                    frozenset({"driver": DRIVER, "result": "ok"}.items()),
-                )
-            ]
-            (dirs.dev / "acc1").unlink()
-            await asyncio.to_thread(wait_for_log, log, "devices now unhealthy: acc1")
-            await asyncio.to_thread(wait_for_log, log, "slices published", int(published) + 1)
-            sick = await asyncio.to_thread(scrape, port)
-            labels = {"resource": RESOURCE, "from": "Healthy", "to": "Unhealthy"}
-            assert value(sick, "devplug_health_transitions_total", **labels) == 1
-            assert (
-                value(sick, "devplug_dra_slice_publishes_total", driver=DRIVER, result="ok")
-                == published + 1
+        # A device node goes: one Healthy -> Unhealthy transition, one more publish.
+        published = after[
+            (
+                "devplug_dra_slice_publishes_total",
+                frozenset({"driver": DRIVER, "result": "ok"}.items()),
             )
-
-    try:
-        run(scenario())
-    finally:
-        daemon.stop()
+        ]
+        (dirs.dev / "acc1").unlink()
+        await asyncio.to_thread(wait_for_log, log, "devices now unhealthy: acc1")
+        await asyncio.to_thread(wait_for_log, log, "slices published", int(published) + 1)
+        sick = await asyncio.to_thread(scrape, port)
+        labels = {"resource": RESOURCE, "from": "Healthy", "to": "Unhealthy"}
+        assert value(sick, "devplug_health_transitions_total", **labels) == 1
+        assert (
+            value(sick, "devplug_dra_slice_publishes_total", driver=DRIVER, result="ok")
+            == published + 1
+        )
 
 
 def build_version(samples: Any) -> str:
@@ -221,7 +212,7 @@ def api(kubeconfig: str) -> Iterator[Any]:
 
 
 @pytest.mark.timeout(240)
-def test_claim_status_writes_are_counted_against_a_real_api_server(
+async def test_claim_status_writes_are_counted_against_a_real_api_server(
     kubeconfig: str, api: Any, dirs: NodeDirs
 ) -> None:
     """A claim allocated on the API server, prepared through dra.sock: its device status
@@ -257,7 +248,8 @@ def test_claim_status_writes_are_counted_against_a_real_api_server(
     ref = [drapb.Claim(namespace=namespace, name=name, uid=uid)]
     writes = "devplug_dra_claim_status_writes_total"
 
-    async def scenario() -> None:
+    written = f"status of claim {namespace}/{name} written"
+    try:
         async with kubelet_for(dirs) as kubelet:
             # Slower with a Kubernetes client to import, on a busy machine.
             await kubelet.wait_for_registration(DRIVER, timeout=API_WAIT_S)
@@ -273,11 +265,7 @@ def test_claim_status_writes_are_counted_against_a_real_api_server(
             samples = await asyncio.to_thread(scrape, port)
             assert value(samples, writes, driver=DRIVER, result="ok") == 2
             assert not resource.read_namespaced_resource_claim(name, namespace).status.devices
-
-    written = f"status of claim {namespace}/{name} written"
-    try:
-        run(scenario())
-    finally:
+    finally:  # the daemon stopped first: it would restore the slices of its node
         daemon.stop()
         resource.patch_namespaced_resource_claim_status(
             name, namespace, {"status": {"allocation": None, "devices": None}}

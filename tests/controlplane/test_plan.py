@@ -4,7 +4,6 @@ headless Chromium, and a run through the real scheduler."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -71,16 +70,14 @@ def fleet() -> Any:
     return parse_fleet(yaml.safe_dump(FLEET), "fleet.yaml")
 
 
-def runs(tmp_path: Path, *vary: str) -> dict[str, Any]:
+async def runs(tmp_path: Path, *vary: str) -> dict[str, Any]:
+    """The report of the fit step over the workload, once per variant of `vary`."""
     workload = parse_csv(CSV, "pods.csv")
-
-    async def all_runs() -> list[dict[str, Any]]:
-        return [
-            summarize(await run_fit(fleet(), workload, v, tmp_path / str(i)))
-            for i, v in enumerate(parse_vary(list(vary)))
-        ]
-
-    return report_document("plan", "pods.csv", "fit step", asyncio.run(all_runs()))
+    results = [
+        summarize(await run_fit(fleet(), workload, v, tmp_path / str(i)))
+        for i, v in enumerate(parse_vary(list(vary)))
+    ]
+    return report_document("plan", "pods.csv", "fit step", results)
 
 
 # -- workloads ------------------------------------------------------------------------------
@@ -166,8 +163,8 @@ def test_a_bad_knob_is_refused() -> None:
 # -- capacity runs --------------------------------------------------------------------------
 
 
-def test_the_fit_step_run_reports_devices_pods_and_reasons(tmp_path: Path) -> None:
-    document = runs(tmp_path, "topologyPolicy=none")
+async def test_the_fit_step_run_reports_devices_pods_and_reasons(tmp_path: Path) -> None:
+    document = await runs(tmp_path, "topologyPolicy=none")
     baseline, relaxed = document["runs"]
     # 5 GPUs of 8 on two NUMA nodes: single-numa-node fails every training pod on the
     # node the scheduler picked (it counts GPUs only), as a kubelet would.
@@ -213,8 +210,8 @@ def test_the_fit_step_run_reports_devices_pods_and_reasons(tmp_path: Path) -> No
     assert len(relaxed["timeline"]) == 12
 
 
-def test_time_slicing_and_dra_change_the_answer(tmp_path: Path) -> None:
-    document = runs(tmp_path, "replicas=4", "mode=dra")
+async def test_time_slicing_and_dra_change_the_answer(tmp_path: Path) -> None:
+    document = await runs(tmp_path, "replicas=4", "mode=dra")
     by_run = {r["variant"]: r for r in document["runs"]}
     sliced = by_run["replicas=4"]
     assert sliced["pools"]["h100"]["devices"]["nvidia.com/gpu"]["capacity"] == 64
@@ -236,7 +233,7 @@ def test_time_slicing_and_dra_change_the_answer(tmp_path: Path) -> None:
     assert dra["pools"]["h100"]["devices"]["dra:gpu.nvidia.com"]["used"] == 15
 
 
-def test_the_fit_step_sees_the_node_labels_the_api_server_has(tmp_path: Path) -> None:
+async def test_the_fit_step_sees_the_node_labels_the_api_server_has(tmp_path: Path) -> None:
     # The labels every registered node carries (kubernetes.io/os, kubernetes.io/arch)
     # match a nodeSelector in the fit step as they do for the real scheduler.
     workload = parse_yaml(
@@ -256,7 +253,7 @@ def test_the_fit_step_sees_the_node_labels_the_api_server_has(tmp_path: Path) ->
         "pods.yaml",
     )
     [variant] = parse_vary([])
-    run = asyncio.run(run_fit(fleet(), workload, variant, tmp_path))
+    run = await run_fit(fleet(), workload, variant, tmp_path)
     assert [(p.phase, p.pool) for p in run.pods] == [("Running", "cpu")]
 
 
@@ -346,11 +343,19 @@ def test_thirty_pools_get_thirty_colours_and_a_legend_that_grows_below() -> None
     assert figure.layout.height > 600  # 15 rows of legend below the plot, not over it
 
 
-def test_the_html_report_renders_its_plots_without_console_errors(tmp_path: Path) -> None:
+@pytest.fixture
+async def four_replicas(tmp_path: Path) -> dict[str, Any]:
+    """The report of the fit step with 4 replicas of each shared GPU."""
+    return await runs(tmp_path / "runs", "replicas=4")
+
+
+def test_the_html_report_renders_its_plots_without_console_errors(
+    tmp_path: Path, four_replicas: dict[str, Any]
+) -> None:
     from devplug.plan.html import report_html
 
     page = tmp_path / "report.html"
-    page.write_text(report_html(runs(tmp_path / "runs", "replicas=4")))
+    page.write_text(report_html(four_replicas))
     assert "https://" not in page.read_text().split("<pre>")[0].split("plotly.js v")[0][:200]
     dom, errors = open_in_chromium(page, tmp_path / "profile")
     assert errors == []

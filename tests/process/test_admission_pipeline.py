@@ -126,7 +126,7 @@ class Outcome:
     driver_holds: list[str]
 
 
-def admit(
+async def admit(
     folder: Path,
     count: int,
     claims: Sequence[str],
@@ -140,47 +140,44 @@ def admit(
     steps: list[str] = []
     objects = Claims({"a": claim("a", "seat-0"), "b": claim("b", "seat-1")})
 
-    async def scenario() -> Outcome:
-        listed = asyncio.Event()
-        devices = DeviceManager(
-            None,
-            policy="none",
-            numa_nodes=None,
-            grace_period=300.0,
-            dial_timeout=1.0,
-            on_event=lambda kind, *_: listed.set() if kind == "devices" else None,
+    listed = asyncio.Event()
+    devices = DeviceManager(
+        None,
+        policy="none",
+        numa_nodes=None,
+        grace_period=300.0,
+        dial_timeout=1.0,
+        on_event=lambda kind, *_: listed.set() if kind == "devices" else None,
+    )
+    plugin = Acc(steps, refuse_pre_start)
+    await plugin.scan()
+    await devices.attach(RESOURCE, LocalEndpoint(plugin))
+    await listed.wait()
+    driver = Seats(steps, set(failing))
+    await driver.scan()
+    preparer = Preparer(DriverBinding.of(driver), NODE, objects, folder / "cdi", folder)
+    endpoint = LocalDraEndpoint(preparer)
+    prepared = PodClaims(objects.read, lambda name: endpoint if name == DRIVER else None)
+
+    def check(_: PodSpec) -> tuple[str, str] | None:
+        steps.append("resource check")
+        return resources_refusal
+
+    try:
+        admitted = await admit_pod(pod(count, claims), devices, prepared, resource_check=check)
+        return Outcome(
+            admitted,
+            steps,
+            devices.in_use(RESOURCE),
+            sorted(c.name for c in prepared.state.claims.values()),
+            sorted(c.name for c in preparer.prepared.values()),
         )
-        plugin = Acc(steps, refuse_pre_start)
-        await plugin.scan()
-        await devices.attach(RESOURCE, LocalEndpoint(plugin))
-        await listed.wait()
-        driver = Seats(steps, set(failing))
-        await driver.scan()
-        preparer = Preparer(DriverBinding.of(driver), NODE, objects, folder / "cdi", folder)
-        endpoint = LocalDraEndpoint(preparer)
-        prepared = PodClaims(objects.read, lambda name: endpoint if name == DRIVER else None)
-
-        def check(_: PodSpec) -> tuple[str, str] | None:
-            steps.append("resource check")
-            return resources_refusal
-
-        try:
-            admitted = await admit_pod(pod(count, claims), devices, prepared, resource_check=check)
-            return Outcome(
-                admitted,
-                steps,
-                devices.in_use(RESOURCE),
-                sorted(c.name for c in prepared.state.claims.values()),
-                sorted(c.name for c in preparer.prepared.values()),
-            )
-        finally:
-            await devices.close()
-
-    return asyncio.run(scenario())
+    finally:
+        await devices.close()
 
 
-def test_the_steps_run_in_the_kubelet_s_order(tmp_path: Path) -> None:
-    outcome = admit(tmp_path, 1, ["a", "b"])
+async def test_the_steps_run_in_the_kubelet_s_order(tmp_path: Path) -> None:
+    outcome = await admit(tmp_path, 1, ["a", "b"])
     assert outcome.steps == [
         "resource check",
         "allocate acc-0",
@@ -203,10 +200,10 @@ def test_the_steps_run_in_the_kubelet_s_order(tmp_path: Path) -> None:
     assert (outcome.devices_in_use, outcome.prepared_claims) == ({"acc-0"}, ["a", "b"])
 
 
-def test_a_claim_that_fails_to_prepare_undoes_the_claims_and_devices_before_it(
+async def test_a_claim_that_fails_to_prepare_undoes_the_claims_and_devices_before_it(
     tmp_path: Path,
 ) -> None:
-    outcome = admit(tmp_path, 1, ["a", "b"], failing={"b"})
+    outcome = await admit(tmp_path, 1, ["a", "b"], failing={"b"})
     assert outcome.admitted == Refusal(
         DRA,
         REASON_FAILED_PREPARE,
@@ -225,8 +222,8 @@ def test_a_claim_that_fails_to_prepare_undoes_the_claims_and_devices_before_it(
     assert list((tmp_path / "cdi").iterdir()) == []
 
 
-def test_a_claim_that_cannot_be_read_fails_as_the_kubelet_says(tmp_path: Path) -> None:
-    outcome = admit(tmp_path, 2, ["a", "gone"])
+async def test_a_claim_that_cannot_be_read_fails_as_the_kubelet_says(tmp_path: Path) -> None:
+    outcome = await admit(tmp_path, 2, ["a", "gone"])
     assert outcome.admitted == Refusal(
         DRA, REASON_FAILED_PREPARE, "ResourceClaim default/gone not found"
     )
@@ -234,8 +231,8 @@ def test_a_claim_that_cannot_be_read_fails_as_the_kubelet_says(tmp_path: Path) -
     assert (outcome.devices_in_use, outcome.prepared_claims) == (set(), [])
 
 
-def test_the_device_manager_refuses_before_any_claim_is_prepared(tmp_path: Path) -> None:
-    outcome = admit(tmp_path, 3, ["a"])
+async def test_the_device_manager_refuses_before_any_claim_is_prepared(tmp_path: Path) -> None:
+    outcome = await admit(tmp_path, 3, ["a"])
     assert isinstance(outcome.admitted, Refusal)
     assert (outcome.admitted.step, outcome.admitted.reason) == (
         DEVICES,
@@ -245,18 +242,18 @@ def test_the_device_manager_refuses_before_any_claim_is_prepared(tmp_path: Path)
     assert (outcome.devices_in_use, outcome.prepared_claims) == (set(), [])
 
 
-def test_the_resource_check_refuses_before_the_device_manager(tmp_path: Path) -> None:
+async def test_the_resource_check_refuses_before_the_device_manager(tmp_path: Path) -> None:
     refusal = ("OutOfcpu", "Node didn't have enough resource: cpu")
-    outcome = admit(tmp_path, 1, ["a"], resources_refusal=refusal)
+    outcome = await admit(tmp_path, 1, ["a"], resources_refusal=refusal)
     assert outcome.admitted == Refusal(RESOURCES, *refusal)
     assert outcome.steps == ["resource check"]
     assert (outcome.devices_in_use, outcome.prepared_claims) == (set(), [])
 
 
-def test_a_container_whose_pre_start_fails_waits_and_the_pod_keeps_what_it_holds(
+async def test_a_container_whose_pre_start_fails_waits_and_the_pod_keeps_what_it_holds(
     tmp_path: Path,
 ) -> None:
-    outcome = admit(tmp_path, 1, ["a"], refuse_pre_start=True)
+    outcome = await admit(tmp_path, 1, ["a"], refuse_pre_start=True)
     assert isinstance(outcome.admitted, list)
     [app] = outcome.admitted
     assert app.state == CREATE_CONTAINER_CONFIG_ERROR

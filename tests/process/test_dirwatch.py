@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from devplug.ground.dirwatch import ENTRY_EVENTS, DirWatcher, Mask
-from tests.sim_helpers import run
 
 Seen = asyncio.Queue[tuple[Path, str]]
 
@@ -32,73 +31,61 @@ async def next_event(seen: Seen) -> tuple[Path, str]:
     return await asyncio.wait_for(seen.get(), 10)
 
 
-def test_entries_created_renamed_and_removed_are_told_by_name(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with watching() as (watcher, seen):
-            assert watcher.watch(tmp_path)
-            (tmp_path / "a.sock").write_text("")
-            assert await next_event(seen) == (tmp_path, "a.sock")
-            (tmp_path / "a.sock").rename(tmp_path / "b.sock")
-            assert await next_event(seen) == (tmp_path, "a.sock")
-            assert await next_event(seen) == (tmp_path, "b.sock")
-            (tmp_path / "b.sock").unlink()
-            assert await next_event(seen) == (tmp_path, "b.sock")
-
-    run(scenario())
+async def test_entries_created_renamed_and_removed_are_told_by_name(tmp_path: Path) -> None:
+    async with watching() as (watcher, seen):
+        assert watcher.watch(tmp_path)
+        (tmp_path / "a.sock").write_text("")
+        assert await next_event(seen) == (tmp_path, "a.sock")
+        (tmp_path / "a.sock").rename(tmp_path / "b.sock")
+        assert await next_event(seen) == (tmp_path, "a.sock")
+        assert await next_event(seen) == (tmp_path, "b.sock")
+        (tmp_path / "b.sock").unlink()
+        assert await next_event(seen) == (tmp_path, "b.sock")
 
 
-def test_a_folder_that_goes_away_is_told_with_no_name_and_can_be_watched_again(
+async def test_a_folder_that_goes_away_is_told_with_no_name_and_can_be_watched_again(
     tmp_path: Path,
 ) -> None:
     folder = tmp_path / "plugins"
     folder.mkdir()
 
-    async def scenario() -> None:
-        async with watching() as (watcher, seen):
-            assert watcher.watch(folder)
-            folder.rmdir()
-            assert await next_event(seen) == (folder, "")
-            assert folder not in watcher.folders
-            folder.mkdir()
-            assert watcher.watch(folder)
-            (folder / "kubelet.sock").write_text("")
-            while (event := await next_event(seen)) == (folder, ""):
-                pass  # the old watch's IGNORED, after its DELETE_SELF
-            assert event == (folder, "kubelet.sock")
-
-    run(scenario())
+    async with watching() as (watcher, seen):
+        assert watcher.watch(folder)
+        folder.rmdir()
+        assert await next_event(seen) == (folder, "")
+        assert folder not in watcher.folders
+        folder.mkdir()
+        assert watcher.watch(folder)
+        (folder / "kubelet.sock").write_text("")
+        while (event := await next_event(seen)) == (folder, ""):
+            pass  # the old watch's IGNORED, after its DELETE_SELF
+        assert event == (folder, "kubelet.sock")
 
 
-def test_only_watched_folders_and_asked_events_are_told(tmp_path: Path) -> None:
+async def test_only_watched_folders_and_asked_events_are_told(tmp_path: Path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
     two.mkdir()
 
-    async def scenario() -> None:
-        async with watching(ENTRY_EVENTS | Mask.CLOSE_WRITE) as (watcher, seen):
-            watcher.set_folders({one, two})
-            assert watcher.folders == {one, two}
-            watcher.set_folders({two})
-            assert watcher.folders == {two}
-            (one / "quiet").write_text("")
-            (two / "config.yaml").write_text("x")  # CREATE, then CLOSE_WRITE
-            told = [await next_event(seen) for _ in range(2)]
-            unwatched = [e for e in told if e[0] == one and e[1]]
-            assert told[-1] == (two, "config.yaml"), told
-            assert not unwatched
-
-    run(scenario())
+    async with watching(ENTRY_EVENTS | Mask.CLOSE_WRITE) as (watcher, seen):
+        watcher.set_folders({one, two})
+        assert watcher.folders == {one, two}
+        watcher.set_folders({two})
+        assert watcher.folders == {two}
+        (one / "quiet").write_text("")
+        (two / "config.yaml").write_text("x")  # CREATE, then CLOSE_WRITE
+        told = [await next_event(seen) for _ in range(2)]
+        unwatched = [e for e in told if e[0] == one and e[1]]
+        assert told[-1] == (two, "config.yaml"), told
+        assert not unwatched
 
 
-def test_a_missing_folder_or_a_file_is_not_watched(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        async with watching() as (watcher, _):
-            assert not watcher.watch(tmp_path / "missing")
-            (tmp_path / "file").write_text("")
-            assert not watcher.watch(tmp_path / "file")
-            assert watcher.folders == set()
-
-    run(scenario())
+async def test_a_missing_folder_or_a_file_is_not_watched(tmp_path: Path) -> None:
+    async with watching() as (watcher, _):
+        assert not watcher.watch(tmp_path / "missing")
+        (tmp_path / "file").write_text("")
+        assert not watcher.watch(tmp_path / "file")
+        assert watcher.folders == set()
 
 
 def test_a_closed_watcher_holds_no_descriptor(tmp_path: Path) -> None:
@@ -111,27 +98,24 @@ def test_a_closed_watcher_holds_no_descriptor(tmp_path: Path) -> None:
     assert not watcher.watch(tmp_path / "x")
 
 
-def test_a_watcher_closed_while_it_runs_leaves_the_loop_clean(tmp_path: Path) -> None:
+async def test_a_watcher_closed_while_it_runs_leaves_the_loop_clean(tmp_path: Path) -> None:
     """The loop forgets the descriptor before it is closed: a descriptor of the same
     number made next can be read by the loop."""
 
-    async def scenario() -> None:
-        watcher = DirWatcher(lambda folder, name: None)
-        assert watcher.watch(tmp_path)
-        task = asyncio.create_task(watcher.run())
-        await asyncio.sleep(0)  # run() registers its reader
-        watcher.close()
-        read, write = os.pipe()
-        try:
-            readable = asyncio.Event()
-            asyncio.get_running_loop().add_reader(read, readable.set)
-            os.write(write, b"x")
-            await asyncio.wait_for(readable.wait(), 10)
-            asyncio.get_running_loop().remove_reader(read)
-        finally:
-            os.close(read)
-            os.close(write)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    run(scenario())
+    watcher = DirWatcher(lambda folder, name: None)
+    assert watcher.watch(tmp_path)
+    task = asyncio.create_task(watcher.run())
+    await asyncio.sleep(0)  # run() registers its reader
+    watcher.close()
+    read, write = os.pipe()
+    try:
+        readable = asyncio.Event()
+        asyncio.get_running_loop().add_reader(read, readable.set)
+        os.write(write, b"x")
+        await asyncio.wait_for(readable.wait(), 10)
+        asyncio.get_running_loop().remove_reader(read)
+    finally:
+        os.close(read)
+        os.close(write)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

@@ -18,7 +18,7 @@ from devplug.framework.dra import ClaimRef, DraDriver, DraService, DraSettings, 
 from devplug.framework.dra.claims import FileClaims
 from devplug.simulator import Kubelet
 from tests.dra_helpers import NODE, NodeDirs, allocated_claim, claim_pod
-from tests.sim_helpers import pod, run
+from tests.sim_helpers import pod
 
 RESOURCE = "example.com/widget"
 DRIVER = "widget.example.com"
@@ -58,7 +58,7 @@ def test_driver_name_defaults_to_the_resource_domain(tmp_path: Path) -> None:
         DraDriver(RESOURCE, [], driver_name="Widgets!")
 
 
-def test_one_class_serves_as_device_plugin_and_dra_driver(short_tmp: Path) -> None:
+async def test_one_class_serves_as_device_plugin_and_dra_driver(short_tmp: Path) -> None:
     dirs = NodeDirs(short_tmp)
     dirs.claims.mkdir(parents=True)
     claim = allocated_claim("wc", "uid-w", ["w1"])
@@ -66,46 +66,41 @@ def test_one_class_serves_as_device_plugin_and_dra_driver(short_tmp: Path) -> No
         result["driver"] = DRIVER
     (dirs.claims / "wc.yaml").write_text(yaml.safe_dump(claim))
 
-    async def scenario() -> None:
-        widgets = Widgets(dirs.dev)
-        service = DraService(
-            [Driver.of(widgets)],
-            DraSettings(
-                node_name=NODE,
-                registry_dir=dirs.registry,
-                plugins_dir=dirs.plugins,
-                cdi_dir=dirs.cdi,
-                claims_dir=dirs.claims,
-            ),
-        )
-        stop = asyncio.Event()
-        daemon = asyncio.create_task(
-            Daemon([widgets], dirs.plugin_dir, services=[service]).run(stop)
-        )
-        try:
-            async with Kubelet(
-                dirs.plugin_dir,
-                dirs.state_dir,
-                control_socket=False,
-                dra_registry_dir=dirs.registry,
-                claims=FileClaims(dirs.claims),
-            ) as kubelet:
-                await kubelet.wait_for_resource(RESOURCE, count=2)
-                await kubelet.wait_for_registration(DRIVER)
-                [counted] = await kubelet.apply(pod("counted", {"app": {RESOURCE: 1}}))
-                assert counted.admitted
-                assert len(counted.containers[0].devices[RESOURCE]) == 1
-                [described] = await kubelet.apply(claim_pod("described", "wc"))
-                assert described.admitted, described.message
-                [cdi] = described.containers[0].options.cdi_devices
-                assert cdi == f"{DRIVER}/claim=uid-w-w1"
-                spec = json.loads((dirs.cdi / f"{DRIVER}-uid-w.json").read_text())
-                assert "WIDGET_CLAIM=default/wc" in spec["containerEdits"]["env"]
-                assert "WIDGETS=w1" in spec["containerEdits"]["env"]
-                assert await kubelet.delete_pod("described")
-                assert widgets.unprepared == ["w1"]
-        finally:
-            stop.set()
-            await daemon
-
-    run(scenario())
+    widgets = Widgets(dirs.dev)
+    service = DraService(
+        [Driver.of(widgets)],
+        DraSettings(
+            node_name=NODE,
+            registry_dir=dirs.registry,
+            plugins_dir=dirs.plugins,
+            cdi_dir=dirs.cdi,
+            claims_dir=dirs.claims,
+        ),
+    )
+    stop = asyncio.Event()
+    daemon = asyncio.create_task(Daemon([widgets], dirs.plugin_dir, services=[service]).run(stop))
+    try:
+        async with Kubelet(
+            dirs.plugin_dir,
+            dirs.state_dir,
+            control_socket=False,
+            dra_registry_dir=dirs.registry,
+            claims=FileClaims(dirs.claims),
+        ) as kubelet:
+            await kubelet.wait_for_resource(RESOURCE, count=2)
+            await kubelet.wait_for_registration(DRIVER)
+            [counted] = await kubelet.apply(pod("counted", {"app": {RESOURCE: 1}}))
+            assert counted.admitted
+            assert len(counted.containers[0].devices[RESOURCE]) == 1
+            [described] = await kubelet.apply(claim_pod("described", "wc"))
+            assert described.admitted, described.message
+            [cdi] = described.containers[0].options.cdi_devices
+            assert cdi == f"{DRIVER}/claim=uid-w-w1"
+            spec = json.loads((dirs.cdi / f"{DRIVER}-uid-w.json").read_text())
+            assert "WIDGET_CLAIM=default/wc" in spec["containerEdits"]["env"]
+            assert "WIDGETS=w1" in spec["containerEdits"]["env"]
+            assert await kubelet.delete_pod("described")
+            assert widgets.unprepared == ["w1"]
+    finally:
+        stop.set()
+        await daemon

@@ -19,7 +19,6 @@ from devplug.simulator.results import REASON_UNSCHEDULABLE
 from devplug.sources import ConfigError, parse_config
 from tests.dra_helpers import NODE, Daemon, NodeDirs, kubelet_for, serve_command
 from tests.process.test_dra_partitions import claim, pod, prepare, unprepare
-from tests.sim_helpers import run
 
 DRIVER = "gpu.devplug.io"
 A100 = "A100-SXM4-40GB"
@@ -132,7 +131,7 @@ def instances(host: FakeGpuHost) -> list[tuple[int, int]]:
     return sorted((g["start"], g["size"]) for g in host.gpu(0).get("gpuInstances", []))
 
 
-def test_a_partition_is_made_at_prepare_and_destroyed_at_unprepare(short_tmp: Path) -> None:
+async def test_a_partition_is_made_at_prepare_and_destroyed_at_unprepare(short_tmp: Path) -> None:
     dirs = NodeDirs(short_tmp)
     host = mig_host(dirs.root / "host")
     config = mig_config(dirs.root, host)
@@ -140,54 +139,51 @@ def test_a_partition_is_made_at_prepare_and_destroyed_at_unprepare(short_tmp: Pa
     one = claim(dirs, "one", DRIVER, {"device": mig_name("1g.5gb", 4)})
     claim(dirs, "overlap", DRIVER, {"device": mig_name("1g.5gb", 2)})
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log", host.env)
-            try:
-                await kubelet.wait_for_registration(DRIVER)
-                [first] = await kubelet.apply(pod("p-three", "three"))
-                assert first.admitted, first.message
-                assert instances(host) == [(0, 4)]
-                spec = json.loads((dirs.cdi / f"{DRIVER}-{three}.json").read_text())
-                [made] = host.gpu(0)["gpuInstances"]
-                [compute] = made["computeInstances"]
-                assert f"NVIDIA_VISIBLE_DEVICES={compute['uuid']}" in spec["containerEdits"]["env"]
-                caps = [
-                    n["path"]
-                    for n in spec["containerEdits"].get("deviceNodes", [])
-                    if "nvidia-caps" in n["path"]
-                ]
-                assert len(caps) == 2  # the GPU instance's and the compute instance's
-                [device] = spec["devices"]
-                nodes = [n["path"] for n in device["containerEdits"]["deviceNodes"]]
-                assert "/dev/nvidia0" in nodes
+    async with kubelet_for(dirs) as kubelet:
+        daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log", host.env)
+        try:
+            await kubelet.wait_for_registration(DRIVER)
+            [first] = await kubelet.apply(pod("p-three", "three"))
+            assert first.admitted, first.message
+            assert instances(host) == [(0, 4)]
+            spec = json.loads((dirs.cdi / f"{DRIVER}-{three}.json").read_text())
+            [made] = host.gpu(0)["gpuInstances"]
+            [compute] = made["computeInstances"]
+            assert f"NVIDIA_VISIBLE_DEVICES={compute['uuid']}" in spec["containerEdits"]["env"]
+            caps = [
+                n["path"]
+                for n in spec["containerEdits"].get("deviceNodes", [])
+                if "nvidia-caps" in n["path"]
+            ]
+            assert len(caps) == 2  # the GPU instance's and the compute instance's
+            [device] = spec["devices"]
+            nodes = [n["path"] for n in device["containerEdits"]["deviceNodes"]]
+            assert "/dev/nvidia0" in nodes
 
-                [second] = await kubelet.apply(pod("p-one", "one"))
-                assert second.admitted, second.message
-                assert instances(host) == [(0, 4), (4, 1)]
-                assert json.loads((dirs.cdi / f"{DRIVER}-{one}.json").read_text())
+            [second] = await kubelet.apply(pod("p-one", "one"))
+            assert second.admitted, second.message
+            assert instances(host) == [(0, 4), (4, 1)]
+            assert json.loads((dirs.cdi / f"{DRIVER}-{one}.json").read_text())
 
-                # Memory slice 2 is in the 3g.20gb: never allocated, never made.
-                [third] = await kubelet.apply(pod("p-overlap", "overlap"))
-                assert (third.admitted, third.reason) == (False, REASON_UNSCHEDULABLE)
-                errors = await prepare(dirs, DRIVER, "overlap")
-                assert "overlaps" in errors["overlap"]
-                assert instances(host) == [(0, 4), (4, 1)]
+            # Memory slice 2 is in the 3g.20gb: never allocated, never made.
+            [third] = await kubelet.apply(pod("p-overlap", "overlap"))
+            assert (third.admitted, third.reason) == (False, REASON_UNSCHEDULABLE)
+            errors = await prepare(dirs, DRIVER, "overlap")
+            assert "overlaps" in errors["overlap"]
+            assert instances(host) == [(0, 4), (4, 1)]
 
-                assert await kubelet.delete_pod("p-three")
-                assert instances(host) == [(4, 1)]
-                assert host.gpu(0)["migMode"] == 1  # never changed
-                assert host.gpu(1)["migMode"] == 0
-                [again] = await kubelet.apply(pod("p-overlap", "overlap"))
-                assert again.admitted, again.message
-                assert instances(host) == [(2, 1), (4, 1)]
-            finally:
-                daemon.stop()
-
-    run(scenario())
+            assert await kubelet.delete_pod("p-three")
+            assert instances(host) == [(4, 1)]
+            assert host.gpu(0)["migMode"] == 1  # never changed
+            assert host.gpu(1)["migMode"] == 0
+            [again] = await kubelet.apply(pod("p-overlap", "overlap"))
+            assert again.admitted, again.message
+            assert instances(host) == [(2, 1), (4, 1)]
+        finally:
+            daemon.stop()
 
 
-def test_instances_devplug_did_not_make_are_left_alone(short_tmp: Path) -> None:
+async def test_instances_devplug_did_not_make_are_left_alone(short_tmp: Path) -> None:
     """An instance made by someone else before devplug starts: the placements it
     overlaps are not offered and it is never destroyed; devplug's own instance of a
     prepared claim is still known after a restart, and destroyed at unprepare."""
@@ -200,26 +196,23 @@ def test_instances_devplug_did_not_make_are_left_alone(short_tmp: Path) -> None:
         docs = [json.loads(p.read_text()) for p in dirs.claims.glob("*-0.json")]
         return set(devices_of(docs))
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            for round_ in range(2):
-                daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log", host.env)
-                try:
-                    await kubelet.wait_for_registration(DRIVER, after=round_)
-                    names = offered()
-                    assert mig_name("1g.5gb", 6) not in names
-                    assert mig_name("7g.40gb", 0) not in names  # it spans slice 6
-                    assert mig_name("2g.10gb", 0) in names
-                    if round_ == 0:
-                        assert (await prepare(dirs, DRIVER, "mine")) == {"mine": ""}
-                        assert instances(host) == [(0, 2), (6, 1)]
-                    else:
-                        await unprepare(dirs, DRIVER, "mine")
-                        assert instances(host) == [(6, 1)]
-                finally:
-                    daemon.stop()
-
-    run(scenario())
+    async with kubelet_for(dirs) as kubelet:
+        for round_ in range(2):
+            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log", host.env)
+            try:
+                await kubelet.wait_for_registration(DRIVER, after=round_)
+                names = offered()
+                assert mig_name("1g.5gb", 6) not in names
+                assert mig_name("7g.40gb", 0) not in names  # it spans slice 6
+                assert mig_name("2g.10gb", 0) in names
+                if round_ == 0:
+                    assert (await prepare(dirs, DRIVER, "mine")) == {"mine": ""}
+                    assert instances(host) == [(0, 2), (6, 1)]
+                else:
+                    await unprepare(dirs, DRIVER, "mine")
+                    assert instances(host) == [(6, 1)]
+            finally:
+                daemon.stop()
 
 
 def test_the_real_gpu_check_runs_with_the_fake() -> None:

@@ -22,7 +22,6 @@ from devplug.sources import ConfigError, build_plugins, parse_config
 from devplug.sources.dradriver import config_driver
 from tests.dra_helpers import NODE, Daemon, NodeDirs, claim_pod, kubelet_for, serve_command
 from tests.hw_helpers import validate_cdi
-from tests.sim_helpers import run
 
 FPGA = "fpga.example.com"
 GPU = "gpu.example.com"
@@ -295,56 +294,53 @@ def spec(dirs: NodeDirs, driver: str, uid: str) -> dict[str, Any]:
     return body
 
 
-def test_partitions_are_prepared_and_overlapping_ones_refused(dirs_root: NodeDirs) -> None:
+async def test_partitions_are_prepared_and_overlapping_ones_refused(dirs_root: NodeDirs) -> None:
     dirs = dirs_root
     config = partition_config(dirs)
     half = claim(dirs, "half", FPGA, {"device": "fpga0-slots-0-1"})
     claim(dirs, "one", FPGA, {"device": "fpga0-slot-1"})
     other = claim(dirs, "other", FPGA, {"device": "fpga0-slots-2-3"})
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
-            try:
-                await kubelet.wait_for_registration(FPGA)
-                [first] = await kubelet.apply(pod("p-half", "half"))
-                assert first.admitted, first.message
-                assert first.containers[0].options.cdi_devices == [
-                    f"{FPGA}/claim={half}-fpga0-slots-0-1"
-                ]
-                body = spec(dirs, FPGA, half)
-                [device] = body["devices"]
-                nodes = [n["hostPath"] for n in device["containerEdits"]["deviceNodes"]]
-                assert nodes == [str(dirs.dev / "fpga0")]
-                assert "DEVPLUG_EXAMPLE_COM_FPGA=fpga0-slots-0-1" in body["containerEdits"]["env"]
+    async with kubelet_for(dirs) as kubelet:
+        daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+        try:
+            await kubelet.wait_for_registration(FPGA)
+            [first] = await kubelet.apply(pod("p-half", "half"))
+            assert first.admitted, first.message
+            assert first.containers[0].options.cdi_devices == [
+                f"{FPGA}/claim={half}-fpga0-slots-0-1"
+            ]
+            body = spec(dirs, FPGA, half)
+            [device] = body["devices"]
+            nodes = [n["hostPath"] for n in device["containerEdits"]["deviceNodes"]]
+            assert nodes == [str(dirs.dev / "fpga0")]
+            assert "DEVPLUG_EXAMPLE_COM_FPGA=fpga0-slots-0-1" in body["containerEdits"]["env"]
 
-                # Slot 1 is taken: the scheduler would never allocate it now.
-                [second] = await kubelet.apply(pod("p-one", "one"))
-                assert (second.admitted, second.reason) == (False, REASON_UNSCHEDULABLE)
-                assert second.message == (
-                    "claim default/one: partition fpga0-slot-1 needs counter slot-1 of counter "
-                    "set fpga0 beyond its 1: it overlaps a partition already allocated"
-                )
-                # Nor does the driver prepare it, asked straight.
-                errors = await prepare(dirs, FPGA, "one", "other")
-                assert errors == {
-                    "one": f"partition fpga0-slot-1 overlaps fpga0-slots-0-1 of claim "
-                    f"default/half (UID {half}): counter slot-1 of fpga0 would be exceeded",
-                    "other": "",
-                }
-                assert not (dirs.cdi / f"{FPGA}-uid-one.json").exists()
-                assert spec(dirs, FPGA, other)["devices"][0]["name"] == f"{other}-fpga0-slots-2-3"
-                await unprepare(dirs, FPGA, "other")
+            # Slot 1 is taken: the scheduler would never allocate it now.
+            [second] = await kubelet.apply(pod("p-one", "one"))
+            assert (second.admitted, second.reason) == (False, REASON_UNSCHEDULABLE)
+            assert second.message == (
+                "claim default/one: partition fpga0-slot-1 needs counter slot-1 of counter "
+                "set fpga0 beyond its 1: it overlaps a partition already allocated"
+            )
+            # Nor does the driver prepare it, asked straight.
+            errors = await prepare(dirs, FPGA, "one", "other")
+            assert errors == {
+                "one": f"partition fpga0-slot-1 overlaps fpga0-slots-0-1 of claim "
+                f"default/half (UID {half}): counter slot-1 of fpga0 would be exceeded",
+                "other": "",
+            }
+            assert not (dirs.cdi / f"{FPGA}-uid-one.json").exists()
+            assert spec(dirs, FPGA, other)["devices"][0]["name"] == f"{other}-fpga0-slots-2-3"
+            await unprepare(dirs, FPGA, "other")
 
-                # The half gone, slot 1 is free again.
-                assert await kubelet.delete_pod("p-half")
-                assert not (dirs.cdi / f"{FPGA}-{half}.json").exists()
-                [third] = await kubelet.apply(pod("p-one", "one"))
-                assert third.admitted, third.message
-            finally:
-                daemon.stop()
-
-    run(scenario())
+            # The half gone, slot 1 is free again.
+            assert await kubelet.delete_pod("p-half")
+            assert not (dirs.cdi / f"{FPGA}-{half}.json").exists()
+            [third] = await kubelet.apply(pod("p-one", "one"))
+            assert third.admitted, third.message
+        finally:
+            daemon.stop()
 
 
 def share(share_id: str, memory: str, bandwidth: str = "10G") -> dict[str, Any]:
@@ -352,7 +348,9 @@ def share(share_id: str, memory: str, bandwidth: str = "10G") -> dict[str, Any]:
     return {"device": "gpu0", "shareID": share_id, "consumedCapacity": consumed}
 
 
-def test_shares_of_a_device_are_prepared_and_unprepared_each_alone(dirs_root: NodeDirs) -> None:
+async def test_shares_of_a_device_are_prepared_and_unprepared_each_alone(
+    dirs_root: NodeDirs,
+) -> None:
     dirs = dirs_root
     config = partition_config(dirs)
     first = claim(dirs, "share-a", GPU, share(SHARE_A, "30Gi"))
@@ -361,54 +359,51 @@ def test_shares_of_a_device_are_prepared_and_unprepared_each_alone(dirs_root: No
     claim(dirs, "off-step", GPU, share("3f1c1d2e-0000-4000-8000-00000000000d", "1536Mi"))
     claim(dirs, "no-share-id", GPU, {"device": "gpu0", "consumedCapacity": {"memory": "1Gi"}})
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
-            try:
-                await kubelet.wait_for_registration(GPU)
-                for name, uid, share_id, memory in (
-                    ("share-a", first, SHARE_A, "30Gi"),
-                    ("share-b", second, SHARE_B, "10Gi"),
-                ):
-                    [result] = await kubelet.apply(pod(f"p-{name}", name))
-                    assert result.admitted, result.message
-                    cdi_name = f"{uid}-gpu0-{share_id}"
-                    assert result.containers[0].options.cdi_devices == [f"{GPU}/claim={cdi_name}"]
-                    [device] = spec(dirs, GPU, uid)["devices"]
-                    assert device["name"] == cdi_name
-                    env = device["containerEdits"]["env"]
-                    assert f"DEVPLUG_DRA_SHARE_GPU0={share_id}" in env
-                    assert f"DEVPLUG_DRA_SHARE_GPU0_MEMORY={memory}" in env
-                    nodes = [n["hostPath"] for n in device["containerEdits"]["deviceNodes"]]
-                    assert nodes == [str(dirs.dev / "gpu0")]
-
-                refused = {}
-                for name in ("too-much", "off-step", "no-share-id"):
-                    [result] = await kubelet.apply(pod(f"p-{name}", name))
-                    assert (result.admitted, result.reason) == (False, REASON_UNSCHEDULABLE)
-                    refused[name] = result.message
-                gib = 1 << 30
-                assert refused == {
-                    "too-much": f"claim default/too-much: memory of device gpu0: {40 * gib} of "
-                    f"{40 * gib} is allocated, {gib} more does not fit",
-                    "off-step": "claim default/off-step: memory of device gpu0: "
-                    f"{1536 << 20} is not min plus a number of steps",
-                    "no-share-id": "claim default/no-share-id: share of device gpu0 has no shareID",
-                }
-
-                # One share goes: the other keeps its spec; the freed memory is allocatable.
-                assert await kubelet.delete_pod("p-share-a")
-                assert not (dirs.cdi / f"{GPU}-{first}.json").exists()
-                assert spec(dirs, GPU, second)["devices"][0]["name"].endswith(SHARE_B)
-                [result] = await kubelet.apply(pod("p-too-much", "too-much"))
+    async with kubelet_for(dirs) as kubelet:
+        daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+        try:
+            await kubelet.wait_for_registration(GPU)
+            for name, uid, share_id, memory in (
+                ("share-a", first, SHARE_A, "30Gi"),
+                ("share-b", second, SHARE_B, "10Gi"),
+            ):
+                [result] = await kubelet.apply(pod(f"p-{name}", name))
                 assert result.admitted, result.message
-            finally:
-                daemon.stop()
+                cdi_name = f"{uid}-gpu0-{share_id}"
+                assert result.containers[0].options.cdi_devices == [f"{GPU}/claim={cdi_name}"]
+                [device] = spec(dirs, GPU, uid)["devices"]
+                assert device["name"] == cdi_name
+                env = device["containerEdits"]["env"]
+                assert f"DEVPLUG_DRA_SHARE_GPU0={share_id}" in env
+                assert f"DEVPLUG_DRA_SHARE_GPU0_MEMORY={memory}" in env
+                nodes = [n["hostPath"] for n in device["containerEdits"]["deviceNodes"]]
+                assert nodes == [str(dirs.dev / "gpu0")]
 
-    run(scenario())
+            refused = {}
+            for name in ("too-much", "off-step", "no-share-id"):
+                [result] = await kubelet.apply(pod(f"p-{name}", name))
+                assert (result.admitted, result.reason) == (False, REASON_UNSCHEDULABLE)
+                refused[name] = result.message
+            gib = 1 << 30
+            assert refused == {
+                "too-much": f"claim default/too-much: memory of device gpu0: {40 * gib} of "
+                f"{40 * gib} is allocated, {gib} more does not fit",
+                "off-step": "claim default/off-step: memory of device gpu0: "
+                f"{1536 << 20} is not min plus a number of steps",
+                "no-share-id": "claim default/no-share-id: share of device gpu0 has no shareID",
+            }
+
+            # One share goes: the other keeps its spec; the freed memory is allocatable.
+            assert await kubelet.delete_pod("p-share-a")
+            assert not (dirs.cdi / f"{GPU}-{first}.json").exists()
+            assert spec(dirs, GPU, second)["devices"][0]["name"].endswith(SHARE_B)
+            [result] = await kubelet.apply(pod("p-too-much", "too-much"))
+            assert result.admitted, result.message
+        finally:
+            daemon.stop()
 
 
-def test_a_device_prepared_for_one_claim_is_refused_to_another(dirs_root: NodeDirs) -> None:
+async def test_a_device_prepared_for_one_claim_is_refused_to_another(dirs_root: NodeDirs) -> None:
     """Double allocation (the scheduler's race, or a pod force-deleted while its
     container runs): the node plugin refuses, per claim, a device that is not
     shareable and already prepared for a claim not yet unprepared."""
@@ -420,32 +415,29 @@ def test_a_device_prepared_for_one_claim_is_refused_to_another(dirs_root: NodeDi
     claim(dirs, "shares", GPU, share(SHARE_A, "1Gi"))
     claim(dirs, "more-shares", GPU, share(SHARE_B, "1Gi"))
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
-            try:
-                await kubelet.wait_for_registration(FPGA)
-                await kubelet.wait_for_registration(GPU)
-                assert await prepare(dirs, FPGA, "first") == {"first": ""}
-                assert await prepare(dirs, FPGA, "second", "admin") == {
-                    "second": f"device fpga0-slots-0-3 is already prepared for claim "
-                    f"default/first (UID {first}) and is not shareable: it is free once that "
-                    "claim is unprepared",
-                    "admin": "",
-                }
-                # Prepare stays idempotent for the claim that holds it.
-                assert await prepare(dirs, FPGA, "first") == {"first": ""}
-                await unprepare(dirs, FPGA, "first")
-                assert await prepare(dirs, FPGA, "second") == {"second": ""}
-                # Shares of a shared device are never in each other's way.
-                assert await prepare(dirs, GPU, "shares", "more-shares") == {
-                    "shares": "",
-                    "more-shares": "",
-                }
-            finally:
-                daemon.stop()
-
-    run(scenario())
+    async with kubelet_for(dirs) as kubelet:
+        daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
+        try:
+            await kubelet.wait_for_registration(FPGA)
+            await kubelet.wait_for_registration(GPU)
+            assert await prepare(dirs, FPGA, "first") == {"first": ""}
+            assert await prepare(dirs, FPGA, "second", "admin") == {
+                "second": f"device fpga0-slots-0-3 is already prepared for claim "
+                f"default/first (UID {first}) and is not shareable: it is free once that "
+                "claim is unprepared",
+                "admin": "",
+            }
+            # Prepare stays idempotent for the claim that holds it.
+            assert await prepare(dirs, FPGA, "first") == {"first": ""}
+            await unprepare(dirs, FPGA, "first")
+            assert await prepare(dirs, FPGA, "second") == {"second": ""}
+            # Shares of a shared device are never in each other's way.
+            assert await prepare(dirs, GPU, "shares", "more-shares") == {
+                "shares": "",
+                "more-shares": "",
+            }
+        finally:
+            daemon.stop()
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -26,13 +25,13 @@ def clean(outcome: Outcome) -> None:
         ("concurrent_clients", 20),
     ],
 )
-def test_fault_scenario(short_tmp: Path, name: str, iterations: int) -> None:
-    outcome = asyncio.run(SCENARIOS[name](short_tmp, iterations))
+async def test_fault_scenario(short_tmp: Path, name: str, iterations: int) -> None:
+    outcome = await SCENARIOS[name](short_tmp, iterations)
     assert outcome.iterations >= iterations, outcome.summary()
     clean(outcome)
 
 
 @pytest.mark.parametrize("trouble", sorted(FOLDER_TROUBLES))
-def test_socket_folder_trouble(short_tmp: Path, trouble: str) -> None:
-    problems = asyncio.run(FOLDER_TROUBLES[trouble](short_tmp))
+async def test_socket_folder_trouble(short_tmp: Path, trouble: str) -> None:
+    problems = await FOLDER_TROUBLES[trouble](short_tmp)
     assert problems == []

@@ -4,7 +4,6 @@ with the kubelet's reasons."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +165,7 @@ def test_fleet_check_shows_what_each_pool_serves(tmp_path: Path) -> None:
 # -- the in-process endpoint ------------------------------------------------------------
 
 
-def test_the_local_endpoint_answers_as_the_plugin_on_its_socket(short_tmp: Path) -> None:
+async def test_the_local_endpoint_answers_as_the_plugin_on_its_socket(short_tmp: Path) -> None:
     """Same plugin, same calls: over a real unix socket through the simulator's gRPC
     endpoint, and in-process; the answers and the refusals' texts are the same."""
     config = parse_config(yaml.safe_dump(NUMA_POOL["config"]))
@@ -203,7 +202,7 @@ def test_the_local_endpoint_answers_as_the_plugin_on_its_socket(short_tmp: Path)
             await server.stop(grace=0)
         return over_socket, await calls(LocalEndpoint(plugin))
 
-    over_socket, local = asyncio.run(scenario())
+    over_socket, local = await scenario()
     assert local == over_socket
     assert local[2] == (
         "rpc error: code = InvalidArgument desc = container request 0: unknown device IDs: nope"
@@ -230,7 +229,7 @@ def node_of(pool_doc: dict[str, Any], folder: Path) -> FleetNode:
     return FleetNode(pool.nodes[0], build_pool(pool, folder), folder)
 
 
-def test_a_node_admits_as_the_kubelet_and_says_why_not(tmp_path: Path) -> None:
+async def test_a_node_admits_as_the_kubelet_and_says_why_not(tmp_path: Path) -> None:
     async def scenario() -> list[Any]:
         node = node_of(NUMA_POOL, tmp_path)
         await node.start()
@@ -255,7 +254,7 @@ def test_a_node_admits_as_the_kubelet_and_says_why_not(tmp_path: Path) -> None:
         await node.stop()
         return seen
 
-    one, two, more, hungry, pods, again = asyncio.run(scenario())
+    one, two, more, hungry, pods, again = await scenario()
     assert one == (True, "Running", {"c": {"example.com/acc": ["null"]}})
     assert two == (
         False,
@@ -280,7 +279,9 @@ def test_a_node_admits_as_the_kubelet_and_says_why_not(tmp_path: Path) -> None:
     assert again == (True, {"pods": 3, "example.com/acc": 1})
 
 
-def test_a_refused_allocate_fails_the_pod_with_unexpected_admission_error(tmp_path: Path) -> None:
+async def test_a_refused_allocate_fails_the_pod_with_unexpected_admission_error(
+    tmp_path: Path,
+) -> None:
     async def scenario() -> Any:
         node = node_of(GPU_POOL, tmp_path)
         await node.start()
@@ -289,7 +290,7 @@ def test_a_refused_allocate_fails_the_pod_with_unexpected_admission_error(tmp_pa
         await node.stop()
         return result, ok.admitted, node.devices_in_use("nvidia.com/gpu")
 
-    result, ok, in_use = asyncio.run(scenario())
+    result, ok, in_use = await scenario()
     assert result.status["reason"] == "UnexpectedAdmissionError"
     assert result.status["message"].startswith(
         "Pod was rejected: Allocate failed due to rpc error: code = InvalidArgument desc = "

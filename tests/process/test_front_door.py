@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.dra_helpers import NODE, NodeDirs, allocated_claim, claim_pod, kubelet_for
-from tests.sim_helpers import pod, run, stop_process
+from tests.sim_helpers import pod, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 GADGET = "example.com/gadget"
@@ -69,32 +70,30 @@ def widget_claim(dirs: NodeDirs) -> None:
     (dirs.claims / "wc.yaml").write_text(yaml.safe_dump(claim))
 
 
-def test_one_run_serves_a_device_plugin_and_a_dra_driver_to_the_kubelet(short_tmp: Path) -> None:
+async def test_one_run_serves_a_device_plugin_and_a_dra_driver_to_the_kubelet(
+    short_tmp: Path, daemons: list[Any]
+) -> None:
     dirs = NodeDirs(short_tmp)
     widget_claim(dirs)
-    proc = serve_example(dirs)
+    daemons.append(proc := serve_example(dirs))
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            await kubelet.wait_for_resource(GADGET, count=4)
-            await kubelet.wait_for_registration(DRIVER)
-            [counted] = await kubelet.apply(pod("counted", {"app": {GADGET: 2}}))
-            assert counted.admitted, counted.message
-            ids = counted.containers[0].devices[GADGET]
-            envs = {e.name: e.value for e in counted.containers[0].options.envs}
-            assert envs["GADGETS"] == ",".join(ids)
-            [described] = await kubelet.apply(claim_pod("described", "wc"))
-            assert described.admitted, described.message
-            assert described.containers[0].options.cdi_devices == [f"{DRIVER}/claim=uid-w-w1"]
-            spec = json.loads((dirs.cdi / f"{DRIVER}-uid-w.json").read_text())
-            assert "WIDGET_CLAIM=default/wc" in spec["containerEdits"]["env"]
-            assert await kubelet.delete_pod("described")
-            assert not (dirs.cdi / f"{DRIVER}-uid-w.json").exists()
+    async with kubelet_for(dirs) as kubelet:
+        await kubelet.wait_for_resource(GADGET, count=4)
+        await kubelet.wait_for_registration(DRIVER)
+        [counted] = await kubelet.apply(pod("counted", {"app": {GADGET: 2}}))
+        assert counted.admitted, counted.message
+        ids = counted.containers[0].devices[GADGET]
+        envs = {e.name: e.value for e in counted.containers[0].options.envs}
+        assert envs["GADGETS"] == ",".join(ids)
+        [described] = await kubelet.apply(claim_pod("described", "wc"))
+        assert described.admitted, described.message
+        assert described.containers[0].options.cdi_devices == [f"{DRIVER}/claim=uid-w-w1"]
+        spec = json.loads((dirs.cdi / f"{DRIVER}-uid-w.json").read_text())
+        assert "WIDGET_CLAIM=default/wc" in spec["containerEdits"]["env"]
+        assert await kubelet.delete_pod("described")
+        assert not (dirs.cdi / f"{DRIVER}-uid-w.json").exists()
 
-    try:
-        run(scenario())
-    finally:
-        code = stop_process(proc)
+    code = stop_process(proc)
     output = proc.stdout.read() if proc.stdout else ""
     assert code == 0, output
     assert not (dirs.plugin_dir / "devplug-example.com-gadget.sock").exists()
@@ -134,31 +133,32 @@ run(Probe(devices=[Device("p0")]), plugin_dir=sys.argv[1])
 """
 
 
-def test_a_device_plugin_registers_and_allocates_without_loading_pathlib(short_tmp: Path) -> None:
-    """The door's device-plugin path holds its paths as str: pathlib, and the
-    urllib.parse and ipaddress it imports, stay out of a plugin's memory and start."""
-    dirs = NodeDirs(short_tmp)
+@pytest.fixture
+def probe(short_tmp: Path, daemons: list[Any]) -> subprocess.Popen[str]:
+    """PROBE serving in the plugin folder of a node in `short_tmp`."""
     later = ["pathlib", "urllib.parse", "ipaddress"]
     proc = subprocess.Popen(
-        [sys.executable, "-c", PROBE, str(dirs.plugin_dir), *later],
+        [sys.executable, "-c", PROBE, str(NodeDirs(short_tmp).plugin_dir), *later],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    daemons.append(proc)
+    return proc
 
-    envs: dict[str, str] = {}
 
-    async def scenario() -> None:
-        async with kubelet_for(dirs) as kubelet:
-            await kubelet.wait_for_resource("example.com/probe", count=1)
-            [probed] = await kubelet.apply(pod("probed", {"app": {"example.com/probe": 1}}))
-            assert probed.admitted, probed.message
-            envs.update((e.name, e.value) for e in probed.containers[0].options.envs)
+async def test_a_device_plugin_registers_and_allocates_without_loading_pathlib(
+    short_tmp: Path, probe: subprocess.Popen[str]
+) -> None:
+    """The door's device-plugin path holds its paths as str: pathlib, and the
+    urllib.parse and ipaddress it imports, stay out of a plugin's memory and start."""
+    async with kubelet_for(NodeDirs(short_tmp)) as kubelet:
+        await kubelet.wait_for_resource("example.com/probe", count=1)
+        [probed] = await kubelet.apply(pod("probed", {"app": {"example.com/probe": 1}}))
+        assert probed.admitted, probed.message
+        envs = {e.name: e.value for e in probed.containers[0].options.envs}
 
-    try:
-        run(scenario())
-    finally:
-        code = stop_process(proc)
-    output = proc.stdout.read() if proc.stdout else ""
+    code = stop_process(probe)
+    output = probe.stdout.read() if probe.stdout else ""
     assert code == 0, output
     assert envs["LOADED"] == "none", envs

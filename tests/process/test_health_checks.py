@@ -71,9 +71,7 @@ def test_health_checks(kubelet: KubeletHarness) -> None:
     kubelet.wait_until(lambda: kubelet.device_ids(checked, healthy=True) == ["0000:3b:00.0"])
 
 
-def test_command_checks_time_out_and_never_use_a_shell() -> None:
-    import asyncio
-
+async def test_command_checks_time_out_and_never_use_a_shell() -> None:
     from devplug.config.hardware import CheckSpec
     from devplug.sources.health import check_problem
     from devplug.sources.hostdev import _Base
@@ -81,16 +79,15 @@ def test_command_checks_time_out_and_never_use_a_shell() -> None:
     base = _Base("dev0", (0, -2, "dev0"), (), None, {"serial": "a;touch x"})  # type: ignore[arg-type]
     values = {"id": "dev0", "serial": "a;touch x"}
 
-    def problem(command: list[str], timeout: float = 5) -> str | None:
-        check = CheckSpec(command=command, timeout=timeout)
-        return asyncio.run(check_problem(check, base, values))
+    async def problem(command: list[str], timeout: float = 5) -> str | None:
+        return await check_problem(CheckSpec(command=command, timeout=timeout), base, values)
 
-    assert problem(["true"]) is None
-    assert problem(["false"]) == "false exited 1"
-    assert problem(["sleep", "30"], timeout=0.2) == "sleep took longer than 0.2 s"
-    assert problem(["/no/such/program"]) is not None
+    assert await problem(["true"]) is None
+    assert await problem(["false"]) == "false exited 1"
+    assert await problem(["sleep", "30"], timeout=0.2) == "sleep took longer than 0.2 s"
+    assert await problem(["/no/such/program"]) is not None
     # A placeholder is one argument, never shell syntax.
-    assert problem(["test", "{serial}", "=", "a;touch x"]) is None
+    assert await problem(["test", "{serial}", "=", "a;touch x"]) is None
 
 
 def test_check_runs_the_checks_once(tmp_path: Path) -> None:

@@ -78,7 +78,7 @@ async def until(plugin: HostDevicePlugin, condition: Callable[[], bool]) -> floa
     return time.perf_counter() - start
 
 
-def test_removed_node_turns_unhealthy_and_back(tmp_path: Path) -> None:
+async def test_removed_node_turns_unhealthy_and_back(tmp_path: Path) -> None:
     for name in ("dev0", "dev1"):
         mknod(tmp_path / name)
     plugin = host_plugin(
@@ -89,56 +89,49 @@ def test_removed_node_turns_unhealthy_and_back(tmp_path: Path) -> None:
     )
     node0, node1 = str(tmp_path / "dev0"), str(tmp_path / "dev1")
 
-    async def scenario() -> float:
-        async with scanning(plugin):
-            assert [d.healthy for d in by_path(plugin).values()] == [True, True]
-            start = time.perf_counter()
-            os.unlink(node0)
-            await until(plugin, lambda: not by_path(plugin)[node0].healthy)
-            latency = time.perf_counter() - start
-            # It stays in the list, the other device is untouched.
-            assert list(by_path(plugin)) == [node0, node1]
-            assert by_path(plugin)[node1].healthy
-            mknod(Path(node0))
-            await until(plugin, lambda: by_path(plugin)[node0].healthy)
-            return latency
-
-    latency = asyncio.run(scenario())
+    async with scanning(plugin):
+        assert [d.healthy for d in by_path(plugin).values()] == [True, True]
+        start = time.perf_counter()
+        os.unlink(node0)
+        await until(plugin, lambda: not by_path(plugin)[node0].healthy)
+        latency = time.perf_counter() - start
+        # It stays in the list, the other device is untouched.
+        assert list(by_path(plugin)) == [node0, node1]
+        assert by_path(plugin)[node1].healthy
+        mknod(Path(node0))
+        await until(plugin, lambda: by_path(plugin)[node0].healthy)
     log.info("removal to Unhealthy: %.2f ms", latency * 1000)
     assert latency < 1.0
 
 
-def test_glob_matches_come_and_stay(tmp_path: Path) -> None:
+async def test_glob_matches_come_and_stay(tmp_path: Path) -> None:
     mknod(tmp_path / "acc0")
     plugin = host_plugin(resource(f"      - paths: [{{path: '{tmp_path}/acc*'}}]\n"))
     acc0, acc1 = str(tmp_path / "acc0"), str(tmp_path / "acc1")
 
-    async def scenario() -> None:
-        async with scanning(plugin):
-            assert list(by_path(plugin)) == [acc0]
-            mknod(Path(acc1))
-            await until(plugin, lambda: acc1 in by_path(plugin))
-            assert by_path(plugin)[acc1].healthy
-            ids = list(plugin.devices)
-            # A match that disappears stays, Unhealthy; one that comes back is healthy.
-            os.unlink(acc0)
-            await until(plugin, lambda: not by_path(plugin)[acc0].healthy)
-            assert list(plugin.devices) == ids
-            os.unlink(acc1)
-            await until(plugin, lambda: not by_path(plugin)[acc1].healthy)
-            mknod(Path(acc1))
-            await until(plugin, lambda: by_path(plugin)[acc1].healthy)
-            assert not by_path(plugin)[acc0].healthy
-            # A file that does not match is no device.
-            (tmp_path / "other").touch()
-            mknod(tmp_path / "acc2")
-            await until(plugin, lambda: str(tmp_path / "acc2") in by_path(plugin))
-            assert str(tmp_path / "other") not in by_path(plugin)
-
-    asyncio.run(scenario())
+    async with scanning(plugin):
+        assert list(by_path(plugin)) == [acc0]
+        mknod(Path(acc1))
+        await until(plugin, lambda: acc1 in by_path(plugin))
+        assert by_path(plugin)[acc1].healthy
+        ids = list(plugin.devices)
+        # A match that disappears stays, Unhealthy; one that comes back is healthy.
+        os.unlink(acc0)
+        await until(plugin, lambda: not by_path(plugin)[acc0].healthy)
+        assert list(plugin.devices) == ids
+        os.unlink(acc1)
+        await until(plugin, lambda: not by_path(plugin)[acc1].healthy)
+        mknod(Path(acc1))
+        await until(plugin, lambda: by_path(plugin)[acc1].healthy)
+        assert not by_path(plugin)[acc0].healthy
+        # A file that does not match is no device.
+        (tmp_path / "other").touch()
+        mknod(tmp_path / "acc2")
+        await until(plugin, lambda: str(tmp_path / "acc2") in by_path(plugin))
+        assert str(tmp_path / "other") not in by_path(plugin)
 
 
-def test_folders_that_come_later(tmp_path: Path) -> None:
+async def test_folders_that_come_later(tmp_path: Path) -> None:
     """A path in a missing folder is Unhealthy until the folder and node appear; a glob
     over intermediate folders finds nodes in folders created after the start."""
     static = tmp_path / "card" / "sub" / "ctl"
@@ -149,33 +142,30 @@ def test_folders_that_come_later(tmp_path: Path) -> None:
         )
     )
 
-    async def scenario() -> None:
-        async with scanning(plugin):
-            assert [(p, d.healthy) for p, d in by_path(plugin).items()] == [(str(static), False)]
-            assert any("matches nothing" in w for w in plugin.warnings)
-            static.parent.mkdir(parents=True)
-            mknod(static)
-            await until(plugin, lambda: by_path(plugin)[str(static)].healthy)
-            usb = tmp_path / "bus" / "001"
-            usb.mkdir(parents=True)
-            mknod(usb / "dev2")
-            await until(plugin, lambda: str(usb / "dev2") in by_path(plugin))
-            (tmp_path / "bus" / "002").mkdir()
-            mknod(tmp_path / "bus" / "002" / "dev1")
-            await until(plugin, lambda: str(tmp_path / "bus/002/dev1") in by_path(plugin))
-            assert plugin.warnings == []
-            # The whole folder goes: its devices stay, Unhealthy; it comes back: healthy.
-            shutil.rmtree(tmp_path / "bus")
-            await until(plugin, lambda: sum(d.healthy for d in plugin.devices.values()) == 1)
-            usb.mkdir(parents=True)
-            mknod(usb / "dev2")
-            await until(plugin, lambda: by_path(plugin)[str(usb / "dev2")].healthy)
-            assert not by_path(plugin)[str(tmp_path / "bus/002/dev1")].healthy
-
-    asyncio.run(scenario())
+    async with scanning(plugin):
+        assert [(p, d.healthy) for p, d in by_path(plugin).items()] == [(str(static), False)]
+        assert any("matches nothing" in w for w in plugin.warnings)
+        static.parent.mkdir(parents=True)
+        mknod(static)
+        await until(plugin, lambda: by_path(plugin)[str(static)].healthy)
+        usb = tmp_path / "bus" / "001"
+        usb.mkdir(parents=True)
+        mknod(usb / "dev2")
+        await until(plugin, lambda: str(usb / "dev2") in by_path(plugin))
+        (tmp_path / "bus" / "002").mkdir()
+        mknod(tmp_path / "bus" / "002" / "dev1")
+        await until(plugin, lambda: str(tmp_path / "bus/002/dev1") in by_path(plugin))
+        assert plugin.warnings == []
+        # The whole folder goes: its devices stay, Unhealthy; it comes back: healthy.
+        shutil.rmtree(tmp_path / "bus")
+        await until(plugin, lambda: sum(d.healthy for d in plugin.devices.values()) == 1)
+        usb.mkdir(parents=True)
+        mknod(usb / "dev2")
+        await until(plugin, lambda: by_path(plugin)[str(usb / "dev2")].healthy)
+        assert not by_path(plugin)[str(tmp_path / "bus/002/dev1")].healthy
 
 
-def test_allocate_gives_nodes_mounts_env_and_ids(tmp_path: Path) -> None:
+async def test_allocate_gives_nodes_mounts_env_and_ids(tmp_path: Path) -> None:
     for name in ("gpu0", "gpu1", "ctl"):
         mknod(tmp_path / name)
     lib = tmp_path / "lib"
@@ -195,33 +185,30 @@ def test_allocate_gives_nodes_mounts_env_and_ids(tmp_path: Path) -> None:
         )
     )
 
-    async def scenario() -> None:
-        async with scanning(plugin):
-            devices = list(plugin.devices.values())
-            assert len(devices) == 4  # 2 matches x 2 replicas
-            assert all(d.id.endswith(("::0", "::1")) for d in devices)
-            assert all(d.numa_nodes == (1,) for d in devices)
-            # Two replicas of gpu0 and one of gpu1.
-            chosen = [devices[0], devices[1], devices[2]]
-            edits = await plugin.allocate(chosen)
-            nodes = [(n.host_path, n.container_path, n.permissions) for n in edits.nodes]
-            assert nodes == [
-                (str(tmp_path / "gpu0"), str(tmp_path / "gpu0"), "rw"),
-                (str(tmp_path / "ctl"), "/dev/ctl", "r"),
-                (str(tmp_path / "gpu1"), str(tmp_path / "gpu1"), "rw"),
-            ]
-            assert [(m.host_path, m.container_path, m.read_only) for m in edits.mounts] == [
-                (str(lib), "/usr/lib/gpu", True)
-            ]
-            assert edits.env["GPU_MODE"] == "shared"
-            assert edits.env["DEVPLUG_EXAMPLE_COM_NODE"] == ",".join(d.id for d in chosen)
-            assert edits.annotations == {"example.com/gpu": "yes"}
-            assert edits.cdi_devices == ["example.com/gpu=all"]
-
-    asyncio.run(scenario())
+    async with scanning(plugin):
+        devices = list(plugin.devices.values())
+        assert len(devices) == 4  # 2 matches x 2 replicas
+        assert all(d.id.endswith(("::0", "::1")) for d in devices)
+        assert all(d.numa_nodes == (1,) for d in devices)
+        # Two replicas of gpu0 and one of gpu1.
+        chosen = [devices[0], devices[1], devices[2]]
+        edits = await plugin.allocate(chosen)
+        nodes = [(n.host_path, n.container_path, n.permissions) for n in edits.nodes]
+        assert nodes == [
+            (str(tmp_path / "gpu0"), str(tmp_path / "gpu0"), "rw"),
+            (str(tmp_path / "ctl"), "/dev/ctl", "r"),
+            (str(tmp_path / "gpu1"), str(tmp_path / "gpu1"), "rw"),
+        ]
+        assert [(m.host_path, m.container_path, m.read_only) for m in edits.mounts] == [
+            (str(lib), "/usr/lib/gpu", True)
+        ]
+        assert edits.env["GPU_MODE"] == "shared"
+        assert edits.env["DEVPLUG_EXAMPLE_COM_NODE"] == ",".join(d.id for d in chosen)
+        assert edits.annotations == {"example.com/gpu": "yes"}
+        assert edits.cdi_devices == ["example.com/gpu=all"]
 
 
-def test_list_and_watch_reports_a_removed_node_within_a_second(tmp_path: Path) -> None:
+async def test_list_and_watch_reports_a_removed_node_within_a_second(tmp_path: Path) -> None:
     mknod(tmp_path / "dev0")
     plugin = host_plugin(resource(f"      - paths: [{{path: '{tmp_path}/dev*'}}]\n"))
     plugin_dir = tmp_path / "plugins"
@@ -263,12 +250,12 @@ def test_list_and_watch_reports_a_removed_node_within_a_second(tmp_path: Path) -
             await asyncio.gather(watching, return_exceptions=True)
             watcher.close()
 
-    latency = asyncio.run(scenario())
+    latency = await scenario()
     log.info("removal to Unhealthy in ListAndWatch: %.2f ms", latency * 1000)
     assert latency < 1.0
 
 
-def test_optional_nodes_and_required_mounts_follow_the_host(tmp_path: Path) -> None:
+async def test_optional_nodes_and_required_mounts_follow_the_host(tmp_path: Path) -> None:
     """An optional node joins the device when it comes and leaves when it goes; a
     required mount makes its device Unhealthy while it is missing; an optional mount is
     left out while missing."""
@@ -290,20 +277,17 @@ def test_optional_nodes_and_required_mounts_follow_the_host(tmp_path: Path) -> N
     def device(device_id: str) -> Device:
         return plugin.devices[device_id]
 
-    async def scenario() -> None:
-        async with scanning(plugin):
-            assert [n.host_path for n in device("main").nodes] == [main]
-            assert not device("data").healthy
-            mknod(Path(extra))
-            await until(plugin, lambda: len(device("main").nodes) == 2)
-            assert [n.host_path for n in device("main").nodes] == [main, extra]
-            os.unlink(extra)
-            await until(plugin, lambda: len(device("main").nodes) == 1)
-            assert device("main").healthy
-            (tmp_path / "data").mkdir()
-            await until(plugin, lambda: device("data").healthy)
-            assert [m.container_path for m in device("data").mounts] == ["/data"]
-            (tmp_path / "opt").mkdir()
-            await until(plugin, lambda: len(device("data").mounts) == 2)
-
-    asyncio.run(scenario())
+    async with scanning(plugin):
+        assert [n.host_path for n in device("main").nodes] == [main]
+        assert not device("data").healthy
+        mknod(Path(extra))
+        await until(plugin, lambda: len(device("main").nodes) == 2)
+        assert [n.host_path for n in device("main").nodes] == [main, extra]
+        os.unlink(extra)
+        await until(plugin, lambda: len(device("main").nodes) == 1)
+        assert device("main").healthy
+        (tmp_path / "data").mkdir()
+        await until(plugin, lambda: device("data").healthy)
+        assert [m.container_path for m in device("data").mounts] == ["/data"]
+        (tmp_path / "opt").mkdir()
+        await until(plugin, lambda: len(device("data").mounts) == 2)

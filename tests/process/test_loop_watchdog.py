@@ -125,7 +125,7 @@ class Unlabelled(Plugin):
         return None  # type: ignore[return-value]  # the mistake
 
 
-def test_a_node_labels_hook_returning_the_wrong_type_is_named(
+async def test_a_node_labels_hook_returning_the_wrong_type_is_named(
     short_tmp: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from hw_helpers import wait_for_file
@@ -136,17 +136,14 @@ def test_a_node_labels_hook_returning_the_wrong_type_is_named(
     features = short_tmp / "features"
     plugins = [Unlabelled("example.com/unlabelled", devices(1)), Labelled()]
 
-    async def scenario() -> None:
-        stop = asyncio.Event()
-        daemon = Daemon(plugins, short_tmp / "plugins", services=[FeatureFile(features)])
-        task = asyncio.create_task(daemon.run(stop))
-        # The other resource's labels are written; the daemon keeps serving.
-        await wait_for_file(features, lambda t: t == HEADER + "example.com/labelled.count=1\n")
-        assert not task.done()
-        stop.set()
-        await task
-
-    asyncio.run(scenario())
+    stop = asyncio.Event()
+    daemon = Daemon(plugins, short_tmp / "plugins", services=[FeatureFile(features)])
+    task = asyncio.create_task(daemon.run(stop))
+    # The other resource's labels are written; the daemon keeps serving.
+    await wait_for_file(features, lambda t: t == HEADER + "example.com/labelled.count=1\n")
+    assert not task.done()
+    stop.set()
+    await task
     assert (
         "example.com/unlabelled: Unlabelled.node_labels returned NoneType, expected a mapping "
         "of strings" in caplog.text

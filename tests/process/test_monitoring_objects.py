@@ -15,12 +15,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import pytest_asyncio
 import yaml
 
 from tests.dra_helpers import (
@@ -33,7 +34,6 @@ from tests.dra_helpers import (
     serve_command,
 )
 from tests.serve_helpers import free_port, http_get, wait_for_log
-from tests.sim_helpers import run
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = ROOT / "deploy" / "components" / "monitoring"
@@ -268,8 +268,8 @@ def exposed_metrics(text: str) -> dict[str, set[str]]:
     return found
 
 
-@pytest.fixture(scope="module")
-def exposition() -> Iterator[str]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def exposition() -> AsyncIterator[str]:
     """/metrics of a real `devplug serve` of a resource served both as a device plugin
     and as a DRA driver, registered with the simulator's kubelet."""
     with tempfile.TemporaryDirectory(prefix="dm") as folder:
@@ -278,22 +278,16 @@ def exposition() -> Iterator[str]:
         port = free_port()
         log = dirs.root / "daemon.log"
         daemon = Daemon([*serve_command(dirs, config), "--metrics-port", str(port)], log)
-        scraped: list[str] = []
-
-        async def scenario() -> None:
+        try:
             async with kubelet_for(dirs) as kubelet:
                 await kubelet.wait_for_registration(DRIVER, timeout=30)
                 await kubelet.wait_for_resource(RESOURCE, count=1, timeout=30)
                 await asyncio.to_thread(wait_for_log, log, "serving /metrics", 1, 30)
                 status, text = await asyncio.to_thread(http_get, port, "/metrics")
                 assert status == 200, text
-                scraped.append(text)
-
-        try:
-            run(scenario())
         finally:
             daemon.stop()
-        yield scraped[0]
+        yield text
 
 
 def test_every_metric_of_the_alerts_is_exposed_by_the_daemon(

@@ -202,28 +202,25 @@ def test_packed_choice() -> None:
     assert packed_gpus(whole, [], 40, links) == list(range(8))  # more than there is
 
 
-def test_blocking_call_times_out_without_blocking_the_loop() -> None:
+async def test_blocking_call_times_out_without_blocking_the_loop() -> None:
     release = threading.Event()
 
-    async def main() -> None:
-        ticks = 0
+    ticks = 0
 
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0)
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
 
-        ticker = asyncio.create_task(tick())
-        with pytest.raises(blocking.Hung):
-            await blocking.call(release.wait, 0.05, "a hung call")
-        assert ticks > 10  # the loop kept running meanwhile
-        assert await blocking.call(lambda: 42, 1, "a call") == 42
-        with pytest.raises(ZeroDivisionError):
-            await blocking.call(lambda: 1 // 0, 1, "a failing call")
-        ticker.cancel()
-
-    asyncio.run(main())
+    ticker = asyncio.create_task(tick())
+    with pytest.raises(blocking.Hung):
+        await blocking.call(release.wait, 0.05, "a hung call")
+    assert ticks > 10  # the loop kept running meanwhile
+    assert await blocking.call(lambda: 42, 1, "a call") == 42
+    with pytest.raises(ZeroDivisionError):
+        await blocking.call(lambda: 1 // 0, 1, "a failing call")
+    ticker.cancel()
     release.set()
     with pytest.raises(blocking.Hung):
         blocking.call_sync(threading.Event().wait, 0.05, "a hung call")

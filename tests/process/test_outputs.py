@@ -142,7 +142,7 @@ def test_labels_and_specs_of_any_devices() -> None:
     assert qualified_name("example.com/fpga", "a::1") == "example.com/fpga=a"
 
 
-def test_services_work_for_any_plugin(short_tmp: Path) -> None:
+async def test_services_work_for_any_plugin(short_tmp: Path) -> None:
     """The feature file and CDI specs of a plugin written in Python, not from a config:
     its own `node_labels()`, its devices' edits; and a daemon with no plugin at all."""
     import asyncio
@@ -166,38 +166,35 @@ def test_services_work_for_any_plugin(short_tmp: Path) -> None:
     spec_path = cdi / "devplug-example.com_widget.json"
     plugin = Widgets("example.com/widget", [Device("w0", nodes=[DeviceNode("/dev/w0")])])
 
-    async def scenario() -> None:
-        stop = asyncio.Event()
-        services = [
-            FeatureFile(features),
-            CdiSpecs({"example.com/widget": "example.com/widget"}, cdi),
-        ]
-        daemon = Daemon([plugin], short_tmp / "plugins", services=services)
-        task = asyncio.create_task(daemon.run(stop))
-        await wait_for_file(features, lambda t: t == HEADER + "example.com/widget.count=1\n")
-        plugin.publish([Device("w0"), Device("w1", nodes=[DeviceNode("/dev/w1")])])
-        await wait_for_file(features, lambda t: t == HEADER + "example.com/widget.count=2\n")
-        text = await wait_for_file(spec_path, lambda t: t is not None and "w1" in t)
-        validate_cdi(json.loads(text or ""))
-        stop.set()
-        await task
-        assert not features.exists()
-        assert not spec_path.exists()
+    stop = asyncio.Event()
+    services = [
+        FeatureFile(features),
+        CdiSpecs({"example.com/widget": "example.com/widget"}, cdi),
+    ]
+    daemon = Daemon([plugin], short_tmp / "plugins", services=services)
+    task = asyncio.create_task(daemon.run(stop))
+    await wait_for_file(features, lambda t: t == HEADER + "example.com/widget.count=1\n")
+    plugin.publish([Device("w0"), Device("w1", nodes=[DeviceNode("/dev/w1")])])
+    await wait_for_file(features, lambda t: t == HEADER + "example.com/widget.count=2\n")
+    text = await wait_for_file(spec_path, lambda t: t is not None and "w1" in t)
+    validate_cdi(json.loads(text or ""))
+    stop.set()
+    await task
+    assert not features.exists()
+    assert not spec_path.exists()
 
-        # No plugins: a file of no labels, kept until shutdown.
-        stop = asyncio.Event()
-        task = asyncio.create_task(
-            Daemon([], short_tmp / "plugins", services=[FeatureFile(features)]).run(stop)
-        )
-        await wait_for_file(features, lambda t: t == HEADER)
-        stop.set()
-        await task
-        assert not features.exists()
-
-    asyncio.run(scenario())
+    # No plugins: a file of no labels, kept until shutdown.
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        Daemon([], short_tmp / "plugins", services=[FeatureFile(features)]).run(stop)
+    )
+    await wait_for_file(features, lambda t: t == HEADER)
+    stop.set()
+    await task
+    assert not features.exists()
 
 
-def test_a_file_that_cannot_be_written_does_not_stop_serving(short_tmp: Path) -> None:
+async def test_a_file_that_cannot_be_written_does_not_stop_serving(short_tmp: Path) -> None:
     import asyncio
     import logging
 
@@ -211,35 +208,32 @@ def test_a_file_that_cannot_be_written_does_not_stop_serving(short_tmp: Path) ->
     plugin = Plugin("example.com/widget", [Device("w0")])
     warned: list[str] = []
 
-    async def scenario() -> None:
-        both = asyncio.Event()
+    both = asyncio.Event()
 
-        class Catch(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                warned.append(record.getMessage())
-                if len(warned) == 2:
-                    both.set()
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warned.append(record.getMessage())
+            if len(warned) == 2:
+                both.set()
 
-        handler = Catch(logging.WARNING)
-        logging.getLogger("devplug.outputs").addHandler(handler)
-        try:
-            stop = asyncio.Event()
-            services = [
-                FeatureFile(blocker / "devplug"),
-                CdiSpecs({"example.com/widget": "example.com/widget"}, blocker / "cdi"),
-            ]
-            task = asyncio.create_task(
-                Daemon([plugin], short_tmp / "plugins", services=services).run(stop)
-            )
-            async with asyncio.timeout(10):
-                await both.wait()
-            assert not task.done()  # still serving
-            stop.set()
-            await task
-        finally:
-            logging.getLogger("devplug.outputs").removeHandler(handler)
-
-    asyncio.run(scenario())
+    handler = Catch(logging.WARNING)
+    logging.getLogger("devplug.outputs").addHandler(handler)
+    try:
+        stop = asyncio.Event()
+        services = [
+            FeatureFile(blocker / "devplug"),
+            CdiSpecs({"example.com/widget": "example.com/widget"}, blocker / "cdi"),
+        ]
+        task = asyncio.create_task(
+            Daemon([plugin], short_tmp / "plugins", services=services).run(stop)
+        )
+        async with asyncio.timeout(10):
+            await both.wait()
+        assert not task.done()  # still serving
+        stop.set()
+        await task
+    finally:
+        logging.getLogger("devplug.outputs").removeHandler(handler)
     assert sorted(w.split(":")[0] for w in warned) == [
         "cannot write node features to " + str(blocker / "devplug"),
         "example.com/widget",

@@ -4,7 +4,6 @@ links and foreign files in the plugin folder, config paths, limits, no shell."""
 from __future__ import annotations
 
 import ast
-import asyncio
 import os
 import stat
 from pathlib import Path
@@ -30,73 +29,61 @@ from devplug.sources import ConfigError, parse_config
 SRC = Path(__file__).resolve().parents[2] / "src" / "devplug"
 
 
-def test_sockets_are_0600(short_tmp: Path) -> None:
-    async def scenario() -> None:
-        plugin_dir = short_tmp / "plugins"
-        async with (
-            new_kubelet(short_tmp, plugin_dir) as kubelet,
-            serving(Serve(short_tmp, virt_config(2), plugin_dir)),
-        ):
-            await kubelet.wait_for_resource(VIRT, count=2, timeout=WAIT_S)
-            mode = (plugin_dir / default_socket_name(VIRT)).lstat().st_mode
-            assert stat.S_ISSOCK(mode)
-            assert stat.S_IMODE(mode) == 0o600
-
-    asyncio.run(scenario())
+async def test_sockets_are_0600(short_tmp: Path) -> None:
+    plugin_dir = short_tmp / "plugins"
+    async with (
+        new_kubelet(short_tmp, plugin_dir) as kubelet,
+        serving(Serve(short_tmp, virt_config(2), plugin_dir)),
+    ):
+        await kubelet.wait_for_resource(VIRT, count=2, timeout=WAIT_S)
+        mode = (plugin_dir / default_socket_name(VIRT)).lstat().st_mode
+        assert stat.S_ISSOCK(mode)
+        assert stat.S_IMODE(mode) == 0o600
 
 
-def test_a_linked_kubelet_sock_is_not_followed(short_tmp: Path) -> None:
+async def test_a_linked_kubelet_sock_is_not_followed(short_tmp: Path) -> None:
     """kubelet.sock in the plugin folder is a link to a kubelet elsewhere: the daemon
     does not register through it."""
 
-    async def scenario() -> None:
-        elsewhere, plugin_dir = short_tmp / "elsewhere", short_tmp / "plugins"
-        plugin_dir.mkdir()
-        async with new_kubelet(short_tmp, elsewhere) as kubelet:
-            (plugin_dir / KUBELET_SOCKET).symlink_to(elsewhere / KUBELET_SOCKET)
-            async with serving(Serve(short_tmp, virt_config(2), plugin_dir)) as serve:
-                await serve.wait_for_log("kubelet.sock is not a socket: not registering")
-                assert kubelet.registrations(VIRT) == 0
-                assert serve.running
-
-    asyncio.run(scenario())
+    elsewhere, plugin_dir = short_tmp / "elsewhere", short_tmp / "plugins"
+    plugin_dir.mkdir()
+    async with new_kubelet(short_tmp, elsewhere) as kubelet:
+        (plugin_dir / KUBELET_SOCKET).symlink_to(elsewhere / KUBELET_SOCKET)
+        async with serving(Serve(short_tmp, virt_config(2), plugin_dir)) as serve:
+            await serve.wait_for_log("kubelet.sock is not a socket: not registering")
+            assert kubelet.registrations(VIRT) == 0
+            assert serve.running
 
 
-def test_a_file_that_took_the_socket_path_is_never_removed(short_tmp: Path) -> None:
+async def test_a_file_that_took_the_socket_path_is_never_removed(short_tmp: Path) -> None:
     """Someone replaces the daemon's socket with a file of their own: the daemon says
     so, leaves it, and leaves it at shutdown too."""
 
-    async def scenario() -> None:
-        plugin_dir = short_tmp / "plugins"
-        socket_path = plugin_dir / default_socket_name(VIRT)
-        async with new_kubelet(short_tmp, plugin_dir) as kubelet:
-            serve = Serve(short_tmp, virt_config(2), plugin_dir)
-            async with serving(serve):
-                await kubelet.wait_for_resource(VIRT, count=2, timeout=WAIT_S)
-                theirs = short_tmp / "theirs"
-                theirs.write_text("theirs")
-                os.replace(theirs, socket_path)
-                await serve.wait_for_log("exists and is not a socket: it is left alone")
-            assert await serve.stop() == 0
-            assert socket_path.read_text() == "theirs"
-
-    asyncio.run(scenario())
+    plugin_dir = short_tmp / "plugins"
+    socket_path = plugin_dir / default_socket_name(VIRT)
+    async with new_kubelet(short_tmp, plugin_dir) as kubelet:
+        serve = Serve(short_tmp, virt_config(2), plugin_dir)
+        async with serving(serve):
+            await kubelet.wait_for_resource(VIRT, count=2, timeout=WAIT_S)
+            theirs = short_tmp / "theirs"
+            theirs.write_text("theirs")
+            os.replace(theirs, socket_path)
+            await serve.wait_for_log("exists and is not a socket: it is left alone")
+        assert await serve.stop() == 0
+        assert socket_path.read_text() == "theirs"
 
 
-def test_devices_beyond_the_limit_are_left_out_with_an_error(short_tmp: Path) -> None:
-    async def scenario() -> None:
-        plugin_dir, dev = short_tmp / "plugins", short_tmp / "dev"
-        make_nodes(dev, 4)
-        limits = "limits:\n  maxDevicesPerResource: 5\n"
-        async with new_kubelet(short_tmp, plugin_dir) as kubelet:
-            serve = Serve(short_tmp, node_config(dev, 2, limits=limits), plugin_dir)
-            async with serving(serve):
-                status = await kubelet.wait_for_resource(NODE, count=5, timeout=WAIT_S)
-                assert status.capacity == 5
-                (line,) = await serve.wait_for_log("more than the limit")
-                assert "8 devices, more than the limit of 5" in line
-
-    asyncio.run(scenario())
+async def test_devices_beyond_the_limit_are_left_out_with_an_error(short_tmp: Path) -> None:
+    plugin_dir, dev = short_tmp / "plugins", short_tmp / "dev"
+    make_nodes(dev, 4)
+    limits = "limits:\n  maxDevicesPerResource: 5\n"
+    async with new_kubelet(short_tmp, plugin_dir) as kubelet:
+        serve = Serve(short_tmp, node_config(dev, 2, limits=limits), plugin_dir)
+        async with serving(serve):
+            status = await kubelet.wait_for_resource(NODE, count=5, timeout=WAIT_S)
+            assert status.capacity == 5
+            (line,) = await serve.wait_for_log("more than the limit")
+            assert "8 devices, more than the limit of 5" in line
 
 
 @pytest.mark.parametrize(
@@ -186,18 +173,15 @@ def test_no_shell_anywhere_and_no_process_from_the_daemon() -> None:
                 assert "subprocess" not in names, f"{path}:{node.lineno}: imports subprocess"
 
 
-def test_plugin_folder_is_watched_for_the_fix(short_tmp: Path) -> None:
+async def test_plugin_folder_is_watched_for_the_fix(short_tmp: Path) -> None:
     """A stale plain file at the socket path is left alone; once its owner removes it,
     the daemon serves at once (an inotify event, not a timer)."""
 
-    async def scenario() -> None:
-        plugin_dir = short_tmp / "plugins"
-        plugin_dir.mkdir()
-        socket_path = plugin_dir / default_socket_name(VIRT)
-        socket_path.write_text("stale")
-        async with serving(Serve(short_tmp, virt_config(2), plugin_dir)) as serve:
-            await serve.wait_for_log("left alone")
-            socket_path.unlink()
-            await wait_for_path(socket_path, socket_path.is_socket, "the socket")
-
-    asyncio.run(scenario())
+    plugin_dir = short_tmp / "plugins"
+    plugin_dir.mkdir()
+    socket_path = plugin_dir / default_socket_name(VIRT)
+    socket_path.write_text("stale")
+    async with serving(Serve(short_tmp, virt_config(2), plugin_dir)) as serve:
+        await serve.wait_for_log("left alone")
+        socket_path.unlink()
+        await wait_for_path(socket_path, socket_path.is_socket, "the socket")

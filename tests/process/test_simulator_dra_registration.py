@@ -17,7 +17,6 @@ from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.ground.unixserver import UnixServer
 from devplug.simulator.dra import DRIVER_REFUSED
 from tests.dra_helpers import NodeDirs, kubelet_for
-from tests.sim_helpers import run
 
 
 class Registration(reg_grpc.RegistrationServicer):
@@ -79,72 +78,66 @@ async def driver(
             await server.stop(0)
 
 
-def test_health_and_dra_services_are_chosen_from_the_listed_names(short_tmp: Path) -> None:
-    async def scenario() -> None:
-        async with kubelet_for(NodeDirs(short_tmp)) as kubelet:
-            dra = kubelet.dra
-            assert dra is not None
-            # The driver's order decides: the first it lists that the kubelet knows.
-            listed = ["v1beta1.DRAPlugin", "v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
-            async with driver(short_tmp, "with-health.example.com", listed) as (reg1, watched):
-                assert (await reg1.status.get()).plugin_registered
-                assert dra.drivers["with-health.example.com"].version == "v1beta1.DRAPlugin"
-                # Without v1 listed, the v1alpha1 stream (a driver made for 1.36).
-                assert dra.drivers["with-health.example.com"].health_service == (
-                    "v1alpha1.DRAResourceHealth"
-                )
-                key = ("with-health.example.com", "node-a", "dev0")
-                await kubelet.wait_for(
-                    lambda: dra.device_health.get(key) == "Unhealthy",
-                    what="the v1alpha1 health stream followed",
-                )
-                assert watched.calls == 1
+async def test_health_and_dra_services_are_chosen_from_the_listed_names(short_tmp: Path) -> None:
+    async with kubelet_for(NodeDirs(short_tmp)) as kubelet:
+        dra = kubelet.dra
+        assert dra is not None
+        # The driver's order decides: the first it lists that the kubelet knows.
+        listed = ["v1beta1.DRAPlugin", "v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        async with driver(short_tmp, "with-health.example.com", listed) as (reg1, watched):
+            assert (await reg1.status.get()).plugin_registered
+            assert dra.drivers["with-health.example.com"].version == "v1beta1.DRAPlugin"
+            # Without v1 listed, the v1alpha1 stream (a driver made for 1.36).
+            assert dra.drivers["with-health.example.com"].health_service == (
+                "v1alpha1.DRAResourceHealth"
+            )
+            key = ("with-health.example.com", "node-a", "dev0")
+            await kubelet.wait_for(
+                lambda: dra.device_health.get(key) == "Unhealthy",
+                what="the v1alpha1 health stream followed",
+            )
+            assert watched.calls == 1
 
-            async with driver(short_tmp, "quiet.example.com", ["v1.DRAPlugin"]) as (reg2, _):
-                assert (await reg2.status.get()).plugin_registered
-                registered = dra.drivers["quiet.example.com"]
-                assert registered.version == "v1.DRAPlugin"
-                assert registered.health_task is None  # not listed: never called
+        async with driver(short_tmp, "quiet.example.com", ["v1.DRAPlugin"]) as (reg2, _):
+            assert (await reg2.status.get()).plugin_registered
+            registered = dra.drivers["quiet.example.com"]
+            assert registered.version == "v1.DRAPlugin"
+            assert registered.health_task is None  # not listed: never called
 
-            async with driver(short_tmp, "old.example.com", ["1.0.0"]) as (reg3, _):
-                status = await reg3.status.get()
-                assert not status.plugin_registered
-                assert "none of the versions ['1.0.0'] is supported" in status.error
-                event = await kubelet.wait_for_event(DRIVER_REFUSED, resource="old.example.com")
-                assert "1.0.0" in event.detail
-                assert "old.example.com" not in dra.drivers
-
-    run(scenario())
+        async with driver(short_tmp, "old.example.com", ["1.0.0"]) as (reg3, _):
+            status = await reg3.status.get()
+            assert not status.plugin_registered
+            assert "none of the versions ['1.0.0'] is supported" in status.error
+            event = await kubelet.wait_for_event(DRIVER_REFUSED, resource="old.example.com")
+            assert "1.0.0" in event.detail
+            assert "old.example.com" not in dra.drivers
 
 
-def test_instances_of_one_driver_register_side_by_side(short_tmp: Path) -> None:
+async def test_instances_of_one_driver_register_side_by_side(short_tmp: Path) -> None:
     """Two pods of a rolling update: both registered, the newer one called; when it
     goes the older is called again; an instance on an endpoint already registered is
     refused, as the kubelet refuses it."""
 
-    async def scenario() -> None:
-        async with kubelet_for(NodeDirs(short_tmp)) as kubelet:
-            dra = kubelet.dra
-            assert dra is not None
-            name = "rolling.example.com"
-            async with driver(short_tmp, name, ["v1.DRAPlugin"], uid="old") as (old, _):
-                assert (await old.status.get()).plugin_registered
-                first = dra.drivers[name]
-                async with driver(short_tmp, name, ["v1.DRAPlugin"], uid="new") as (new, _):
-                    assert (await new.status.get()).plugin_registered
-                    assert dra.drivers[name].endpoint.endswith("dra-new.sock")
-                    taken = str(short_tmp / "pl" / name / "dra-new.sock")
-                    async with driver(
-                        short_tmp, name, ["v1.DRAPlugin"], uid="thief", endpoint=taken
-                    ) as (thief, _):
-                        refused = await thief.status.get()
-                        assert not refused.plugin_registered
-                        assert (
-                            refused.error
-                            == f"endpoint {taken} already registered for DRA driver {name}"
-                        )
-                await kubelet.wait_for(
-                    lambda: dra.drivers.get(name) is first, what="the older instance called again"
-                )
-
-    run(scenario())
+    async with kubelet_for(NodeDirs(short_tmp)) as kubelet:
+        dra = kubelet.dra
+        assert dra is not None
+        name = "rolling.example.com"
+        async with driver(short_tmp, name, ["v1.DRAPlugin"], uid="old") as (old, _):
+            assert (await old.status.get()).plugin_registered
+            first = dra.drivers[name]
+            async with driver(short_tmp, name, ["v1.DRAPlugin"], uid="new") as (new, _):
+                assert (await new.status.get()).plugin_registered
+                assert dra.drivers[name].endpoint.endswith("dra-new.sock")
+                taken = str(short_tmp / "pl" / name / "dra-new.sock")
+                async with driver(
+                    short_tmp, name, ["v1.DRAPlugin"], uid="thief", endpoint=taken
+                ) as (thief, _):
+                    refused = await thief.status.get()
+                    assert not refused.plugin_registered
+                    assert (
+                        refused.error
+                        == f"endpoint {taken} already registered for DRA driver {name}"
+                    )
+            await kubelet.wait_for(
+                lambda: dra.drivers.get(name) is first, what="the older instance called again"
+            )

@@ -61,7 +61,7 @@ def envs(options: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in options["envs"]}
 
 
-def test_a_kubelet_checkpoint_reads_here_byte_for_byte(harness: Path, tmp_path: Path) -> None:
+async def test_a_kubelet_checkpoint_reads_here_byte_for_byte(harness: Path, tmp_path: Path) -> None:
     folder = tmp_path / "kubelet"
     run = dpharness.admit(
         harness, folder, RESOURCE, serve(write_config(tmp_path)), pods=2, count=2, min_capacity=4
@@ -88,11 +88,8 @@ def test_a_kubelet_checkpoint_reads_here_byte_for_byte(harness: Path, tmp_path: 
         folder / CHECKPOINT, grace_period=30, dial_timeout=1, on_event=lambda *a: None
     )
 
-    async def restore() -> None:
-        assert manager.restore([dpharness.pod_uid(0), dpharness.pod_uid(1)]) is None
-        await manager.close()
-
-    asyncio.run(restore())
+    assert manager.restore([dpharness.pod_uid(0), dpharness.pod_uid(1)]) is None
+    await manager.close()
     for index, event in enumerate(allocations):
         held = manager.container_devices(dpharness.pod_uid(index), dpharness.CONTAINER)
         assert sorted(held[RESOURCE].ids()) == sorted(event["devices"])
@@ -103,53 +100,50 @@ def test_a_kubelet_checkpoint_reads_here_byte_for_byte(harness: Path, tmp_path: 
     assert manager.in_use(RESOURCE) == {d for e in allocations for d in e["devices"]}
 
 
-def simulator_checkpoint(
-    tmp_path: Path, config: Path
-) -> tuple[bytes, list[tuple[list[str], dict[str, str]]]]:
-    """The simulator's checkpoint after admitting the harness's pod-0 and pod-1 (two
-    devices each), and per pod its devices and env vars."""
-    plugins, state = tmp_path / "sim-plugins", tmp_path / "sim-state"
-
-    async def scenario() -> list[tuple[list[str], dict[str, str]]]:
-        server = await asyncio.create_subprocess_exec(*serve(config)(plugins))
-        try:
-            async with Kubelet(plugins, state, control_socket=False) as kubelet:
-                await kubelet.wait_for_resource(RESOURCE, count=4)
-                held = []
-                for index in range(2):
-                    [result] = await kubelet.apply(
-                        {
-                            "metadata": {"name": f"pod-{index}", "uid": dpharness.pod_uid(index)},
-                            "spec": {
-                                "containers": [
-                                    {
-                                        "name": dpharness.CONTAINER,
-                                        "resources": {"limits": {RESOURCE: 2}},
-                                    }
-                                ]
-                            },
-                        }
-                    )
-                    assert result.admitted, result
-                    [container] = result.containers
-                    held.append(
-                        (
-                            container.devices[RESOURCE],
-                            {e.name: e.value for e in container.options.envs},
-                        )
-                    )
-                return held
-        finally:
-            server.terminate()
-            await server.wait()
-
-    held = asyncio.run(scenario())
-    return (state / CHECKPOINT).read_bytes(), held
-
-
-def test_the_kubelet_restores_a_simulator_checkpoint(harness: Path, tmp_path: Path) -> None:
+@pytest.fixture
+async def simulator_checkpoint(
+    tmp_path: Path,
+) -> tuple[Path, bytes, list[tuple[list[str], dict[str, str]]]]:
+    """A config, and the simulator's checkpoint after admitting the harness's pod-0 and
+    pod-1 (two devices each) of its plugin, and per pod its devices and env vars."""
     config = write_config(tmp_path)
-    blob, held = simulator_checkpoint(tmp_path, config)
+    plugins, state = tmp_path / "sim-plugins", tmp_path / "sim-state"
+    server = await asyncio.create_subprocess_exec(*serve(config)(plugins))
+    try:
+        async with Kubelet(plugins, state, control_socket=False) as kubelet:
+            await kubelet.wait_for_resource(RESOURCE, count=4)
+            held = []
+            for index in range(2):
+                [result] = await kubelet.apply(
+                    {
+                        "metadata": {"name": f"pod-{index}", "uid": dpharness.pod_uid(index)},
+                        "spec": {
+                            "containers": [
+                                {
+                                    "name": dpharness.CONTAINER,
+                                    "resources": {"limits": {RESOURCE: 2}},
+                                }
+                            ]
+                        },
+                    }
+                )
+                assert result.admitted, result
+                [container] = result.containers
+                held.append(
+                    (container.devices[RESOURCE], {e.name: e.value for e in container.options.envs})
+                )
+    finally:
+        server.terminate()
+        await server.wait()
+    return config, (state / CHECKPOINT).read_bytes(), held
+
+
+def test_the_kubelet_restores_a_simulator_checkpoint(
+    harness: Path,
+    tmp_path: Path,
+    simulator_checkpoint: tuple[Path, bytes, list[tuple[list[str], dict[str, str]]]],
+) -> None:
+    config, blob, held = simulator_checkpoint
     # NUMA node 1 first (the plugin's preference), then nodes 0 and none (key -1)
     assert [sorted(ids) for ids, _ in held] == [["dev1", "dev2"], ["dev0", "dev3"]]
 

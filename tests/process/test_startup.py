@@ -3,7 +3,6 @@ millisecond before it registers can fail a pod's admission (bench/startup.py tim
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -30,20 +29,16 @@ NOT_FOR_SERVE = {
 }
 
 
-def test_serve_loads_only_what_serving_needs(short_tmp: Path) -> None:
-    async def scenario() -> list[str]:
-        plugin_dir = short_tmp / "plugins"
-        names = [r.name for r in load_default_config().resources]
-        async with (
-            new_kubelet(short_tmp, plugin_dir) as kubelet,
-            serving(Serve(short_tmp, None, plugin_dir)) as serve,
-        ):
-            for name in names:
-                await kubelet.wait_for_resource(name, timeout=WAIT_S)
-            await serve.tasks()
-            modules: list[str] = json.loads(serve.state.read_text())["modules"]
-        return modules
-
-    modules = set(asyncio.run(scenario()))
+async def test_serve_loads_only_what_serving_needs(short_tmp: Path) -> None:
+    plugin_dir = short_tmp / "plugins"
+    names = [r.name for r in load_default_config().resources]
+    async with (
+        new_kubelet(short_tmp, plugin_dir) as kubelet,
+        serving(Serve(short_tmp, None, plugin_dir)) as serve,
+    ):
+        for name in names:
+            await kubelet.wait_for_resource(name, timeout=WAIT_S)
+        await serve.tasks()
+        modules = set(json.loads(serve.state.read_text())["modules"])
     assert "devplug.framework.daemon" in modules  # the dump sees what serving loaded
     assert not modules & NOT_FOR_SERVE, sorted(modules & NOT_FOR_SERVE)

@@ -345,48 +345,46 @@ def test_udev_is_imported_only_for_the_real_sysfs(tmp_path: Path) -> None:
         assert result.stdout.strip() == expected, result.stderr
 
 
-def test_kernel_uevents_reach_the_watcher() -> None:
+@pytest.fixture
+def pci_uevent() -> Path:
+    """The uevent file of a PCI device (skipped where none may be written)."""
+    devices = sorted(Path("/sys/bus/pci/devices").glob("*"))
+    if not devices or not os.access(devices[0] / "uevent", os.W_OK):
+        pytest.skip("no writable PCI uevent file in /sys")
+    return devices[0] / "uevent"
+
+
+async def test_kernel_uevents_reach_the_watcher(pci_uevent: Path) -> None:
     """The netlink path of a mounted sysfs: a uevent (a synthetic 'change' of a PCI
     device, which changes nothing) wakes the watcher."""
     import asyncio
 
     from devplug.sources.sysfs.udev import UdevEvents
 
-    devices = sorted(Path("/sys/bus/pci/devices").glob("*"))
-    if not devices or not os.access(devices[0] / "uevent", os.W_OK):
-        pytest.skip("no writable PCI uevent file in /sys")
-
-    async def scenario() -> None:
-        woken = asyncio.Event()
-        events = UdevEvents.start(woken.set)
-        if events is None:
-            pytest.skip("netlink uevents are refused here")
-        try:
-            (devices[0] / "uevent").write_text("change")
-            async with asyncio.timeout(10):
-                await woken.wait()
-        finally:
-            events.close()
-
-    asyncio.run(scenario())
+    woken = asyncio.Event()
+    events = UdevEvents.start(woken.set)
+    if events is None:
+        pytest.skip("netlink uevents are refused here")
+    try:
+        await asyncio.to_thread(pci_uevent.write_text, "change")
+        async with asyncio.timeout(10):
+            await woken.wait()
+    finally:
+        events.close()
 
 
-def test_without_pyudev_the_fallback_is_said_once_naming_the_extra(
+async def test_without_pyudev_the_fallback_is_said_once_naming_the_extra(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import asyncio
 
     from devplug.sources.sysfs import udev
 
     monkeypatch.setitem(sys.modules, "pyudev", None)  # as if not installed
     monkeypatch.setattr(udev, "_said", set())
 
-    async def scenario() -> None:
+    with caplog.at_level("WARNING", logger="devplug.sources.sysfs.udev"):
         for _resource in range(3):  # each resource of the config starts its watcher
             assert udev.UdevEvents.start(lambda: None) is None
-
-    with caplog.at_level("WARNING", logger="devplug.sources.sysfs.udev"):
-        asyncio.run(scenario())
     [line] = caplog.messages
     assert "pip install 'devplug[udev]'" in line
     assert "hot-plug is seen through /dev only" in line

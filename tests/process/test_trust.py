@@ -251,13 +251,11 @@ def test_a_configmap_like_folder_of_mode_777_on_a_read_only_mount_is_fine(tmp_pa
         subprocess.run(["umount", str(volume)], check=False)
 
 
-def test_a_health_program_made_writable_after_the_config_loaded_is_not_run(
+async def test_a_health_program_made_writable_after_the_config_loaded_is_not_run(
     tmp_path: Path,
 ) -> None:
     """The rule holds at each run, not only at load: a program others can now change is
     not run, and the device's health check says why."""
-    import asyncio
-
     from devplug.config.hardware import CheckSpec
     from devplug.sources.health import check_problem
     from devplug.sources.hostdev import _Base
@@ -268,14 +266,14 @@ def test_a_health_program_made_writable_after_the_config_loaded_is_not_run(
     program.chmod(0o755)
     base = _Base("dev0", (0, -2, "dev0"), (), None, {})  # type: ignore[arg-type]
 
-    def problem() -> str | None:
-        return asyncio.run(check_problem(CheckSpec(command=[str(program)]), base, {}))
+    async def problem() -> str | None:
+        return await check_problem(CheckSpec(command=[str(program)]), base, {})
 
-    assert problem() is None
+    assert await problem() is None
     assert ran.exists()
     ran.unlink()
     program.chmod(0o777)
-    assert problem() == (
+    assert await problem() == (
         f"not run: {program} is writable by its group and others (mode 0777), who could "
         f"change what devplug runs: run `chmod go-w {program}`"
     )

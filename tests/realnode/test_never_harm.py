@@ -112,7 +112,7 @@ def test_the_simulator_refuses_to_start_beside_the_real_kubelet(real_node: RealN
     assert ready["Ready"] == "True"
 
 
-def test_simulator_start_removes_only_sockets_nobody_serves(short_tmp: Path) -> None:
+async def test_simulator_start_removes_only_sockets_nobody_serves(short_tmp: Path) -> None:
     plugins = short_tmp / "plugins"
     plugins.mkdir()
     stale(plugins / "dead.sock")
@@ -120,93 +120,78 @@ def test_simulator_start_removes_only_sockets_nobody_serves(short_tmp: Path) -> 
     (plugins / "folder.sock").mkdir()
     (plugins / "link.sock").symlink_to(plugins / "notes.sock")
 
-    async def scenario() -> None:
-        with listening(plugins / "alive.sock"):
-            async with Kubelet(plugins, short_tmp / "state", control_socket=False):
-                assert not (plugins / "dead.sock").exists()
-                assert answers(plugins / "alive.sock")
-                assert (plugins / "notes.sock").read_text() == "a file, not a socket"
-                assert (plugins / "folder.sock").is_dir()
-                assert (plugins / "link.sock").is_symlink()
-
-    asyncio.run(scenario())
+    with listening(plugins / "alive.sock"):
+        async with Kubelet(plugins, short_tmp / "state", control_socket=False):
+            assert not (plugins / "dead.sock").exists()
+            assert answers(plugins / "alive.sock")
+            assert (plugins / "notes.sock").read_text() == "a file, not a socket"
+            assert (plugins / "folder.sock").is_dir()
+            assert (plugins / "link.sock").is_symlink()
 
 
-def test_simulator_restart_removes_its_plugins_sockets_only(short_tmp: Path) -> None:
+async def test_simulator_restart_removes_its_plugins_sockets_only(short_tmp: Path) -> None:
     plugins = short_tmp / "plugins"
 
-    async def scenario() -> None:
-        async with Kubelet(plugins, short_tmp / "state", control_socket=False) as kubelet:
-            with (
-                PluginProcess(short_tmp, plugins, [plugin(FOO, [device("d0")])]),
-                listening(plugins / "stranger.sock"),
-            ):
-                await kubelet.wait_for_resource(FOO, timeout=WAIT_S)
-                registered = kubelet.registrations(FOO)
-                ours = plugins / "devplug-example.com-foo.sock"
-                before = socket_identity(ours)
-                await kubelet.restart()
-                await kubelet.wait_for_registration(FOO, after=registered, timeout=WAIT_S)
-                assert socket_identity(ours) != before  # removed; the plugin served anew
-                assert answers(plugins / "stranger.sock")
-
-    asyncio.run(scenario())
+    async with Kubelet(plugins, short_tmp / "state", control_socket=False) as kubelet:
+        with (
+            PluginProcess(short_tmp, plugins, [plugin(FOO, [device("d0")])]),
+            listening(plugins / "stranger.sock"),
+        ):
+            await kubelet.wait_for_resource(FOO, timeout=WAIT_S)
+            registered = kubelet.registrations(FOO)
+            ours = plugins / "devplug-example.com-foo.sock"
+            before = socket_identity(ours)
+            await kubelet.restart()
+            await kubelet.wait_for_registration(FOO, after=registered, timeout=WAIT_S)
+            assert socket_identity(ours) != before  # removed; the plugin served anew
+            assert answers(plugins / "stranger.sock")
 
 
-def test_control_socket_never_replaces_a_file_or_a_live_socket(short_tmp: Path) -> None:
+async def test_control_socket_never_replaces_a_file_or_a_live_socket(short_tmp: Path) -> None:
     plugins, state = short_tmp / "plugins", short_tmp / "state"
     state.mkdir()
     control = state / "control.sock"
 
-    async def scenario() -> None:
-        control.write_text("someone's file")
-        with pytest.raises(SocketPathTaken, match="is not a socket"):
+    control.write_text("someone's file")
+    with pytest.raises(SocketPathTaken, match="is not a socket"):
+        await Kubelet(plugins, state).start()
+    assert control.read_text() == "someone's file"
+    control.unlink()
+    with listening(control):
+        with pytest.raises(SocketPathTaken, match=f"{control} is served by process"):
             await Kubelet(plugins, state).start()
-        assert control.read_text() == "someone's file"
-        control.unlink()
-        with listening(control):
-            with pytest.raises(SocketPathTaken, match=f"{control} is served by process"):
-                await Kubelet(plugins, state).start()
-            assert answers(control)
-            assert not (plugins / "kubelet.sock").exists()
-        # One that someone replaced while the simulator ran is theirs: left at stop.
-        kubelet = Kubelet(plugins, state)
-        await kubelet.start()
-        control.unlink()
-        with listening(control):
-            await kubelet.stop()
-            assert answers(control)
-
-    asyncio.run(scenario())
+        assert answers(control)
+        assert not (plugins / "kubelet.sock").exists()
+    # One that someone replaced while the simulator ran is theirs: left at stop.
+    kubelet = Kubelet(plugins, state)
+    await kubelet.start()
+    control.unlink()
+    with listening(control):
+        await kubelet.stop()
+        assert answers(control)
 
 
-def test_a_daemon_socket_replaced_while_serving_is_left_at_stop(short_tmp: Path) -> None:
+async def test_a_daemon_socket_replaced_while_serving_is_left_at_stop(short_tmp: Path) -> None:
     path = short_tmp / "plugin.sock"
 
-    async def scenario() -> None:
-        server = UnixServer(path, lambda _server: None)
-        await server.start()
-        path.unlink()
-        with listening(path):
-            await server.stop(0)
-            assert answers(path)
-
-    asyncio.run(scenario())
+    server = UnixServer(path, lambda _server: None)
+    await server.start()
+    path.unlink()
+    with listening(path):
+        await server.stop(0)
+        assert answers(path)
 
 
-def test_unusable_checkpoint_and_pod_list_are_kept_aside(short_tmp: Path) -> None:
+async def test_unusable_checkpoint_and_pod_list_are_kept_aside(short_tmp: Path) -> None:
     plugins, state = short_tmp / "plugins", short_tmp / "state"
     state.mkdir()
     (state / "kubelet_internal_checkpoint").write_bytes(b"not a checkpoint")
     (state / "simulator_pods.json").write_text("{broken")
 
-    async def scenario() -> None:
-        async with Kubelet(plugins, state, control_socket=False) as kubelet:
-            assert kubelet.checkpoint_problem
-            assert "kept as" in kubelet.checkpoint_problem
-            await kubelet.apply({"metadata": {"name": "p"}, "spec": {"containers": [{}]}})
-
-    asyncio.run(scenario())
+    async with Kubelet(plugins, state, control_socket=False) as kubelet:
+        assert kubelet.checkpoint_problem
+        assert "kept as" in kubelet.checkpoint_problem
+        await kubelet.apply({"metadata": {"name": "p"}, "spec": {"containers": [{}]}})
     kept = {p.name: p.read_bytes() for p in state.glob("*.unusable-*")}
     assert kept == {
         "kubelet_internal_checkpoint.unusable-1": b"not a checkpoint",
@@ -257,7 +242,7 @@ def test_serve_never_replaces_another_s_feature_file_or_cdi_spec(short_tmp: Path
     assert spec.read_text() == '{"kind": "other.example/fake"}\n'
 
 
-def test_a_feature_file_rewritten_by_someone_is_left_at_stop(short_tmp: Path) -> None:
+async def test_a_feature_file_rewritten_by_someone_is_left_at_stop(short_tmp: Path) -> None:
     from hw_helpers import wait_for_file
 
     from devplug.framework.daemon import Daemon
@@ -267,19 +252,16 @@ def test_a_feature_file_rewritten_by_someone_is_left_at_stop(short_tmp: Path) ->
 
     features = short_tmp / "features"
 
-    async def scenario() -> None:
-        stop = asyncio.Event()
-        plugin = Plugin("example.com/widget", [Device("w0")])
-        daemon = Daemon([plugin], short_tmp / "plugins", services=[FeatureFile(features)])
-        task = asyncio.create_task(daemon.run(stop))
-        await wait_for_file(features, lambda t: t is not None and t.startswith(HEADER))
-        features.unlink()
-        features.write_text("someone.example/else=1\n")
-        stop.set()
-        await task
-        assert features.read_text() == "someone.example/else=1\n"
-
-    asyncio.run(scenario())
+    stop = asyncio.Event()
+    plugin = Plugin("example.com/widget", [Device("w0")])
+    daemon = Daemon([plugin], short_tmp / "plugins", services=[FeatureFile(features)])
+    task = asyncio.create_task(daemon.run(stop))
+    await wait_for_file(features, lambda t: t is not None and t.startswith(HEADER))
+    features.unlink()
+    features.write_text("someone.example/else=1\n")
+    stop.set()
+    await task
+    assert features.read_text() == "someone.example/else=1\n"
 
 
 def test_the_demo_removes_its_own_folder_only(short_tmp: Path) -> None:

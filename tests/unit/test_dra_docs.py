@@ -1,5 +1,5 @@
 """The examples of docs/dra.md are valid as written (the Kubernetes objects are checked
-against a real API server in test_dra_cluster.py)."""
+against a real API server in tests/controlplane/dra)."""
 
 from __future__ import annotations
 
