@@ -31,7 +31,7 @@ RUN python3 -m venv /opt/pip \
 FROM ${BASE}
 COPY --from=build /opt/devplug /opt/devplug
 # The config used when none is mounted; the DaemonSet mounts a ConfigMap over /etc/devplug.
-COPY src/devplug/sources/default.yaml /etc/devplug/config.yaml
+COPY src/devplug/config/default.yaml /etc/devplug/config.yaml
 ENV PATH=/opt/devplug/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

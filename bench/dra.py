@@ -39,10 +39,10 @@ from dra_shapes import bench_shapes
 
 from devplug.api.dra.v1 import api_pb2 as dra
 from devplug.api.dra.v1 import api_pb2_grpc as dra_grpc
-from devplug.framework.dra.names import device_name
+from devplug.config.ids import cap_id, path_device_id
 from devplug.framework.dra.slices import slice_name
 from devplug.ground.channel import FAST_RECONNECT
-from devplug.sources.config import cap_id, path_device_id
+from devplug.kube.dranames import device_name
 from devplug.testing.controlplane import ControlPlane, how_to_provide, watch_until
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -35,12 +35,12 @@ from common import (
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.cli.serve import nvidia_config_text
+from devplug.config.nvidia import NODE_CONFIG_LABEL as NODE_LABEL
+from devplug.config.nvidiaflags import resolve
 from devplug.fakes.mps import PID_FILE
 from devplug.fakes.mps import script as mps_script
 from devplug.fakes.nvml import FakeGpuHost, eight_gpus, gpu_uuid, mig_layout, mig_uuid
 from devplug.sources import parse_config
-from devplug.sources.nvidia.config import NODE_CONFIG_LABEL as NODE_LABEL
-from devplug.sources.nvidia.nvidiaflags import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 

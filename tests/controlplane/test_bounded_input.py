@@ -46,7 +46,7 @@ def deep(depth: int, flow: bool) -> str:
 
 
 def _config(text: str) -> object:
-    from devplug.sources.config import parse_config
+    from devplug.config.load import parse_config
 
     return parse_config(text, "in.yaml")
 
@@ -76,15 +76,15 @@ def _workload_csv(text: str) -> object:
 
 
 def _nvidia(text: str) -> object:
-    from devplug.sources.nvidia.nvidiafile import parse
+    from devplug.config.nvidiafile import parse
 
     return parse(text, "in.yaml")
 
 
 def _errors() -> dict[str, tuple[Callable[[str], object], type[Exception]]]:
+    from devplug.config.errors import ConfigError
     from devplug.plan.workload import WorkloadError
     from devplug.simulator import ManifestError
-    from devplug.sources.config import ConfigError
 
     return {
         "config": (_config, ConfigError),
@@ -162,7 +162,7 @@ def test_each_limit_is_named_in_the_one_line(reader: str, text: str, said: str) 
 
 
 def _load_config(path: Path) -> object:
-    from devplug.sources.config import load_config
+    from devplug.config.load import load_config
 
     return load_config(path)
 
@@ -229,9 +229,9 @@ BOMS = [b"", b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff"]
 def test_every_file_reader_takes_any_bytes_in_one_line(
     tmp_path: Path, reader: str, bom: bytes, body: bytes
 ) -> None:
+    from devplug.config.errors import ConfigError
     from devplug.placement.trace import TraceError
     from devplug.plan.workload import WorkloadError
-    from devplug.sources.config import ConfigError
 
     load, suffix = FILE_READERS[reader]
     path = tmp_path / f"in{suffix}"

@@ -107,7 +107,7 @@ def test_a_broken_object_is_refused_by_the_validator() -> None:
 
 def test_the_base_config_map_is_the_packaged_default_config() -> None:
     config = by_kind(render(""), "ConfigMap")
-    packaged = (ROOT / "src/devplug/sources/default.yaml").read_text()
+    packaged = (ROOT / "src/devplug/config/default.yaml").read_text()
     assert config["data"]["config.yaml"] == packaged
 
 

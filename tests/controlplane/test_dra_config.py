@@ -16,8 +16,8 @@ import yaml
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.dra.names import default_driver_name, device_name
 from devplug.ground.channel import FAST_RECONNECT
+from devplug.kube.dranames import default_driver_name, device_name
 from devplug.sources import ConfigError, parse_config
 from tests.dra_helpers import DRIVER, NodeDirs, accelerator_config
 
@@ -125,7 +125,7 @@ def test_a_name_counted_on_a_node_is_not_also_an_extended_resource_of_dra() -> N
 
 
 def test_node_labels_choose_the_mode_per_node() -> None:
-    from devplug.sources.config import apply_node_modes
+    from devplug.config.root import apply_node_modes
 
     text = config_text({"mode": "devicePlugin", "nodeModeLabel": "example.com/acc-mode"})
     for labels, mode in (
@@ -349,7 +349,7 @@ def test_gpus_through_dra_carry_their_memory_as_a_capacity(short_tmp: Path) -> N
 
 
 def test_driver_names_of_an_entry_with_several_resources() -> None:
-    from devplug.sources.draconfig import DraSpec, plugin_driver_name
+    from devplug.config.dra import DraSpec, plugin_driver_name
 
     named = DraSpec(driver="gpu.devplug.io")
     assert plugin_driver_name("nvidia.com/gpu", "nvidia.com/gpu", None) == "gpu.nvidia.com"

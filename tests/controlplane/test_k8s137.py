@@ -79,7 +79,7 @@ def numa_bodies(dra: dict[str, object], numa: list[int | None]) -> list[dict[str
     node, or None for none)."""
     from devplug.framework.dra.slices import slice_bodies
     from devplug.sources import build_plugins, parse_config
-    from devplug.sources.draconfig import config_driver
+    from devplug.sources.dradriver import config_driver
 
     groups = [
         {
@@ -407,7 +407,7 @@ def test_the_1_36_api_server_drops_skip_node_operations(kubeconfig: str, tmp_pat
     from devplug.framework.dra.kube import api_client
     from devplug.framework.dra.slices import slice_bodies
     from devplug.sources import build_plugins, load_config
-    from devplug.sources.draconfig import config_driver
+    from devplug.sources.dradriver import config_driver
 
     [plugin] = build_plugins(load_config(str(skip_config(tmp_path))))
     plugin.publish(plugin.discover())

@@ -16,11 +16,11 @@ import pytest
 import yaml
 from sim_helpers import cli_command
 
+from devplug.config import nvidiafile
+from devplug.config.nvidia import NvidiaSpec
 from devplug.fakes.nvml import FakeGpuHost, eight_gpus, gpu_uuid, mig_layout, mig_uuid
 from devplug.outputs.nfd import parse_features
 from devplug.sources import ConfigError, parse_config
-from devplug.sources.nvidia import nvidiafile
-from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.testing import KubeletHarness
 from tests.hw_helpers import validate_cdi
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from devplug.cli.nvidia_plugin import serve_argv
+from devplug.config.nvidiaflags import FlagError, resolve
 from devplug.fakes.gpus import mig_layout
 from devplug.fakes.nvml import FakeGpuHost, eight_gpus, gpu_uuid
-from devplug.sources.nvidia.nvidiaflags import FlagError, resolve
 from devplug.testing import KubeletHarness
 
 # What NVIDIA's chart renders for `helm install --set migStrategy=mixed

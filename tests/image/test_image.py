@@ -155,7 +155,7 @@ def test_image_serves_and_registers_through_a_bind_mounted_plugin_folder(
 ) -> None:
     from devplug.sources import load_config
 
-    resources = [r.name for r in load_config(ROOT / "src/devplug/sources/default.yaml").resources]
+    resources = [r.name for r in load_config(ROOT / "src/devplug/config/default.yaml").resources]
     port = free_port()
     with KubeletHarness() as kubelet:
         served = serve_in_image(

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import pytest
 
+from devplug.config.ids import cap_id, ids_env_name, path_device_id, replica_ids, virtual_device_id
 from devplug.sources import (
     ConfigError,
     HostDevicePlugin,
@@ -21,13 +22,6 @@ from devplug.sources import (
     load_config,
     load_default_config,
     parse_config,
-)
-from devplug.sources.config import (
-    cap_id,
-    ids_env_name,
-    path_device_id,
-    replica_ids,
-    virtual_device_id,
 )
 
 # -- refused configs: one real `devplug check` per case ---------------------------------

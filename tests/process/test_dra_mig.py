@@ -119,7 +119,7 @@ def test_mig_partitions_need_an_nvidia_entry() -> None:
 def mig_name(profile: str, start: int) -> str:
     """The slice name of a partition of GPU 0."""
     from devplug.framework.dra.layout import partition_id
-    from devplug.framework.dra.names import device_name
+    from devplug.kube.dranames import device_name
     from devplug.sources.nvidia.partitions import _NOT_LABEL
 
     label = _NOT_LABEL.sub("-", profile.lower()).strip("-")

@@ -19,7 +19,7 @@ from devplug.framework.dra.slices import slice_bodies
 from devplug.ground.channel import unix_channel
 from devplug.simulator.results import REASON_UNSCHEDULABLE
 from devplug.sources import ConfigError, build_plugins, parse_config
-from devplug.sources.draconfig import config_driver
+from devplug.sources.dradriver import config_driver
 from tests.dra_helpers import NODE, Daemon, NodeDirs, claim_pod, kubelet_for, serve_command
 from tests.hw_helpers import validate_cdi
 

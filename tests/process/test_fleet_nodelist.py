@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from devplug.config.errors import ConfigError
 from devplug.fleet.hardware import build_pool
 from devplug.fleet.nodelist import RESOURCE, node_list_fleet, unit
 from devplug.fleet.shares import node_id
 from devplug.placement.inventory import ASSIGNED, INVENTORY, decode
-from devplug.sources.config import ConfigError
 
 LIST = """sn,cpu_milli,memory_mib,gpu,model
 n-0,64000,262144,2,P100

@@ -72,7 +72,7 @@ def test_health_checks(kubelet: KubeletHarness) -> None:
 
 
 async def test_command_checks_time_out_and_never_use_a_shell() -> None:
-    from devplug.sources.hardware import CheckSpec
+    from devplug.config.hardware import CheckSpec
     from devplug.sources.health import check_problem
     from devplug.sources.hostdev import _Base
 

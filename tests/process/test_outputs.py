@@ -9,17 +9,12 @@ from pathlib import Path
 
 from hw_helpers import validate_cdi, wait_file
 
+from devplug.config.ids import path_device_id
 from devplug.fakes.sysfs import make_node as mknod
 from devplug.framework.cdi import qualified_name, spec_document
 from devplug.framework.device import Device
-from devplug.outputs.nfd import (
-    HEADER,
-    device_labels,
-    label_name_problem,
-    label_value,
-    parse_features,
-)
-from devplug.sources.config import path_device_id
+from devplug.kube.names import label_name_problem, label_value
+from devplug.outputs.nfd import HEADER, device_labels, parse_features
 from devplug.testing import KubeletHarness
 
 

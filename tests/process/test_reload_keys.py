@@ -16,8 +16,8 @@ import pytest
 import yaml
 from serve_helpers import wait_for_gone, wait_for_output, wait_for_path
 
+from devplug.config.root import Config
 from devplug.fakes.sysfs import FakeSysfs, Node, make_node
-from devplug.sources.config import Config
 from devplug.testing import KubeletHarness
 
 RELOADED = "config reloaded from"

@@ -256,7 +256,7 @@ async def test_a_health_program_made_writable_after_the_config_loaded_is_not_run
 ) -> None:
     """The rule holds at each run, not only at load: a program others can now change is
     not run, and the device's health check says why."""
-    from devplug.sources.hardware import CheckSpec
+    from devplug.config.hardware import CheckSpec
     from devplug.sources.health import check_problem
     from devplug.sources.hostdev import _Base
 
@@ -281,7 +281,7 @@ async def test_a_health_program_made_writable_after_the_config_loaded_is_not_run
 
 
 def test_the_generic_device_plugin_s_config_file_follows_the_same_rule(tmp_path: Path) -> None:
-    from devplug.sources.config import ConfigError
+    from devplug.config.errors import ConfigError
     from devplug.sources.gdpfront import Flags, load
 
     file = tmp_path / "config.yaml"

@@ -12,9 +12,9 @@ import msgspec
 import yaml
 
 from devplug.cli.main import build_parser
+from devplug.config.root import Config
 from devplug.fleet import parse_fleet
 from devplug.sources import build_plugins, parse_config
-from devplug.sources.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -54,7 +54,7 @@ def test_config_examples_are_valid() -> None:
 def test_partition_example_publishes_what_the_doc_shows() -> None:
     """The `devplug check` lines of the partition section are those of its config."""
     from devplug.framework.dra.slices import slice_bodies
-    from devplug.sources.draconfig import config_driver
+    from devplug.sources.dradriver import config_driver
 
     [config] = [b for b in blocks("yaml") if b.startswith("resources:") and "region" in b]
     [plugin] = build_plugins(parse_config(config.replace("/dev/xclmgmt0", "/dev/null")))

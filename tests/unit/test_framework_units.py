@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from devplug import Device, DeviceNode, Mount, merge_edits
-from devplug.framework.names import device_id_problem, resource_name_problem
+from devplug.config.ids import device_id_problem
 from devplug.framework.preferred import prefer_numa_local
 from devplug.ground.files import remove_quietly, write_atomic
+from devplug.kube.names import resource_name_problem
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
+from devplug.config.nvidia import NvidiaSpec
 from devplug.fakes import nvml as nv
 from devplug.fakes.gpumodels import MODELS
 from devplug.fakes.gpus import FakeGpuHost, fake_host, gpu, mig_uuid
-from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.sources.nvidia.discovery import resource_names
 from devplug.sources.nvidia.mig import (
     MigGeometry,
@@ -302,8 +302,8 @@ def test_the_nodes_are_real_and_their_host_paths_follow_dev_root(
 
     import yaml
 
+    from devplug.config.nvidia import NvidiaSpec
     from devplug.fakes.devnodes import CONTROL_MINOR, NVIDIA_MAJOR, driver_major
-    from devplug.sources.nvidia.config import NvidiaSpec
     from devplug.sources.nvidia.discovery import units
     from tests.controlplane.test_dra_config import devplug
     from tests.process.test_nvidia_units import loaded, read_view

@@ -15,15 +15,7 @@ FILE_LIMIT = 500
 CLASS_LIMIT = 300
 
 # "path" (a file) or "path:Class", relative to src/devplug, with why it is still big.
-EXCEPTIONS: dict[str, str] = {
-    "sources/config.py": "the root config schema and the device-ID rules; they split when "
-    "the schema gets a package of its own (one file per block, see docs/architecture.md)",
-    "sources/nvidia/source.py": "GPU discovery, sharing and health; sharing splits out with "
-    "the device-ID rules of the config schema, which it applies",
-    "sources/nvidia/source.py:GpuSource": "as its file: discovery, sharing and health",
-    "sources/hostdev.py:HostDevicePlugin": "discovery, folder watches, health and shared "
-    "allocation of host devices; the sharing goes with the device-ID rules as above",
-}
+EXCEPTIONS: dict[str, str] = {}
 
 
 def oversized(path: Path, name: str) -> dict[str, int]:

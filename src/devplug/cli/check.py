@@ -99,7 +99,7 @@ def _objects_text(objects: list[dict[str, Any]]) -> str:
 
 
 def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
-    from devplug.sources import HostDevicePlugin, VirtualPlugin
+    from devplug.sources import HostDevicePlugin
 
     if isinstance(plugin, HostDevicePlugin) and plugin.spec.health is not None:
         import asyncio
@@ -115,7 +115,7 @@ def _resource_report(plugin: SourcePlugin) -> dict[str, Any]:
     warnings = [*plugin.warnings, *([problem] if problem else [])]
     return {
         "name": plugin.resource_name,
-        "kind": getattr(plugin, "kind", "virtual" if isinstance(plugin, VirtualPlugin) else "host"),
+        "kind": plugin.kind,
         "count": plugin.spec.count,
         "idsEnv": plugin.ids_env,
         "preferredAllocation": plugin.preferred_allocation,
@@ -138,12 +138,8 @@ def _add_dra_reports(
 ) -> None:
     """The mode of each resource and, for those served through DRA, the ResourceSlices
     the daemon would publish for this node now."""
-    from devplug.sources.draconfig import (
-        config_driver,
-        extended_resource_name,
-        plugin_driver_name,
-        serves_dra,
-    )
+    from devplug.config.dra import extended_resource_name, plugin_driver_name, serves_dra
+    from devplug.sources.dradriver import config_driver
 
     for plugin, entry in zip(plugins, report, strict=True):
         spec = plugin.spec

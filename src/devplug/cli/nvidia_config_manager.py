@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from devplug.cli import style
-from devplug.sources.nvidia.config import NODE_CONFIG_LABEL
+from devplug.config.nvidia import NODE_CONFIG_LABEL
 
 log = logging.getLogger("devplug.config-manager")
 
@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
 def update(args: argparse.Namespace, label: str) -> bool:
     """Point CONFIG_FILE_DST at the config `label` chooses; True when it changed.
     ValueError (one line) when no config can be chosen."""
-    from devplug.sources.nvidia.nvidiafile import choose, named_configs
+    from devplug.config.nvidiafile import choose, named_configs
 
     try:
         names = list(named_configs(Path(args.config_file_srcdir)))
@@ -115,7 +115,7 @@ def apply(args: argparse.Namespace, label: str) -> None:
 
 def follow(args: argparse.Namespace) -> None:
     """Apply the label's config at each change of it, until stopped."""
-    from devplug.sources.nvidia import nvidiafile
+    from devplug.config import nvidiafile
     from devplug.sources.nvidia.nodelabel import NodeLabelWatch
 
     def changed() -> None:

@@ -33,7 +33,7 @@ block go in DEVPLUG_NVIDIA_OPTIONS as a JSON object. See docs/migrate.md.
 def serve_argv(argv: Sequence[str], environ: dict[str, str]) -> list[str]:
     """The `devplug serve` command line that serves what NVIDIA's flags ask for;
     FlagError for a flag or variable NVIDIA's plugin would refuse."""
-    from devplug.sources.nvidia.nvidiaflags import resolve
+    from devplug.config.nvidiaflags import resolve
 
     resolved = resolve(argv, environ)
     words = ["serve", "--plugin-dir", os.path.dirname(resolved.kubelet_socket) or "."]
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if words and words[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return style.EXIT_OK
-    from devplug.sources.nvidia.nvidiaflags import FlagError
+    from devplug.config.nvidiaflags import FlagError
 
     try:
         command = serve_argv(words, dict(os.environ))

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     def build(config: Config) -> list[SourcePlugin]:
         return build_plugins(config, sysfs_root=args.sysfs_root, dev_root=args.dev_root)
 
-    from devplug.sources.config import apply_node_modes, needs_node_labels
+    from devplug.config.root import apply_node_modes, needs_node_labels
 
     text = None
     labels: dict[str, str] | None = None
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
                 style.EXIT_USAGE,
             )
         text = nvidia_config_text(args.nvidia_config or "", args.nvidia_flags, args.nvidia_options)
-    from devplug.sources.nvidia import nvidiafile
+    from devplug.config import nvidiafile
 
     # NVIDIA configs chosen by a node label read it from the API server, before choosing
     # (once; a failure stops the start with one line).
@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         return style.EXIT_USAGE
     except ValueError as e:  # no usable kubeconfig for the node's labels
         return style.fail(args, f"nodeModeLabel: {e}", style.EXIT_USAGE)
-    from devplug.sources.draconfig import serves_device_plugin, serves_dra
+    from devplug.config.dra import serves_device_plugin, serves_dra
 
     device_plugins = [p for p in plugins if serves_device_plugin(p.spec.mode)]
     services = list(services)
@@ -365,8 +365,9 @@ def _dra_service(args: argparse.Namespace, plugins: Sequence[Any]) -> Any:
     import os
     from pathlib import Path
 
+    from devplug.config.dra import serves_dra
     from devplug.framework.dra.service import DraService, DraSettings
-    from devplug.sources.draconfig import config_driver, serves_dra
+    from devplug.sources.dradriver import config_driver
 
     drivers = [config_driver(plugin) for plugin in plugins if serves_dra(plugin.spec.mode)]
     registry, sockets = dra_dirs(args)

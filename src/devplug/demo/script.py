@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from devplug.config.ids import physical_id
 from devplug.demo.plugin import (
     STDERR_TAIL,
     STOP_TIMEOUT_S,
@@ -36,7 +37,6 @@ from devplug.demo.plugin import (
 )
 from devplug.demo.sample import STORY_ANNOTATION, describe, sample_pods, stories
 from devplug.demo.view import View, make_view
-from devplug.framework.preferred import physical_id
 
 if TYPE_CHECKING:
     from devplug.simulator import Kubelet, KubeletEvent, ResourceStatus

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import msgspec
 
+from devplug.config.dra import plugin_driver_name, serves_device_plugin, serves_dra
+from devplug.config.root import Config
 from devplug.fleet.shares import PoolPlacements
 from devplug.fleet.spec import GpuHostSpec, Pool, gpu_description
 from devplug.framework.device import Attribute
 from devplug.framework.dra.driver import DriverBinding
 from devplug.sources import SourcePlugin, build_plugins
-from devplug.sources.config import Config
-from devplug.sources.draconfig import plugin_driver_name, serves_device_plugin, serves_dra
 
 log = logging.getLogger("devplug.fleet")
 

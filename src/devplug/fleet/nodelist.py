@@ -15,11 +15,12 @@ import re
 
 import yaml
 
+from devplug.config.errors import ConfigError
+from devplug.config.load import parse_config
 from devplug.fleet.spec import Fleet, GpuHostSpec, Pool, PoolSpec, _stem_name
 from devplug.kube.names import is_dns_subdomain
 from devplug.placement.state import MILLI
 from devplug.placement.trace import TraceError, read_nodes
-from devplug.sources.config import ConfigError, parse_config
 
 RESOURCE = "devplug.io/gpu-milli"
 REPLICAS = 100  # per GPU: one replica is MILLI / REPLICAS = 10 milli-GPUs

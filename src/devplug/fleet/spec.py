@@ -20,6 +20,9 @@ from typing import Any, Literal, NoReturn
 import msgspec
 import yaml
 
+from devplug.config.errors import ConfigError, convert
+from devplug.config.load import parse_config
+from devplug.config.root import Config
 from devplug.ground import inputs
 from devplug.kube.names import (
     is_dns_label,
@@ -29,7 +32,6 @@ from devplug.kube.names import (
 )
 from devplug.kube.quantity import QuantityError, parse_quantity
 from devplug.simulator.topology import MAX_NUMA_NODES, POLICIES
-from devplug.sources.config import Config, ConfigError, convert, parse_config
 
 MAX_NODES = 20_000
 Effect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]

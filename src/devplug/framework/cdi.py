@@ -1,6 +1,6 @@
-"""The CDI (Container Device Interface) format: kinds and device names as the CDI parser
-accepts them, a spec's JSON body from container edits, and Allocate's answer in each CDI
-mode. Shared by the device-plugin path (a spec per resource, see devplug.outputs.cdi)
+"""The CDI (Container Device Interface) format: a device's CDI name, a spec's JSON body
+from container edits, and Allocate's answer in each CDI mode (the names' rules are
+devplug.kube.cdi's). Shared by the device-plugin path (a spec per resource, see devplug.outputs.cdi)
 and by DRA (a spec per prepared claim)."""
 
 from __future__ import annotations
@@ -9,39 +9,15 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from devplug.config.ids import physical_id
 from devplug.framework.device import ContainerEdits, Device, merge_edits
-from devplug.framework.preferred import physical_id
 from devplug.ground.files import write_atomic
+from devplug.kube.cdi import CdiMode
 
 CDI_VERSION = "0.6.0"
-DEFAULT_CDI_DIR = "/var/run/cdi"
-CdiMode = Literal["deviceSpecs", "cdi", "both"]
-CDI_MODES: tuple[CdiMode, ...] = ("deviceSpecs", "cdi", "both")
-
-# The CDI parser's rules for the two parts of a kind and for device names.
-_VENDOR = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-_CLASS = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_-]*[A-Za-z0-9])?$")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
-
-
-def kind_problem(kind: str) -> str | None:
-    """Why `kind` is not a CDI kind ('vendor.com/class'), or None."""
-    vendor, slash, cls = kind.partition("/")
-    if not slash or not _VENDOR.match(vendor) or not _CLASS.match(cls):
-        return (
-            f"CDI kind {kind!r} must be 'vendor/class': a vendor of [A-Za-z0-9_.-] and a class "
-            "of [A-Za-z0-9_-], each starting and ending with a letter or digit"
-        )
-    return None
-
-
-def default_kind(resource_name: str) -> str:
-    """The CDI kind of a resource: its name, with the class made valid
-    ('example.com/u280.v2' -> 'example.com/u280-v2')."""
-    vendor, _, name = resource_name.partition("/")
-    return f"{vendor}/{re.sub(r'[^A-Za-z0-9_-]', '-', name)}"
 
 
 def device_name(device_id: str) -> str:

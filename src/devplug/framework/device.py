@@ -7,40 +7,13 @@ of the chosen devices; a plugin only has to describe its hardware.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from devplug.framework.names import device_id_problem
-
-_PERMISSIONS = re.compile(r"^(?!.*(.).*\1)[rwm]{1,3}$")
-_CDI_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*=[A-Za-z0-9_.:-]+$")
-
-
-def permissions_problem(permissions: str) -> str | None:
-    if _PERMISSIONS.match(permissions):
-        return None
-    return f"permissions {permissions!r} must combine r, w and m, each at most once"
-
-
-def env_problem(name: str, value: str) -> str | None:
-    """Why a container cannot get the variable `name=value`: the runtime hands env to
-    execve as 'NAME=VALUE' C strings, so a NUL cuts it and '=' in the name moves the
-    split (containerd then drops or mangles it)."""
-    if not name:
-        return "an env variable needs a name"
-    if "=" in name or "\0" in name:
-        return f"bad env variable name {name!r}: no '=' or NUL character"
-    if "\0" in value:
-        return f"env variable {name!r}: its value contains a NUL character"
-    return None
-
-
-def cdi_name_problem(name: str) -> str | None:
-    if _CDI_NAME.match(name):
-        return None
-    return f"CDI device name {name!r} is not fully qualified ('vendor.com/class=name')"
+from devplug.config.ids import device_id_problem
+from devplug.kube.cdi import cdi_name_problem
+from devplug.kube.containers import env_problem, permissions_problem
 
 
 @dataclass(frozen=True, slots=True)

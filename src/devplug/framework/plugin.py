@@ -13,7 +13,7 @@ from devplug.framework import observe
 from devplug.framework.device import ContainerEdits, Device, merge_edits
 from devplug.framework.generation import Generation
 from devplug.framework.limits import Limits, device_limit_problem
-from devplug.framework.names import resource_name_problem
+from devplug.kube.names import resource_name_problem
 
 log = logging.getLogger("devplug.plugin")
 

@@ -6,13 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from devplug.config.ids import REPLICA_SEPARATOR, physical_id
 from devplug.framework.device import Device
-from devplug.framework.names import REPLICA_SEPARATOR
-
-
-def physical_id(device_id: str) -> str:
-    """The device a replica ID belongs to ('gpu0::3' -> 'gpu0'); other IDs are their own."""
-    return device_id.partition(REPLICA_SEPARATOR)[0]
 
 
 def spread_replicas(devices: Sequence[Device], taken: Sequence[Device] = ()) -> list[Device]:

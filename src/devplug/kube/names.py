@@ -1,8 +1,9 @@
 """The names Kubernetes accepts, by the API machinery's validation rules: DNS labels
 (RFC 1123: namespaces, container names, DRA device names), DNS subdomains (object
 names, domains of resource and label names), the name part of a qualified name
-(resource and label names after the '/'), and label values. Written once for the
-config, the simulator, the fleet, DRA and the node-feature file."""
+(resource and label names after the '/'), label values, extended resource names and
+label names. Written once for the config, the simulator, the fleet, DRA and the
+node-feature file."""
 
 from __future__ import annotations
 
@@ -45,3 +46,43 @@ def label_value(text: str) -> str:
     """`text` as a valid label value: other characters become '-', at most 63, starting
     and ending with a letter or digit ('Alveo U280 ' -> 'Alveo-U280')."""
     return _VALUE_UNSAFE.sub("-", text)[:MAX_LABEL_VALUE].strip("-_.")
+
+
+_NATIVE_NAMESPACE = "kubernetes.io/"
+_REQUESTS_PREFIX = "requests."
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Why `name` is not a valid extended resource name, or None when it is: the
+    kubelet's own check, so that a name devplug accepts is never refused at
+    registration, and the simulator refuses exactly what the kubelet refuses."""
+    if "/" not in name:
+        return f"{name!r} has no vendor domain: expected 'vendor-domain/resource'"
+    if _NATIVE_NAMESPACE in name:
+        return f"{name!r} is in the kubernetes.io namespace, reserved for native resources"
+    if name.startswith(_REQUESTS_PREFIX):
+        return f"{name!r} must not start with {_REQUESTS_PREFIX!r}"
+    prefix, _, short = (_REQUESTS_PREFIX + name).partition("/")
+    if "/" in short:
+        return f"{name!r} has more than one '/'"
+    if not is_dns_subdomain(prefix):
+        return f"{name!r}: the domain must be a lower-case DNS subdomain"
+    if not is_qualified_name_part(short):
+        return (
+            f"{name!r}: the name after '/' must be 1-63 characters of [A-Za-z0-9-_.], "
+            "starting and ending with a letter or digit"
+        )
+    return None
+
+
+def label_name_problem(name: str) -> str | None:
+    """Why `name` is not a label key ('example.com/fpga.count'), or None: NFD drops
+    such a label, so it is left out (a long resource name plus '.numa-nodes' can pass
+    the 63 characters of the part after '/')."""
+    prefix, slash, short = name.rpartition("/")
+    if not is_qualified_name_part(short) or (slash and not is_dns_subdomain(prefix)):
+        return (
+            f"{name!r} is not a label name: 1-63 characters of [A-Za-z0-9-_.] after an "
+            "optional DNS prefix and '/', starting and ending with a letter or digit"
+        )
+    return None

@@ -14,15 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from devplug.framework.cdi import (
-    DEFAULT_CDI_DIR,
-    kind_problem,
-    spec_document,
-    spec_file_name,
-    spec_text,
-)
+from devplug.framework.cdi import spec_document, spec_file_name, spec_text
 from devplug.framework.plugin import Plugin
 from devplug.ground.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile
+from devplug.kube.cdi import DEFAULT_CDI_DIR, kind_problem
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:

@@ -16,11 +16,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from devplug.config.hardware import DEFAULT_FEATURE_FILE
+from devplug.config.ids import physical_id
 from devplug.framework.device import Device
 from devplug.framework.plugin import Plugin
-from devplug.framework.preferred import physical_id
 from devplug.ground.files import FileKeeper, NotOurs, OwnedElsewhere, OwnedFile
-from devplug.kube.names import is_dns_subdomain, is_qualified_name_part, label_value
+from devplug.kube.names import label_name_problem, label_value
 from devplug.outputs.follow import follow
 
 if TYPE_CHECKING:
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("devplug.outputs.nfd")
 
-DEFAULT_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/devplug"
 HEADER = "# devplug: node labels of the resources it serves; removed when it stops\n"
 
 
@@ -49,19 +49,6 @@ def device_labels(resource_name: str, devices: Iterable[Device]) -> dict[str, st
     if numa:
         labels[f"{resource_name}.numa-nodes"] = label_value("_".join(map(str, numa)))
     return labels
-
-
-def label_name_problem(name: str) -> str | None:
-    """Why `name` is not a label key ('example.com/fpga.count'), or None: NFD drops
-    such a label, so it is left out (a long resource name plus '.numa-nodes' can pass
-    the 63 characters of the part after '/')."""
-    prefix, slash, short = name.rpartition("/")
-    if not is_qualified_name_part(short) or (slash and not is_dns_subdomain(prefix)):
-        return (
-            f"{name!r} is not a label name: 1-63 characters of [A-Za-z0-9-_.] after an "
-            "optional DNS prefix and '/', starting and ending with a letter or digit"
-        )
-    return None
 
 
 def feature_labels(plugins: Sequence[Plugin]) -> dict[str, str]:

@@ -26,14 +26,14 @@ import msgspec
 
 from devplug.apiserver import failures
 from devplug.apiserver.client import FAILURES
+from devplug.config.ids import physical_id
 from devplug.fleet.hardware import PoolHardware, build_pool
 from devplug.fleet.node import FleetNode
 from devplug.fleet.objects import node_labels, taints
 from devplug.fleet.requests import pod_requests
 from devplug.fleet.spec import Fleet
 from devplug.framework.dra.driver import DriverBinding
-from devplug.framework.dra.names import device_name
-from devplug.framework.preferred import physical_id
+from devplug.kube.dranames import device_name
 from devplug.plan.fit import NodeView, pick
 from devplug.plan.variants import PlannedPod, Variant, apply, mig_offers, planned_pods
 from devplug.plan.workload import Workload

@@ -20,10 +20,10 @@ from typing import Any
 
 import msgspec
 
+from devplug.config.resource import ResourceSpec
 from devplug.fleet.spec import Fleet, Pool
 from devplug.plan.workload import GPU, Workload
 from devplug.simulator.topology import POLICIES
-from devplug.sources.config import ResourceSpec
 
 KNOBS = {
     "topologyPolicy": POLICIES,

@@ -26,9 +26,9 @@ from devplug.api.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from devplug.api.pluginregistration.v1 import api_pb2 as reg
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from devplug.framework.dra.names import driver_name_problem
 from devplug.ground.channel import unix_channel
 from devplug.ground.dirwatch import DirWatcher
+from devplug.kube.dranames import driver_name_problem
 
 log = logging.getLogger("devplug.simulator.dra")
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from devplug.framework.names import resource_name_problem
-from devplug.kube.names import is_dns_label, is_dns_subdomain
+from devplug.kube.names import is_dns_label, is_dns_subdomain, resource_name_problem
 from devplug.kube.quantity import QuantityError, parse_quantity
 from devplug.kube.requests import pod_requests
 

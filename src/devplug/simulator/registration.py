@@ -23,7 +23,7 @@ import grpc
 from devplug.api.constants import SUPPORTED_VERSIONS
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.names import resource_name_problem
+from devplug.kube.names import resource_name_problem
 from devplug.simulator.endpoint import EndpointError
 from devplug.simulator.events import REGISTERED, REGISTRATION_REFUSED
 

@@ -9,42 +9,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import msgspec
 
-from devplug.framework.cdi import default_kind
-from devplug.framework.names import resource_name_problem
-from devplug.kube.names import label_value
-from devplug.sources.config import (
-    Config,
-    ConfigError,
-    ResourceSpec,
-    load_config,
-    load_default_config,
-    parse_config,
-)
+from devplug.config.errors import ConfigError
+from devplug.config.limits import LimitsSpec
+from devplug.config.load import load_config, load_default_config, parse_config
+from devplug.config.resource import ResourceSpec
+from devplug.config.root import Config
+from devplug.framework.limits import Limits
+from devplug.kube.cdi import default_kind
+from devplug.kube.names import label_value, resource_name_problem
 from devplug.sources.hostdev import HostDevicePlugin
+from devplug.sources.protocol import Source, SourcePlugin
 from devplug.sources.sysfs.select import Pool, selected_devices
 from devplug.sources.sysfs.tree import Sysfs
 from devplug.sources.virtual import VirtualPlugin
 
 log = logging.getLogger("devplug.sources")
 
-# Every kind offers `discover()` (the devices to serve now, without publishing) and
-# `warnings` (one-line messages, e.g. a glob that matches nothing).
-if TYPE_CHECKING:
-    from devplug.sources.nvidia.plugin import NvidiaPlugin
-
-    SourcePlugin = HostDevicePlugin | VirtualPlugin | NvidiaPlugin
-else:
-    SourcePlugin = HostDevicePlugin | VirtualPlugin  # NVIDIA's loads only when configured
-
 __all__ = [
     "Config",
     "ConfigError",
     "HostDevicePlugin",
     "ResourceSpec",
+    "Source",
     "SourcePlugin",
     "VirtualPlugin",
     "build_plugin",
@@ -70,10 +59,10 @@ def resource_names(config: Config) -> list[str]:
     return names
 
 
-def start_problems(plugins: Iterable[object]) -> list[str]:
-    """Why these plugins must not be served (one line each; none: fine), e.g. NVML
+def start_problems(sources: Iterable[Source]) -> list[str]:
+    """Why these sources must not be served (one line each; none: fine), e.g. NVML
     failing for an `nvidia:` entry with failOnInitError."""
-    return [p for p in (getattr(plugin, "start_problem", "") for plugin in plugins) if p]
+    return [s.start_problem for s in sources if s.start_problem]
 
 
 def build_plugin(spec: ResourceSpec, sysfs: Sysfs | None = None) -> SourcePlugin:
@@ -109,10 +98,21 @@ def build_plugins(
                 cdi = msgspec.structs.replace(cdi, kind=default_kind(f"{cdi.kind}-{pool.model}"))
             pool_spec = msgspec.structs.replace(spec, name=name, split=None, cdi=cdi)
             plugins.append(HostDevicePlugin(pool_spec, sysfs, pool))
-    limits = config.limits.to_limits()
+    limits = limits_of(config.limits)
     for plugin in plugins:
         plugin.limits = limits
     return plugins
+
+
+def limits_of(spec: LimitsSpec) -> Limits:
+    """The framework's limits as the config's `limits:` block sets them."""
+    return Limits(
+        max_request_bytes=spec.max_request_bytes,
+        max_devices=spec.max_devices_per_resource,
+        max_ids_per_request=spec.max_ids_per_request,
+        max_streams=spec.max_streams,
+        register_timeout_s=spec.register_timeout_seconds,
+    )
 
 
 def pool_name(resource: str, model: str) -> str:

@@ -5,7 +5,7 @@ Its `--device` blocks (YAML or JSON, repeatable), `--domain`, `--plugin-director
 `--listen`, `--log-level` and `--config` file are read with its defaults and precedence
 (a flag given > its environment variable > its file > the default), its device specs
 with its decoding (keys in any case, unknown keys ignored: each is named in a warning),
-and translated into the one config model of sources/config.py. Nothing here runs
+and translated into the one config model of devplug.config. Nothing here runs
 anything: `devplug serve` serves the result, `devplug check` prints it.
 """
 
@@ -18,10 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from devplug.framework.device import permissions_problem
+from devplug.config.errors import ConfigError
+from devplug.config.load import check_trusted, config_from_data
+from devplug.config.root import Config
 from devplug.ground import inputs
+from devplug.kube.containers import permissions_problem
 from devplug.kube.names import is_dns_subdomain
-from devplug.sources.config import Config, ConfigError, check_trusted, config_from_data
 
 DEFAULT_DOMAIN = "squat.ai"
 DEFAULT_PLUGIN_DIRECTORY = "/var/lib/kubelet/device-plugins/"

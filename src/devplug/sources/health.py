@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from devplug.config import hardware
 from devplug.framework.device import Attribute
 from devplug.ground.trust import program_problem
-from devplug.sources import hardware
 from devplug.sources.sysfs.select import fill
 
 log = logging.getLogger("devplug.sources.health")

@@ -20,28 +20,21 @@ import os
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from pathlib import Path
 
-from devplug.framework.cdi import apply_mode, default_kind
+from devplug.config import hardware
+from devplug.config.groups import GroupSpec, group_device_id, has_glob, is_selector, required_mounts
+from devplug.config.ids import ids_env_name, path_device_id, replica_ids
+from devplug.config.resource import ResourceSpec
+from devplug.framework.cdi import apply_mode
 from devplug.framework.device import Attribute, ContainerEdits, Device, DeviceNode, Mount
-from devplug.framework.plugin import Plugin
 from devplug.framework.preferred import pick
 from devplug.ground.dirwatch import DirWatcher
+from devplug.kube.cdi import default_kind
 from devplug.outputs.nfd import device_labels
-from devplug.sources import hardware
-from devplug.sources.config import (
-    GroupSpec,
-    ResourceSpec,
-    group_device_id,
-    has_glob,
-    ids_env_name,
-    is_selector,
-    path_device_id,
-    replica_ids,
-    required_mounts,
-)
 from devplug.sources.health import run_checks, verdicts
+from devplug.sources.hostwatch import FolderWatch, folders
+from devplug.sources.protocol import SourcePlugin
 from devplug.sources.sysfs.select import Pool, Selected, selected_devices, vfio_env
 from devplug.sources.sysfs.tree import Sysfs
 
@@ -87,7 +80,7 @@ def no_node_warning(resource: str, g: int, device_id: str, selected: Selected) -
     )
 
 
-class HostDevicePlugin(Plugin):
+class HostDevicePlugin(SourcePlugin):
     """Serves the device nodes of one configured resource (`groups`); `pool` keeps only
     the devices of one model of a resource split by `split`."""
 
@@ -113,11 +106,13 @@ class HostDevicePlugin(Plugin):
         self._there: set[str] = set()  # checked devices there (nodes too) at the last look
         # Globs that match nothing now and paths that clash on an ID, as one-line
         # messages; refreshed by discover().
-        self.warnings: list[str] = []
+        self._warnings: list[str] = []
         self._known: dict[str, _Base] = {}  # every device seen, by full ID
         self._health: dict[str, bool] = {}  # full ID of each device seen -> healthy
-        self._interest: dict[Path, set[str]] = {}  # watched folder -> name patterns
-        self._unwatchable: set[Path] = set()
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._warnings
 
     # -- discovery ----------------------------------------------------------------
 
@@ -133,7 +128,7 @@ class HostDevicePlugin(Plugin):
                 self._discover_selected(g, group, warnings)
             else:
                 self._discover_paths(g, group, warnings)
-        self.warnings = warnings
+        self._warnings = warnings
         devices: list[Device] = []
         self._health = {}
         for base in self.bases():
@@ -252,48 +247,9 @@ class HostDevicePlugin(Plugin):
     # -- watching -------------------------------------------------------------------
 
     def folders(self) -> dict[Path, set[str]]:
-        """The folders to watch now, each with the name patterns relevant in it: the
-        folder of each path (or its nearest existing ancestor), and for a glob the
-        folders that match its components up to the last."""
-        interest: dict[Path, set[str]] = {}
-        for group in self.groups:
-            if is_selector(group):
-                continue
-            # The mounts whose presence matters (required or optional) too.
-            mounts = [m.host_path for m in group.mounts if m.required or m.optional]
-            for path in [*(spec.path for spec in group.paths), *mounts]:
-                for folder, pattern in _folders_of(path):
-                    interest.setdefault(Path(folder), set()).add(pattern)
-        if self.uses_sysfs:
-            # The bus folders (a device's link comes and goes), /dev and the folders of
-            # the nodes seen (a node made or removed after its device).
-            watched = [self.sysfs.bus_folder("usb"), self.sysfs.bus_folder("pci")]
-            watched.append(self.sysfs.dev_root)
-            for base in self._known.values():
-                if base.selected:
-                    watched += [Path(n.host_path).parent for n in base.nodes]
-            for place in watched:
-                interest.setdefault(_existing(place), set()).add("*")
-        return interest
-
-    def _relevant(self, folder: Path, name: str) -> bool:
-        if not name:  # a watched folder itself went away
-            return True
-        return any(fnmatchcase(name, p) for p in self._interest.get(folder, ()))
-
-    def _rewatch(self, watcher: DirWatcher[Path]) -> bool:
-        """Watch the folders of now; False if one vanished before it could be watched
-        (look again: its parent is watched instead)."""
-        self._interest = self.folders()
-        watcher.set_folders(set(self._interest))
-        missing = set(self._interest) - watcher.folders
-        vanished = {f for f in missing if not f.is_dir()}
-        # Present but refused (e.g. the inotify watch limit): say so once, and do not
-        # retry in a loop; the next event elsewhere tries again.
-        for folder in sorted(missing - vanished - self._unwatchable):
-            log.warning("%s: cannot watch %s: changes in it are missed", self.resource_name, folder)
-        self._unwatchable = missing - vanished
-        return not vanished
+        """The folders to watch now, each with the name patterns relevant in it."""
+        selected = [n for b in self._known.values() if b.selected for n in b.nodes]
+        return folders(self.groups, self.sysfs if self.uses_sysfs else None, selected)
 
     def _publish_now(self) -> None:
         old_warnings, old_health = set(self.warnings), self._health
@@ -317,10 +273,11 @@ class HostDevicePlugin(Plugin):
         dirty = asyncio.Event()
 
         def on_event(folder: Path, name: str) -> None:
-            if self._relevant(folder, name):
+            if watch.relevant(folder, name):
                 dirty.set()
 
         watcher = DirWatcher(on_event)
+        watch = FolderWatch(self.resource_name, watcher)
         events = asyncio.create_task(watcher.run(), name=f"watch {self.resource_name}")
         events.add_done_callback(lambda _: dirty.set())
         helpers: list[asyncio.Task[None]] = []
@@ -331,7 +288,7 @@ class HostDevicePlugin(Plugin):
             udev = UdevEvents.start(dirty.set)
         try:
             # Watch first, then look: a change after the look is an event.
-            if not self._rewatch(watcher):
+            if not watch.rewatch(self.folders()):
                 dirty.set()
             if self.spec.health is not None:
                 interval = self.spec.health.interval
@@ -349,10 +306,10 @@ class HostDevicePlugin(Plugin):
                         raise RuntimeError(f"{self.resource_name}: the health checks stopped")
                 dirty.clear()
                 before = watcher.folders
-                if not self._rewatch(watcher):
+                if not watch.rewatch(self.folders()):
                     dirty.set()
                 await self._look()
-                if self._rewatch(watcher) and watcher.folders != before:
+                if watch.rewatch(self.folders()) and watcher.folders != before:
                     dirty.set()  # folders of new nodes: look once more, now watched
         finally:
             events.cancel()
@@ -430,34 +387,8 @@ def _nodes_exist(base: _Base) -> bool:
     return all(os.path.exists(path) for path in (*(n.host_path for n in base.nodes), *mounts))
 
 
-def _existing(folder: Path) -> Path:
-    """`folder`, or its nearest existing ancestor (watched until it appears)."""
-    while not folder.is_dir() and folder.parent != folder:
-        folder = folder.parent
-    return folder
-
-
 def _node(host_path: str, container_path: str, permissions: str) -> DeviceNode:
     """A node; a container path ending in '/' is a folder where it keeps its name."""
     if container_path.endswith("/"):
         container_path += posixpath.basename(host_path)
     return DeviceNode(host_path, container_path or host_path, permissions)
-
-
-def _folders_of(path: str) -> list[tuple[str, str]]:
-    """(folder, name pattern) pairs to watch for `path`, a literal path or a glob."""
-    parts = posixpath.normpath(path).split("/")[1:]
-    # Components before the first glob one (for a literal path: all but the last).
-    static = next((i for i, part in enumerate(parts) if has_glob(part)), len(parts) - 1)
-    # The nearest existing folder of the static prefix.
-    depth = static
-    while depth > 0 and not os.path.isdir("/" + "/".join(parts[:depth])):
-        depth -= 1
-    pairs = [("/" + "/".join(parts[:depth]), parts[depth])]
-    if depth < static:
-        return pairs
-    # Every existing folder matching each longer prefix, up to the last component.
-    for depth in range(static + 1, len(parts)):
-        prefix = "/" + "/".join(parts[:depth])
-        pairs += [(f, parts[depth]) for f in glob.glob(prefix) if os.path.isdir(f)]
-    return pairs

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from devplug.config.load import check_trusted
 from devplug.framework import observe
 from devplug.ground import inputs
 from devplug.ground.dirwatch import ENTRY_EVENTS, DirWatcher, Mask
 from devplug.ground.signals import RELOAD_SIGNAL, hold_reload_signal, take_held_reload
 from devplug.sources import Config, ConfigError, build_plugins, parse_config
-from devplug.sources.config import check_trusted
+from devplug.sources.protocol import SourcePlugin
 from devplug.sources.validate import plugins_to_serve
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from devplug.framework.plugin import Plugin
 
 # How `devplug serve` turns a checked config into the plugins it serves.
-BuildPlugins = Callable[[Config], Sequence["Plugin"]]
+BuildPlugins = Callable[[Config], Sequence[SourcePlugin]]
 
 log = logging.getLogger("devplug.sources.reload")
 
@@ -55,7 +56,7 @@ def config_inputs(config: Config) -> tuple[list[Path], set[Path]]:
         ref = resource.nvidia.nvidia_config if resource.nvidia is not None else None
         if ref is None:
             continue
-        from devplug.sources.nvidia.nvidiafile import inputs as read_by
+        from devplug.config.nvidiafile import inputs as read_by
 
         files += read_by(ref)
         folders.add(Path(ref.folder) if ref.folder else Path(ref.file or "/").parent)
@@ -233,4 +234,6 @@ def _built_from(plugin: Plugin) -> tuple[object, object, object]:
     resource its pool (a per-model or NVML-derived resource has a spec of its own, so it
     is compared as itself, not by its entry's name), and the config's `limits` (its
     server's options and bounds are set when it starts)."""
-    return getattr(plugin, "spec", None), getattr(plugin, "pool", None), plugin.limits
+    if isinstance(plugin, SourcePlugin):
+        return plugin.spec, plugin.pool, plugin.limits
+    return None, None, plugin.limits

@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from devplug.config.root import Config
 from devplug.framework.daemon import Service
 from devplug.outputs.cdi import CdiSpecs, WritesCdiSpec
-from devplug.sources.config import Config
 from devplug.sources.hostdev import HostDevicePlugin
 
 if TYPE_CHECKING:

@@ -14,16 +14,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from devplug.api.constants import KUBELET_SOCKET
+from devplug.config.dra import serves_device_plugin
+from devplug.config.errors import ConfigError
+from devplug.config.root import Config
 from devplug.framework.limits import Limits, device_limit_problem
 from devplug.ground.unixserver import socket_path_problem
 from devplug.sources import start_problems
-from devplug.sources.config import Config, ConfigError
-from devplug.sources.draconfig import serves_device_plugin
 
 if TYPE_CHECKING:
-    from devplug.framework.plugin import Plugin
+    from devplug.sources.protocol import SourcePlugin
 
-P = TypeVar("P", bound="Plugin")
+P = TypeVar("P", bound="SourcePlugin")
 
 
 class CannotStart(ConfigError):
@@ -45,8 +46,7 @@ def plugins_to_serve(
     if problem := socket_path_problem(Path(plugin_dir) / KUBELET_SOCKET):
         raise ConfigError(f"--plugin-dir: {problem}")
     for plugin in plugins:
-        spec = getattr(plugin, "spec", None)
-        if spec is not None and not serves_device_plugin(spec.mode):
+        if not serves_device_plugin(plugin.spec.mode):
             continue  # a DRA driver's sockets are its own (checked with its folders)
         if problem := socket_path_problem(Path(plugin_dir) / plugin.socket_name):
             raise ConfigError(f"{source}: {plugin.resource_name}: {problem}")

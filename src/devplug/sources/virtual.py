@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from devplug.config.ids import ids_env_name, replica_ids, virtual_device_id
+from devplug.config.resource import ResourceSpec
 from devplug.framework.device import Device
-from devplug.framework.plugin import Plugin
 from devplug.outputs.nfd import device_labels
-from devplug.sources.config import ResourceSpec, ids_env_name, replica_ids, virtual_device_id
+from devplug.sources.protocol import SourcePlugin
 
 
-class VirtualPlugin(Plugin):
+class VirtualPlugin(SourcePlugin):
     """Serves `virtual` always-healthy devices named '<resource short name>-<index>'."""
+
+    kind = "virtual"
 
     def __init__(self, spec: ResourceSpec) -> None:
         if spec.virtual is None:
@@ -20,7 +23,6 @@ class VirtualPlugin(Plugin):
         self.spec = spec
         self.ids_env = ids_env_name(spec.name)
         self.preferred_allocation = spec.preferred_allocation
-        self.warnings: list[str] = []
 
     def discover(self) -> list[Device]:
         assert self.spec.virtual is not None

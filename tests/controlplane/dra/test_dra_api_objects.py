@@ -121,7 +121,7 @@ def bodies(dra: dict[str, Any], cards: int = 1, sick: bool = False) -> list[dict
 
     from devplug.framework.dra.slices import slice_bodies
     from devplug.sources import build_plugins, parse_config
-    from devplug.sources.draconfig import config_driver
+    from devplug.sources.dradriver import config_driver
 
     groups = [
         {"id": f"card{i}", "paths": [{"path": "/dev/null"}], "attributes": {"memory": 8 << 30}}

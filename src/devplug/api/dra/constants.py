@@ -30,8 +30,6 @@ MAX_COUNTER_SETS_PER_SLICE: Final = 8
 MAX_COUNTERS_PER_SET: Final = 32
 MAX_VALID_VALUES: Final = 10
 MAX_ATTRIBUTES_AND_CAPACITIES: Final = 32
-MAX_ATTRIBUTE_NAME_LENGTH: Final = 32
-MAX_STRING_ATTRIBUTE_LENGTH: Final = 64
 # The standard attribute of a device's NUMA node (Kubernetes 1.37, KEP-6072): one name
 # for every driver, so that `matchAttribute` aligns a GPU and a NIC of two drivers.
 NUMA_NODE_ATTRIBUTE: Final = "resource.kubernetes.io/numaNode"

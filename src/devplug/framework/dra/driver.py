@@ -23,8 +23,8 @@ from typing import Protocol
 from devplug.api.dra.constants import NUMA_NODE_ATTRIBUTE
 from devplug.framework.device import Attribute, ContainerEdits, Device
 from devplug.framework.dra.layout import Layout, Partition, partition_device
-from devplug.framework.dra.names import default_driver_name, device_name, driver_name_problem
 from devplug.framework.plugin import Plugin
+from devplug.kube.dranames import default_driver_name, device_name, driver_name_problem
 
 # The taint of an unhealthy device (a label key; its value the health reason).
 UNHEALTHY_TAINT = "devplug.io/unhealthy"

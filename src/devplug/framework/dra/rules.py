@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from devplug.framework.dra.names import attribute_name_problem
+from devplug.kube.dranames import attribute_name_problem
 
 # ResourceSliceSpec.skipNodeOperations values (resource.k8s.io/v1, 1.37).
 SKIP_VALUES = frozenset({"NodePrepareResources", "NodeUnprepareResources", "*"})

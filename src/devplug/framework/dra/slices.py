@@ -19,7 +19,6 @@ from devplug.api.dra.constants import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_ADVANCED,
-    MAX_STRING_ATTRIBUTE_LENGTH,
     MAX_TAINTS_PER_DEVICE,
     RESOURCE_API_VERSION,
     SKIP_ALL_NODE_OPERATIONS,
@@ -27,7 +26,7 @@ from devplug.api.dra.constants import (
 from devplug.framework.device import Attribute
 from devplug.framework.dra.driver import DriverBinding, Offer
 from devplug.framework.dra.layout import consumption, counter_set, shared_capacity
-from devplug.framework.dra.names import attribute_name_problem, object_name
+from devplug.kube.dranames import attribute_problem, object_name
 
 log = logging.getLogger("devplug.dra.slices")
 
@@ -51,14 +50,6 @@ def typed_value(value: Attribute) -> dict[str, Any]:
     if isinstance(value, int):
         return {"int": value}
     return {"string": value}
-
-
-def attribute_problem(name: str, value: Attribute) -> str | None:
-    if problem := attribute_name_problem(name):
-        return problem
-    if isinstance(value, str) and len(value) > MAX_STRING_ATTRIBUTE_LENGTH:
-        return f"attribute {name!r}: value longer than {MAX_STRING_ATTRIBUTE_LENGTH} characters"
-    return None
 
 
 def slice_device(driver: DriverBinding, offer: Offer) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from devplug.config.nvidia import NvidiaSpec
 from devplug.framework.cdi import CDI_VERSION, edits_json
 from devplug.framework.device import ContainerEdits
-from devplug.sources.nvidia.config import NvidiaSpec
 from devplug.sources.nvidia.discovery import CDI_KIND, SHARED_NODES, Unit, container_id, host_path
 
 log = logging.getLogger("devplug.sources.nvidia")

@@ -14,15 +14,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from devplug.config.hardware import DEFAULT_DEV_ROOT
+from devplug.config.ids import replica_ids
+from devplug.config.nvidia import CDI_STRATEGIES, NvidiaSpec, cdi_only, replicas_of
 from devplug.framework.device import Attribute, Device, DeviceNode, Mount
-from devplug.sources.config import replica_ids
-from devplug.sources.hardware import DEFAULT_DEV_ROOT
-from devplug.sources.nvidia.config import (
-    CDI_STRATEGIES,
-    NvidiaSpec,
-    cdi_only,
-    replicas_of,
-)
 from devplug.sources.nvidia.mig import resource_suffix
 from devplug.sources.nvidia.mps import client_edits
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo, NvmlView

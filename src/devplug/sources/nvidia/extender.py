@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from devplug.apiserver.backoff import Backoff
+from devplug.config.nvidia import MILLI, share_milli
 from devplug.kube.requests import pod_requests
 from devplug.outputs.follow import follow
 from devplug.placement.inventory import (
@@ -33,15 +34,14 @@ from devplug.placement.inventory import (
     join,
     nvlink_groups,
 )
-from devplug.sources.nvidia.config import MILLI, share_milli
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from devplug.config.nvidia import NvidiaSpec
     from devplug.framework.daemon import Daemon
     from devplug.framework.device import Device
     from devplug.framework.plugin import Plugin
-    from devplug.sources.nvidia.config import NvidiaSpec
     from devplug.sources.nvidia.source import GpuSource
 
 log = logging.getLogger("devplug.sources.nvidia.extender")

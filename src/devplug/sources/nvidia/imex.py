@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import stat
 
+from devplug.config.nvidia import NvidiaSpec, cdi_only
 from devplug.framework.device import ContainerEdits, Mount
-from devplug.sources.nvidia.config import NvidiaSpec, cdi_only
 from devplug.sources.nvidia.discovery import VOLUME_MOUNTS_DIR, driver_node, host_path
 
 CHANNELS_DIR = "/dev/nvidia-caps-imex-channels"

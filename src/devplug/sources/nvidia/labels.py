@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from devplug.config.ids import physical_id
+from devplug.config.nvidia import NvidiaSpec, replicas_of
 from devplug.framework.device import Device
-from devplug.framework.preferred import physical_id
 from devplug.kube.names import MAX_LABEL_VALUE, label_value
-from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
 from devplug.sources.nvidia.discovery import Unit, host_path, single_problem
 from devplug.sources.nvidia.nvml import GpuInfo, MigInfo
 from devplug.sources.nvidia.vgpu import vgpu_labels

@@ -26,9 +26,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from devplug.config.nvidia import NvidiaSpec, replicas_of
 from devplug.framework.device import Mount
 from devplug.ground.trust import program_problem
-from devplug.sources.nvidia.config import NvidiaSpec, replicas_of
 
 log = logging.getLogger("devplug.sources.nvidia.mps")
 

@@ -19,11 +19,11 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from devplug.sources.nvidia import nvidiafile
+from devplug.config import nvidiafile
 
 if TYPE_CHECKING:
+    from devplug.config.root import Config
     from devplug.framework.daemon import Daemon
-    from devplug.sources.config import Config
 
 log = logging.getLogger("devplug.sources.nvidia")
 

@@ -25,7 +25,7 @@ import msgspec
 
 from devplug.framework.device import Attribute, ContainerEdits, Device
 from devplug.framework.dra.layout import Layout, Partition, partition_id
-from devplug.framework.dra.names import device_name
+from devplug.kube.dranames import device_name
 from devplug.sources.nvidia import blocking
 from devplug.sources.nvidia.discovery import devices as unit_devices
 from devplug.sources.nvidia.discovery import units

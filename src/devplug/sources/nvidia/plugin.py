@@ -15,21 +15,21 @@ from typing import Any
 
 import msgspec
 
-from devplug.framework import observe
-from devplug.framework.device import ContainerEdits, Device
-from devplug.framework.names import REPLICA_SEPARATOR
-from devplug.framework.plugin import AllocationError, Plugin
-from devplug.framework.preferred import prefer_numa_local, spread_replicas
-from devplug.sources.config import ResourceSpec
-from devplug.sources.hardware import DEFAULT_DEV_ROOT
-from devplug.sources.nvidia.cdispec import host_spec, spec_document
-from devplug.sources.nvidia.config import (
+from devplug.config.hardware import DEFAULT_DEV_ROOT
+from devplug.config.ids import REPLICA_SEPARATOR
+from devplug.config.nvidia import (
     CDI_STRATEGIES,
     cdi_only,
     fails_requests_greater_than_one,
     replicas_of,
     served_name,
 )
+from devplug.config.resource import ResourceSpec
+from devplug.framework import observe
+from devplug.framework.device import ContainerEdits, Device
+from devplug.framework.plugin import AllocationError
+from devplug.framework.preferred import prefer_numa_local, spread_replicas
+from devplug.sources.nvidia.cdispec import host_spec, spec_document
 from devplug.sources.nvidia.discovery import CDI_KIND, resource_names
 from devplug.sources.nvidia.discovery import devices as unit_devices
 from devplug.sources.nvidia.extender import Match, Placements
@@ -37,13 +37,14 @@ from devplug.sources.nvidia.imex import add_channels, missing_channels
 from devplug.sources.nvidia.labels import node_labels
 from devplug.sources.nvidia.source import GpuSource
 from devplug.sources.nvidia.topology import Links, best_gpus, packed_gpus
+from devplug.sources.protocol import SourcePlugin
 
 log = logging.getLogger("devplug.sources.nvidia")
 
 ANSWERED_KEPT = 64  # preferred answers remembered until their Allocate
 
 
-class NvidiaPlugin(Plugin):
+class NvidiaPlugin(SourcePlugin):
     kind = "nvidia"
 
     def __init__(self, source: GpuSource, resource: str) -> None:

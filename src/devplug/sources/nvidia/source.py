@@ -1,15 +1,10 @@
-"""The GPUs of one `nvidia:` resource entry: NVML start with retries, discovery, health.
+"""The GPUs of one `nvidia:` resource entry: NVML start with retries, discovery, and
+the health thread whose reports say each GPU's health (devplug.sources.nvidia.gpuhealth).
 
 One source feeds every plugin of the entry (the GPUs' resource, the per-profile MIG
 and per-model resources). NVML missing or failing never stops the daemon: the
 resources serve zero devices, one line says why, and NVML is tried again with
-backoff. Health: a critical Xid, a double-bit ECC error or a GPU that stops answering
-turns its devices Unhealthy at once. After a transient Xid (devplug.sources.nvidia.xids)
-a GPU that answers and has had no critical event for `recoverySeconds` turns Healthy
-again; after one that needs a reset it stays Unhealthy until it was reset, seen as one
-of: the GPU lost and back (a reset takes it off the bus), the driver's recovery action
-going back to none after it asked for one, or the entry's `resetCheck` passing. The
-state lives in the daemon: a node reboot (which resets every GPU) starts afresh.
+backoff.
 """
 
 from __future__ import annotations
@@ -17,28 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from pathlib import Path
 from typing import Any
 
-from devplug.framework import observe
-from devplug.sources.config import ResourceSpec
-from devplug.sources.hardware import DEFAULT_DEV_ROOT
-from devplug.sources.health import check_problem
+from devplug.config.hardware import DEFAULT_DEV_ROOT
+from devplug.config.nvidia import NvidiaSpec
+from devplug.config.resource import ResourceSpec
 from devplug.sources.nvidia import blocking
-from devplug.sources.nvidia.config import NvidiaSpec
-from devplug.sources.nvidia.discovery import Unit, host_path, layout_problem, units
-from devplug.sources.nvidia.health import (
-    HealthThread,
-    Probe,
-    Report,
-    Rewatched,
-    Round,
-    WaitFailed,
-)
+from devplug.sources.nvidia.discovery import Unit, layout_problem, units
+from devplug.sources.nvidia.gpuhealth import GpuHealth
+from devplug.sources.nvidia.health import HealthThread, Report
 from devplug.sources.nvidia.mps import MpsDaemons, MpsGpu, mps_resource
-from devplug.sources.nvidia.nvml import ALL_INSTANCES, RECOVERY_NONE, Nvml, NvmlView, XidEvent
-from devplug.sources.nvidia.xids import ignored_xids, xid_action
+from devplug.sources.nvidia.nvml import Nvml, NvmlView
 
 log = logging.getLogger("devplug.sources.nvidia")
 
@@ -60,24 +44,14 @@ class GpuSource:
         self.ready = asyncio.Event()  # the first attempt is over, success or not
         self._generation = 0
         self._changed = asyncio.Event()
-        self._lost: dict[int, str] = {}  # GPU index -> why it does not answer
-        self._critical: dict[
-            str, tuple[float, int]
-        ] = {}  # UUID -> (time, Xid) of its last transient Xid
-        self._awaiting_reset: dict[str, int] = {}  # UUID -> the Xid that needs a reset
-        self._recovery: dict[int, int] = {}  # GPU index -> the driver's recovery action
-        self._asked_recovery: set[int] = set()  # GPUs whose driver asked for an action
-        self._blind = ""  # why no event can be seen now (the wait failed); empty: fine
-        self._ignored = ignored_xids(self.spec.ignored_xids, self.spec.enabled_xids)
-        self._hung = False
-        self._health: dict[str, str] = {}  # UUID -> why it is unhealthy ("": healthy)
+        self.health = GpuHealth(self.name, self.spec, self, self._bump)
         self._task: asyncio.Task[None] | None = None
         self._users = 0
         self._nvml: Nvml | None = None  # NVML while it is usable (for MPS compute modes)
         self.mps: MpsDaemons | None = None
         self._mps_task: asyncio.Task[None] | None = None
         if self.spec.sharing == "mps":
-            self.mps = MpsDaemons(self.spec, self._compute_mode, self._recheck)
+            self.mps = MpsDaemons(self.spec, self._compute_mode, self.health.recheck)
         self._logged = ""  # the NVML problem last logged (one line per new problem)
         self._logged_view: NvmlView | None = None
         self._started: Nvml | None = None  # started by read_now, taken over by run
@@ -113,12 +87,12 @@ class GpuSource:
             nvml.stop()
 
     def healthy(self, unit: Unit) -> bool:
-        return not self._health.get(unit.uuid, "")
+        return not self.health.reason(unit)
 
     def health_reason(self, unit: Unit) -> str:
         """Why `unit` is unhealthy ('Xid 79, needs a reset'), "" when it is healthy: the
         value of its DRA taint and the message of the DRA health stream."""
-        return self._health.get(unit.uuid, "")
+        return self.health.reason(unit)
 
     @property
     def generation(self) -> int:
@@ -214,7 +188,7 @@ class GpuSource:
                     log.debug("%s: NVML still not usable (%s)", self.name, problem)
                 self.problem = self._logged = problem
                 self._set_view(None)
-                self._recheck()
+                self.health.recheck()
                 self.ready.set()
                 if nvml is not None:
                     await _quietly(nvml.stop, timeout)
@@ -227,12 +201,11 @@ class GpuSource:
             self._set_view(view)
             if view != self._logged_view:  # a view is described once, not per retry
                 self._logged_view = view
-                self._log_view(view, unwatched)
-            self._lost = {}
-            self._blind = ""
+                _log_view(self, view, unwatched)
+            self.health.watching_again()
             self._nvml = nvml
             await self._follow_mps()
-            self._recheck()
+            self.health.recheck()
             self.ready.set()
             try:
                 if view.gpus and not view.missing:
@@ -264,7 +237,7 @@ class GpuSource:
         # NVML that stops answering: no probe round for this long.
         silence = self.spec.probe_seconds + self.spec.nvml_timeout_seconds
         thread.start()
-        checks = asyncio.create_task(self._reset_checks(), name=f"reset checks {self.name}")
+        checks = asyncio.create_task(self.health.reset_checks(), name=f"reset checks {self.name}")
         try:
             while True:
                 try:
@@ -273,204 +246,20 @@ class GpuSource:
                     async with asyncio.timeout(silence):
                         report = await queue.get()
                 except TimeoutError:
-                    if not self._hung:
-                        log.warning(
-                            "%s: NVML has not answered for %g s: every GPU is Unhealthy",
-                            self.name,
-                            silence,
-                        )
-                    self._hung = True
-                    self._recheck()
+                    self.health.silent(silence)
                     continue
-                self._on_report(report)
+                self.health.on_report(report)
         finally:
             checks.cancel()
             await asyncio.gather(checks, return_exceptions=True)
             thread.stop()
             # NVML is shut down next: no event wait of the thread may outlive it
             # (unless NVML hangs: then neither would return).
-            if not self._hung:
+            if not self.health.hung:
                 with contextlib.suppress(blocking.Hung):
                     await blocking.call(
                         thread.join, self.spec.nvml_timeout_seconds, "health thread"
                     )
-
-    def _on_report(self, report: Report) -> None:
-        assert self.view is not None
-        if isinstance(report, Round):
-            if self._hung:
-                log.info("%s: NVML answers again", self.name)
-            self._hung = False
-        elif isinstance(report, Probe):
-            self._on_probe(report)
-        elif isinstance(report, WaitFailed):
-            if not self._blind:
-                log.warning(
-                    "%s: NVML's event wait failed (%s): every GPU is Unhealthy until the "
-                    "ones that answer are watched again",
-                    self.name,
-                    report.error,
-                )
-            self._blind = report.error
-        elif isinstance(report, Rewatched):
-            log.info(
-                "%s: watching Xid events again%s",
-                self.name,
-                f" without GPU(s) {', '.join(map(str, report.unwatched))}"
-                if report.unwatched
-                else "",
-            )
-            self._blind = ""
-        else:
-            self._on_xid(report)
-        self._recheck()
-
-    def _on_probe(self, report: Probe) -> None:
-        index = report.index
-        if report.error:
-            if index not in self._lost:
-                log.warning("%s: GPU %d does not answer: %s", self.name, index, report.error)
-            self._lost[index] = report.error
-            return
-        if self._lost.pop(index, None) is not None:
-            log.info("%s: GPU %d answers again", self.name, index)
-            self._reset_seen(index, "it was lost and is back")
-        before = self._recovery.get(index, RECOVERY_NONE)
-        self._recovery[index] = report.recovery_action
-        if report.recovery_action != RECOVERY_NONE:
-            if before == RECOVERY_NONE:
-                log.warning(
-                    "%s: GPU %d: the driver asks for recovery action %d",
-                    self.name,
-                    index,
-                    report.recovery_action,
-                )
-            self._asked_recovery.add(index)
-        elif index in self._asked_recovery:
-            self._asked_recovery.discard(index)
-            self._reset_seen(index, "the driver no longer asks for a recovery action")
-
-    def _reset_seen(self, index: int, why: str) -> None:
-        """GPU `index` was reset: it and its MIG devices no longer await one."""
-        assert self.view is not None
-        gpu = next((g for g in self.view.gpus if g.index == index), None)
-        if gpu is None:
-            return
-        uuids = {gpu.uuid, *(m.uuid for m in gpu.migs)}
-        cleared = [u for u in uuids if self._awaiting_reset.pop(u, None) is not None]
-        if cleared:
-            log.info("%s: GPU %d was reset (%s)", self.name, index, why)
-
-    def reset_pending(self) -> list[Unit]:
-        """The units awaiting a reset (for the reset check)."""
-        gpus = {u.gpu.uuid for u in self.units if u.uuid in self._awaiting_reset}
-        return [
-            u
-            for u in self.units
-            if u.uuid in self._awaiting_reset or (u.mig is None and u.gpu.uuid in gpus)
-        ]
-
-    async def _reset_checks(self) -> None:
-        """Every `resetCheck.interval` seconds, the checks of each GPU awaiting a reset;
-        passing, it was reset."""
-        spec = self.spec.reset_check
-        if spec is None:
-            return
-        while True:
-            await asyncio.sleep(spec.interval)
-            waiting = {u.gpu.index: u for u in self.reset_pending()}
-            for index, unit in waiting.items():
-                checked = _GpuChecked(unit, self.spec.host_root)
-                values = {"id": checked.id, **{k: str(v) for k, v in unit.attributes.items()}}
-                problems = [await check_problem(c, checked, values) for c in spec.checks]
-                if not any(problems):
-                    self._reset_seen(index, "its reset check passed")
-                    self._recheck()
-
-    def _on_xid(self, event: XidEvent) -> None:
-        assert self.view is not None
-        gpu = next((g for g in self.view.gpus if g.index == event.index), None)
-        if gpu is None:
-            log.warning("%s: Xid %d on an unknown GPU", self.name, event.xid)
-            return
-        action = xid_action(event.xid, self._ignored)
-        observe.emit(
-            observe.XID,
-            self.name,
-            f"{gpu.uuid}: Xid {event.xid} ({action})",
-            logging.DEBUG,
-            gpu=gpu.uuid,
-            xid=event.xid,
-            action=action,
-        )
-        if action == "ignore":
-            log.info("%s: GPU %d: Xid %d (ignored)", self.name, gpu.index, event.xid)
-            return
-        uuid = gpu.uuid
-        if event.gpu_instance != ALL_INSTANCES:
-            mig = next(
-                (
-                    m
-                    for m in gpu.migs
-                    if m.gpu_instance == event.gpu_instance
-                    and event.compute_instance in (ALL_INSTANCES, m.compute_instance)
-                ),
-                None,
-            )
-            # Only that MIG device when it is served as one; a GPU served whole
-            # (migStrategy none) is what the Xid concerns.
-            if mig is not None and any(u.uuid == mig.uuid for u in self.units):
-                uuid = mig.uuid
-        if action == "reset":
-            log.warning(
-                "%s: %s: critical Xid %d: Unhealthy until the GPU is reset",
-                self.name,
-                uuid,
-                event.xid,
-            )
-            self._awaiting_reset[uuid] = event.xid
-            return
-        log.warning("%s: %s: critical Xid %d", self.name, uuid, event.xid)
-        self._critical[uuid] = (time.monotonic(), event.xid)
-        # Look again once the quiet time is over (recovery).
-        asyncio.get_running_loop().call_later(self.spec.recovery_seconds + 0.001, self._recheck)
-
-    def _recheck(self) -> None:
-        """Recompute every unit's health; tell the plugins when it changed."""
-        now = time.monotonic()
-        health: dict[str, str] = {}
-        for unit in self.units:
-            reason = self._unhealthy_because(unit, now)
-            health[unit.uuid] = reason
-            before = self._health.get(unit.uuid)
-            if before is not None and bool(before) != bool(reason):
-                state = "Unhealthy" if reason else "Healthy again"
-                log.info("%s: %s (%s) is %s", self.name, unit.uuid, unit.resource, state)
-        self._health = health
-        self._bump()
-
-    def _unhealthy_because(self, unit: Unit, now: float) -> str:
-        """Why `unit` is unhealthy now, in a few words; "" when it is healthy."""
-        index = unit.gpu.index
-        if self._hung:
-            return "NVML does not answer"
-        if self._blind:
-            return "Xid events cannot be watched"
-        if index in self._lost:
-            return "GPU does not answer"
-        for uuid in (unit.uuid, unit.gpu.uuid):
-            if (xid := self._awaiting_reset.get(uuid)) is not None:
-                return f"Xid {xid}, needs a reset"
-        when, xid = max(
-            self._critical.get(unit.uuid, (-1e18, 0)), self._critical.get(unit.gpu.uuid, (-1e18, 0))
-        )
-        if now - when < self.spec.recovery_seconds:
-            return f"Xid {xid}"
-        if (action := self._recovery.get(index, RECOVERY_NONE)) != RECOVERY_NONE:
-            return f"the driver asks for recovery action {action}"
-        if self.mps is not None and unit.mig is None and not self.mps.healthy(unit.resource):
-            return "MPS control daemon down"
-        return ""
 
     def _set_view(self, view: NvmlView | None) -> None:
         self.view = view
@@ -487,49 +276,6 @@ class GpuSource:
         self._generation += 1
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
-
-    def _log_view(self, view: NvmlView, unwatched: list[int]) -> None:
-        log.info(
-            "%s: NVML driver %s, CUDA %s: %d GPU(s), %d device(s) to serve",
-            self.name,
-            view.driver_version,
-            view.cuda_version,
-            len(view.gpus),
-            len(self.units),
-        )
-        for unit in self.units:
-            log.info(
-                "%s: %s %s (%s) numa %s -> %s",
-                self.name,
-                unit.uuid,
-                unit.gpu.model,
-                unit.mig.profile if unit.mig else f"GPU {unit.gpu.index}",
-                "-" if unit.numa is None else unit.numa,
-                unit.resource,
-            )
-        if not view.gpus and not view.missing:
-            log.warning("%s: NVML sees no GPU: serving none, looking again", self.name)
-        for warning in self.warnings:
-            log.warning("%s: %s", self.name, warning)
-        for index, problem in view.missing:
-            log.warning(
-                "%s: GPU %d cannot be used now (%s): looking again", self.name, index, problem
-            )
-        if unwatched:
-            log.warning(
-                "%s: GPU(s) %s do not report Xid events: only probed",
-                self.name,
-                ", ".join(map(str, unwatched)),
-            )
-
-
-class _GpuChecked:
-    """A GPU as the reset checks see it: '{id}' is its UUID, sysfs its PCI folder."""
-
-    def __init__(self, unit: Unit, root: str) -> None:
-        self.id = unit.gpu.uuid
-        self.attributes = unit.attributes
-        self.sysfs: Path | None = Path(host_path(root, f"/sys/bus/pci/devices/{unit.gpu.bus_id}"))
 
 
 def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Report], report: Report) -> None:
@@ -550,3 +296,39 @@ async def _quietly(fn: Any, timeout: float) -> None:
         await blocking.call(fn, timeout, "nvmlShutdown")
     except Exception as error:
         log.debug("nvmlShutdown: %s", error)
+
+
+def _log_view(source: GpuSource, view: NvmlView, unwatched: list[int]) -> None:
+    """What NVML shows, once per new view: the driver, the devices served, the problems."""
+    log.info(
+        "%s: NVML driver %s, CUDA %s: %d GPU(s), %d device(s) to serve",
+        source.name,
+        view.driver_version,
+        view.cuda_version,
+        len(view.gpus),
+        len(source.units),
+    )
+    for unit in source.units:
+        log.info(
+            "%s: %s %s (%s) numa %s -> %s",
+            source.name,
+            unit.uuid,
+            unit.gpu.model,
+            unit.mig.profile if unit.mig else f"GPU {unit.gpu.index}",
+            "-" if unit.numa is None else unit.numa,
+            unit.resource,
+        )
+    if not view.gpus and not view.missing:
+        log.warning("%s: NVML sees no GPU: serving none, looking again", source.name)
+    for warning in source.warnings:
+        log.warning("%s: %s", source.name, warning)
+    for index, problem in view.missing:
+        log.warning(
+            "%s: GPU %d cannot be used now (%s): looking again", source.name, index, problem
+        )
+    if unwatched:
+        log.warning(
+            "%s: GPU(s) %s do not report Xid events: only probed",
+            source.name,
+            ", ".join(map(str, unwatched)),
+        )

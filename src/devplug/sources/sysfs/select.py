@@ -15,9 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from devplug.config import hardware
+from devplug.config.groups import GroupSpec
+from devplug.config.ids import pci_resource_env
 from devplug.framework.device import Attribute, Device, DeviceNode
-from devplug.sources import hardware
-from devplug.sources.config import GroupSpec, pci_resource_env
 from devplug.sources.sysfs.tree import VFIO_DRIVER, SysDevice, Sysfs
 
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")

@@ -1,27 +1,27 @@
 """The config keys of real hardware: sysfs selectors (USB, PCI), health checks, CDI,
 per-model pools, preferred-allocation policies, node features.
 
-A sub-schema of sources/config.py, checked by `check_resource` / `check_group` with the
-same one-line errors (`fail(field, problem)`).
+Blocks of a resource entry (devplug.config.resource) and of the root (`nodeFeatures`),
+checked with the same one-line errors (`fail(field, problem)`); the sysfs source
+matches devices by the selectors' helpers here.
 """
 
 from __future__ import annotations
 
 import re
 import string
-from collections.abc import Callable
-from typing import Literal, NoReturn
+from typing import Literal
 
 import msgspec
 
-from devplug.framework.cdi import CDI_MODES, DEFAULT_CDI_DIR, CdiMode, kind_problem
+from devplug.config.errors import Fail
 from devplug.ground.trust import program_problem
-from devplug.outputs.nfd import DEFAULT_FEATURE_FILE
-
-Fail = Callable[[str, str], NoReturn]
+from devplug.kube.cdi import CDI_MODES, DEFAULT_CDI_DIR, CdiMode, kind_problem
 
 DEFAULT_SYSFS_ROOT = "/sys"
 DEFAULT_DEV_ROOT = "/dev"
+# Where node-feature-discovery reads feature files (its local source).
+DEFAULT_FEATURE_FILE = "/etc/kubernetes/node-feature-discovery/features.d/devplug"
 MAX_HEALTH_TIMEOUT_S = 300.0
 Policy = Literal["numa", "pack", "spread", "pci"]
 POLICIES: tuple[Policy, ...] = ("numa", "pack", "spread", "pci")

@@ -1,23 +1,27 @@
 """The `mode` and `dra:` keys of a resource: how it is served (device plugin, DRA
-driver, or both) and how its DRA driver publishes it."""
+driver, or both) and how its DRA driver publishes it; schema, meaning checks, and the
+names each plugin of an entry gets (the drivers themselves are built in
+devplug.sources.dradriver)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Literal
 
 import msgspec
 
-from devplug.framework.device import Attribute, env_problem
+from devplug.config.errors import Fail
+from devplug.kube.containers import env_problem
+from devplug.kube.dranames import (
+    MAX_LABEL,
+    attribute_name_problem,
+    attribute_problem,
+    default_driver_name,
+    driver_name_problem,
+    label_name_problem,
+)
 from devplug.kube.quantity import parse_quantity
-
-if TYPE_CHECKING:
-    from devplug.framework.device import ContainerEdits, Device
-    from devplug.framework.dra.driver import ClaimRef, DriverBinding
-    from devplug.framework.dra.layout import Layout
-    from devplug.framework.plugin import Plugin
-    from devplug.sources.config import ResourceSpec
 
 MODE_DEVICE_PLUGIN = "devicePlugin"
 MODE_DRA = "dra"
@@ -28,6 +32,8 @@ MODES = (MODE_DEVICE_PLUGIN, MODE_DRA, MODE_BOTH)
 TaintEffect = Literal["NoSchedule", "NoExecute", "None"]
 
 
+# A device attribute's value (DRA's attribute types: a string, a number, a flag).
+Attribute = str | int | bool
 # A quantity as the API writes it ('40Gi', '100G', '8'); YAML may give a number.
 Quantity = str | int
 
@@ -111,32 +117,25 @@ def serves_dra(mode: str) -> bool:
     return mode in (MODE_DRA, MODE_BOTH)
 
 
-def check_attributes(
-    attributes: dict[str, Attribute], at: str, fail: Callable[[str, str], NoReturn]
-) -> None:
+def check_attributes(attributes: dict[str, Attribute], at: str, fail: Fail) -> None:
     """Attribute names and values a ResourceSlice accepts."""
     if not attributes:
         return
-    from devplug.framework.dra.slices import attribute_problem
 
     for name, value in attributes.items():
         if problem := attribute_problem(name, value):
             fail(f"{at}.{name}", problem)
 
 
-_Fail = Callable[[str, str], NoReturn]
-
-
 def check_dra(
     spec: DraSpec,
     at: str,
-    fail: _Fail,
+    fail: Fail,
     *,
     mode: str = MODE_DRA,
     count: int = 1,
     nvidia: bool = False,
 ) -> None:
-    from devplug.framework.dra.names import attribute_name_problem, driver_name_problem
 
     if spec.driver is not None and (problem := driver_name_problem(spec.driver)):
         fail(f"{at}.driver", problem)
@@ -175,43 +174,8 @@ def check_dra(
         _check_capacity(name, capacity, f"{at}.consumableCapacity.{name}", fail)
 
 
-def check_node_work(resource: ResourceSpec, at: str, fail: _Fail) -> None:
-    """`skipNodeOperations` only where a claim's containers get nothing from the node:
-    with it, a kubelet that skips the calls hands them no device node, mount, env or
-    CDI device of devplug's."""
-    spec = resource.dra
-    if spec is None or not spec.skip_node_operations:
-        return
-    at = f"{at}.skipNodeOperations"
-    if spec.partitions is not None or spec.consumable_capacity:
-        fail(at, "not with 'partitions' or 'consumableCapacity': their claims are prepared")
-    if resource.nvidia is not None or resource.cdi is not None:
-        fail(at, "not for GPUs or CDI devices: their containers need the devices on the node")
-    for k, group in enumerate(resource.groups or []):
-        gives = [
-            key
-            for key, value in (
-                ("paths", group.paths),
-                ("mounts", group.mounts),
-                ("env", group.env),
-                ("annotations", group.annotations),
-                ("cdiDevices", group.cdi_devices),
-                ("usb", group.usb),
-                ("pci", group.pci),
-            )
-            if value
-        ]
-        if gives:
-            fail(
-                at,
-                f"groups[{k}] gives containers {', '.join(gives)}: a device that needs "
-                "nothing on the node has none of them",
-            )
-
-
-def _check_partitions(spec: PartitionsSpec, at: str, fail: _Fail) -> None:
+def _check_partitions(spec: PartitionsSpec, at: str, fail: Fail) -> None:
     from devplug.api.dra.constants import MAX_COUNTERS_PER_SET
-    from devplug.framework.dra.names import label_name_problem
 
     if (spec.slots is None) == (not spec.counters):
         fail(at, "expected 'slots' (with 'sizes') or 'counters' (with 'devices'), one of them")
@@ -269,11 +233,10 @@ def quantity(value: Quantity) -> Fraction:
     return parse_quantity(value)
 
 
-def _check_capacity(name: str, spec: CapacitySpec, at: str, fail: _Fail) -> None:
+def _check_capacity(name: str, spec: CapacitySpec, at: str, fail: Fail) -> None:
     """What the API server checks of a shared capacity, so that a config it would
     refuse stops at start with one line instead of failing each publish."""
     from devplug.api.dra.constants import MAX_VALID_VALUES
-    from devplug.framework.dra.names import attribute_name_problem
 
     if problem := attribute_name_problem(name):
         fail(at, problem)
@@ -331,80 +294,10 @@ def _check_capacity(name: str, spec: CapacitySpec, at: str, fail: _Fail) -> None
                 fail(f"{where}.validRange.max", f"{bounds.max!r} is not min plus a number of steps")
 
 
-class ConfigLayout:
-    """The hooks of a config-built plugin whose `dra` block shapes its devices: each
-    device offered as the config says, prepared with what Allocate gives."""
-
-    def __init__(self, plugin: Plugin, layout: Callable[[Device], Layout | None]) -> None:
-        self.plugin = plugin
-        self.layout = layout
-
-    async def prepare(self, claim: ClaimRef, devices: Sequence[Device]) -> ContainerEdits:
-        return await self.plugin.allocate(devices)
-
-    async def unprepare(self, claim: ClaimRef, devices: Sequence[Device]) -> None:
-        return None
-
-
-def layout_of(spec: DraSpec | None) -> Callable[[Device], Layout | None] | None:
-    """How the config offers each device: as partitions, with shared capacity, or
-    (None) whole."""
-    if spec is None or (spec.partitions is None and not spec.consumable_capacity):
-        return None
-    from devplug.framework.dra import layout
-
-    if spec.partitions is not None:
-        parts = spec.partitions
-        if parts.slots is not None:
-            shape = layout.slot_layout(parts.slots, parts.sizes)
-        else:
-            shape = layout.Layout(
-                parts.counters,
-                tuple(
-                    layout.Partition(p.name, p.consumes, p.attributes, p.env) for p in parts.devices
-                ),
-            )
-        return lambda device: shape
-
-    shared = {name: _shared(c) for name, c in spec.consumable_capacity.items()}
-    sharing = layout.Layout(shared=shared)
-    own = [name for name, c in shared.items() if c.value is None]
-
-    def shared_layout(device: Device) -> Layout | None:
-        # A device without a capacity the config shares is offered whole.
-        return sharing if all(isinstance(device.attributes.get(n), int) for n in own) else None
-
-    return shared_layout
-
-
-def _shared(spec: CapacitySpec) -> Any:
-    from devplug.framework.dra.layout import RequestPolicy, SharedCapacity
-
-    policy = spec.request_policy
-    if policy is None:
-        return SharedCapacity(_text(spec.value))
-    bounds = policy.valid_range
-    return SharedCapacity(
-        _text(spec.value),
-        RequestPolicy(
-            str(policy.default),
-            tuple(str(v) for v in policy.valid_values),
-            _text(bounds.min) if bounds else None,
-            _text(bounds.max) if bounds else None,
-            _text(bounds.step) if bounds else None,
-        ),
-    )
-
-
-def _text(value: Quantity | None) -> str | None:
-    return None if value is None else str(value)
-
-
 def driver_name(resource_name: str, spec: DraSpec | None) -> str:
     """The resource's DRA driver: `dra.driver`, or one derived from the resource name."""
     if spec is not None and spec.driver is not None:
         return spec.driver
-    from devplug.framework.dra.names import default_driver_name
 
     return default_driver_name(resource_name)
 
@@ -414,7 +307,6 @@ def plugin_driver_name(resource_name: str, spec_name: str, spec: DraSpec | None)
     from the plugin's resource name. With it, the entry's own resource gets it, and the
     further resources an entry serves (a GPU entry's MIG profiles or models) get
     '<their short name>.<dra.driver>'."""
-    from devplug.framework.dra.names import MAX_LABEL, default_driver_name
 
     if spec is None or spec.driver is None:
         return default_driver_name(resource_name)
@@ -464,26 +356,3 @@ def served_twice(
                 "choose the mode per node with nodeModeLabel"
             )
     return None
-
-
-def config_driver(plugin: Any) -> DriverBinding:
-    """The DRA driver of a config-built plugin (its `spec` is its config entry)."""
-    from devplug.framework.dra.driver import DriverBinding
-
-    spec = plugin.spec
-    driver = DriverBinding(
-        plugin,
-        plugin_driver_name(plugin.resource_name, spec.name, spec.dra),
-        spec.dra.attributes if spec.dra else {},
-        spec.dra.attribute_names if spec.dra else {},
-        spec.dra.taint_effect if spec.dra else "NoSchedule",
-        skip_node_operations=spec.dra.skip_node_operations if spec.dra else False,
-        device_metadata=spec.dra.device_metadata if spec.dra else False,
-    )
-    if spec.dra is not None and spec.dra.partitions is not None and spec.dra.partitions.mig:
-        from devplug.sources.nvidia.partitions import MigPartitions
-
-        driver.hooks = MigPartitions(plugin, lambda: driver.held)
-    elif (shape := layout_of(spec.dra)) is not None:
-        driver.hooks = ConfigLayout(plugin, shape)
-    return driver

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import msgspec
 
-from devplug.framework.names import resource_name_problem
+from devplug.config.errors import ConfigError, Fail, shape_message
 from devplug.ground.trust import write_problem
-from devplug.kube.names import is_dns_subdomain
+from devplug.kube.names import is_dns_subdomain, resource_name_problem
 
 if TYPE_CHECKING:
-    from devplug.sources.nvidia.config import NvidiaConfigRef, NvidiaSpec
+    from devplug.config.nvidia import NvidiaConfigRef, NvidiaSpec
 
 log = logging.getLogger("devplug.sources.nvidia")
 
@@ -39,7 +39,6 @@ NAMED_FALLBACK = "default"  # the config the `named` fallback looks for
 
 ALLOCATION_POLICIES = ("distributed", "packed")  # NVIDIA's sharedDevicesAllocationPolicy
 
-_Fail = Callable[[str, str], NoReturn]
 _GPU_INDEX = re.compile(r"[0-9]+")
 _MIG_INDEX = re.compile(r"[0-9]+:[0-9]+")
 _HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
@@ -121,9 +120,8 @@ def parse(text: str, source: str, flags: Mapping[str, Any] | None = None) -> Nvi
     """Check NVIDIA config text (YAML or JSON), with NVIDIA's command-line `flags`
     laid over it; ConfigError with one line naming `source` and the key when it is not
     a config NVIDIA's plugin would start with."""
+    from devplug.config.filekeys import match
     from devplug.ground import inputs
-    from devplug.sources.config import ConfigError, _shape_message
-    from devplug.sources.nvidia.filekeys import match
 
     try:
         data = inputs.load_yaml(text, source)
@@ -136,14 +134,14 @@ def parse(text: str, source: str, flags: Mapping[str, Any] | None = None) -> Nvi
     for key in ignored:
         log.warning("%s: %s: unknown key, ignored (as NVIDIA's plugin ignores it)", source, key)
     if flags and isinstance(data, dict):
-        from devplug.sources.nvidia.nvidiaflags import lay_over
+        from devplug.config.nvidiaflags import lay_over
 
         data = lay_over(data, flags)
         source = f"{source} (with NVIDIA's flags and environment)"
     try:
         config = msgspec.convert(data, NvidiaFile)
     except msgspec.ValidationError as e:
-        raise ConfigError(_shape_message(source, str(e))) from None
+        raise ConfigError(shape_message(source, str(e))) from None
 
     def fail(field: str, problem: str) -> NoReturn:
         raise ConfigError(f"{source}: {field}: {problem}")
@@ -152,7 +150,7 @@ def parse(text: str, source: str, flags: Mapping[str, Any] | None = None) -> Nvi
     return config
 
 
-def _check(config: NvidiaFile, fail: _Fail) -> None:
+def _check(config: NvidiaFile, fail: Fail) -> None:
     if config.version not in ("", VERSION):
         fail("version", f"unknown version {config.version!r}: expected {VERSION}")
     flags = config.flags
@@ -221,7 +219,7 @@ def _check(config: NvidiaFile, fail: _Fail) -> None:
                 fail(f"{at}.devices", "a count of devices must be > 0")
 
 
-def _check_name(raw: str, at: str, fail: _Fail) -> None:
+def _check_name(raw: str, at: str, fail: Fail) -> None:
     """NVIDIA's NewResourceName: 'nvidia.com/' added where missing, at most 63
     characters, the name a DNS subdomain (lower case)."""
     name = resource_name(raw)
@@ -407,7 +405,7 @@ def inputs(ref: NvidiaConfigRef) -> list[Path]:
     return []
 
 
-def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> None:
+def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: Fail) -> None:
     """Read the file (or every file of the folder, the chosen one applied) into `spec`."""
     if ref.file is None and ref.folder is None and ref.flags:
         apply(spec, parse("", "<no config file>", ref.flags), "<no config file>")
@@ -444,7 +442,7 @@ def apply_ref(spec: NvidiaSpec, ref: NvidiaConfigRef, at: str, fail: _Fail) -> N
     apply(spec, parsed[name] if name else NvidiaFile(), str(files[name]) if name else path)
 
 
-def _read(path: str, key: str, fail: _Fail) -> str:
+def _read(path: str, key: str, fail: Fail) -> str:
     from devplug.ground import inputs
 
     if problem := write_problem(path):

@@ -11,15 +11,16 @@ across restarts.
 
 from __future__ import annotations
 
-import hashlib
 import re
 
-from devplug.api.dra.constants import MAX_ATTRIBUTE_NAME_LENGTH
 from devplug.kube.names import MAX_DNS_LABEL, is_dns_label, is_dns_subdomain
 
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NOT_LABEL = re.compile(r"[^a-z0-9]+")
 MAX_LABEL = MAX_DNS_LABEL
+# resource.k8s.io's limits on a device attribute: its name after the domain, a string value.
+MAX_ATTRIBUTE_NAME_LENGTH = 32
+MAX_STRING_ATTRIBUTE_LENGTH = 64
 
 
 def driver_name_problem(name: str) -> str | None:
@@ -47,6 +48,8 @@ def device_name(device_id: str) -> str:
     if is_dns_label(device_id):
         return device_id
     label = _NOT_LABEL.sub("-", device_id.lower()).strip("-") or "device"
+    import hashlib  # only for IDs that need it: it loads OpenSSL (~0.7 MiB)
+
     digest = hashlib.sha256(device_id.encode()).hexdigest()[:8]
     return f"{label[: MAX_LABEL - 9].rstrip('-')}-{digest}"
 
@@ -82,10 +85,21 @@ def attribute_name_problem(name: str) -> str | None:
     return None
 
 
+def attribute_problem(name: str, value: str | int | bool) -> str | None:
+    """Why a device cannot carry the attribute `name: value` in a slice, or None."""
+    if problem := attribute_name_problem(name):
+        return problem
+    if isinstance(value, str) and len(value) > MAX_STRING_ATTRIBUTE_LENGTH:
+        return f"attribute {name!r}: value longer than {MAX_STRING_ATTRIBUTE_LENGTH} characters"
+    return None
+
+
 def object_name(*parts: str) -> str:
     """A DNS subdomain for an API object made of `parts` ('node-a', 'zero.devplug.io')."""
     name = "-".join(_NOT_LABEL.sub("-", p.lower()).strip("-") for p in parts if p)
     if len(name) <= 253:
         return name
+    import hashlib  # only for long names: it loads OpenSSL (~0.7 MiB)
+
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
     return f"{name[:242].rstrip('-')}-{digest}"

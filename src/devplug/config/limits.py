@@ -1,7 +1,7 @@
 """The `limits:` block of the config file: bounds on requests, devices and streams.
 
-Every field has a safe default (devplug.framework.limits); a config only names the
-ones it changes, within a range that still protects the daemon.
+Every field has a safe default (devplug.config.limitdefaults, the framework's too); a
+config only names the ones it changes, within a range that still protects the daemon.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ from typing import NoReturn
 
 import msgspec
 
-from devplug.framework.limits import (
+from devplug.config.limitdefaults import (
     DEFAULT_MAX_DEVICES,
     DEFAULT_MAX_IDS_PER_REQUEST,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_STREAMS,
     DEFAULT_REGISTER_TIMEOUT_S,
-    Limits,
 )
 
 # (field, lowest, highest): beyond these a limit no longer protects anything.
@@ -36,15 +35,6 @@ class LimitsSpec(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
     max_ids_per_request: int = DEFAULT_MAX_IDS_PER_REQUEST
     max_streams: int = DEFAULT_MAX_STREAMS
     register_timeout_seconds: float = DEFAULT_REGISTER_TIMEOUT_S
-
-    def to_limits(self) -> Limits:
-        return Limits(
-            max_request_bytes=self.max_request_bytes,
-            max_devices=self.max_devices_per_resource,
-            max_ids_per_request=self.max_ids_per_request,
-            max_streams=self.max_streams,
-            register_timeout_s=self.register_timeout_seconds,
-        )
 
 
 def check_limits(spec: LimitsSpec, fail: Callable[[str, str], NoReturn]) -> None:
