@@ -313,6 +313,17 @@ def test_timeout_names_what_it_waited_for(kubelet: KubeletHarness) -> None:
         kubelet.wait_for_resource("example.com/never", timeout=0.05)
 
 
+@pytest.mark.timeout(120)
+def test_a_wait_on_a_process_s_output_wakes_on_its_log(kubelet: KubeletHarness) -> None:
+    """A line logged with no kubelet event after it ends the wait at once: woken only by
+    events, the wait would sleep to its far deadline and the test's own limit would end
+    it first."""
+    script = "sleep 0.2; echo said-it; exec sleep 600"
+    talker = kubelet.start_command(["sh", "-c", script], name="talker")
+    kubelet.wait_until(lambda: "said-it" in talker.output, timeout=900, what="the line")
+    assert talker.running
+
+
 # -- options --------------------------------------------------------------------------------
 
 

@@ -219,11 +219,14 @@ class KubeletHarness(LoopThread, PluginStarter):
     def wait_until(
         self, predicate: Callable[[], bool], *, timeout: float | None = None, what: str = ""
     ) -> None:
-        """Wait until `predicate()` holds; it is re-checked after every kubelet event, on
-        the simulator's thread (it may call this harness's reading methods)."""
+        """Wait until `predicate()` holds; it is re-checked after every kubelet event and
+        every line a process of this harness logs, on the simulator's thread (it may call
+        this harness's reading methods)."""
+        from devplug.testing.waits import until
+
         t = self.timeout if timeout is None else timeout
         what = what or getattr(predicate, "__name__", "a condition")
-        self._call(self._guarded(self.simulator.wait_for(predicate, t, what), what))
+        self._call(self._guarded(until(self.simulator, self.log_dir, predicate, t, what), what))
 
     # -- what the kubelet sees ------------------------------------------------------------------
 
