@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from devplug.ground import inputs
@@ -43,6 +43,23 @@ def _rows(path: str, columns: Sequence[str], what: str) -> list[tuple[int, dict[
         return _csv_rows(text, path, columns, what)
     except csv.Error as error:  # a field over csv's 128 KiB, a quote left open...
         raise TraceError(f"{path}: invalid CSV: {error}") from None
+
+
+def _named_rows(
+    path: str, columns: Sequence[str], what: str, key: str, noun: str
+) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """Each row with where it is and its name in column `key`, which every row needs
+    and no two rows share."""
+    seen: set[str] = set()
+    for number, row in _rows(path, columns, what):
+        where = f"{path}: row {number}"
+        name = row[key]
+        if not name:
+            raise TraceError(f"{where}: {key}: required")
+        if name in seen:
+            raise TraceError(f"{where}: {key}: {noun} {name!r} comes twice")
+        seen.add(name)
+        yield where, name, row
 
 
 def _csv_rows(
@@ -99,15 +116,7 @@ def _header(path: str) -> set[str]:
 def read_nodes(path: str) -> list[Node]:
     """The nodes of a node list, all free."""
     nodes: list[Node] = []
-    seen: set[str] = set()
-    for number, row in _rows(path, NODE_COLUMNS, "node list"):
-        where = f"{path}: row {number}"
-        name = row["sn"]
-        if not name:
-            raise TraceError(f"{where}: sn: required")
-        if name in seen:
-            raise TraceError(f"{where}: sn: node {name!r} comes twice")
-        seen.add(name)
+    for where, name, row in _named_rows(path, NODE_COLUMNS, "node list", "sn", "node"):
         gpus = _number(row, "gpu", where, MAX_GPUS)
         model = row["model"]
         if gpus and not model:
@@ -127,15 +136,7 @@ def read_nodes(path: str) -> list[Node]:
 def read_pods(path: str) -> list[TracePod]:
     """The pods of a pod list, in the file's order."""
     pods: list[TracePod] = []
-    seen: set[str] = set()
-    for number, row in _rows(path, POD_COLUMNS, "pod list"):
-        where = f"{path}: row {number}"
-        name = row["name"]
-        if not name:
-            raise TraceError(f"{where}: name: required")
-        if name in seen:
-            raise TraceError(f"{where}: name: pod {name!r} comes twice")
-        seen.add(name)
+    for where, name, row in _named_rows(path, POD_COLUMNS, "pod list", "name", "pod"):
         gpus = _number(row, "num_gpu", where, MAX_GPUS)
         milli = _number(row, "gpu_milli", where, MILLI)
         if gpus and not milli:
