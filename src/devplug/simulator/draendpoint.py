@@ -69,12 +69,15 @@ class GrpcDraEndpoint(DraEndpoint):
         self.pb = pb
         self.stub = stub
 
+    def _claims(self, claim: ClaimRef) -> list[Any]:
+        """The one claim of a request, as the kubelet sends it."""
+        return [self.pb.Claim(namespace=claim.namespace, uid=claim.uid, name=claim.name)]
+
     async def prepare(self, claim: ClaimRef) -> CdiByRequest:
-        pb = self.pb
-        message = pb.Claim(namespace=claim.namespace, uid=claim.uid, name=claim.name)
         try:
             response = await self.stub.NodePrepareResources(
-                pb.NodePrepareResourcesRequest(claims=[message]), timeout=CALL_TIMEOUT_S
+                self.pb.NodePrepareResourcesRequest(claims=self._claims(claim)),
+                timeout=CALL_TIMEOUT_S,
             )
         except grpc.aio.AioRpcError as error:
             raise PrepareError(
@@ -92,11 +95,10 @@ class GrpcDraEndpoint(DraEndpoint):
         return by_request
 
     async def unprepare(self, claim: ClaimRef) -> None:
-        pb = self.pb
-        message = pb.Claim(namespace=claim.namespace, uid=claim.uid, name=claim.name)
         try:
             response = await self.stub.NodeUnprepareResources(
-                pb.NodeUnprepareResourcesRequest(claims=[message]), timeout=CALL_TIMEOUT_S
+                self.pb.NodeUnprepareResourcesRequest(claims=self._claims(claim)),
+                timeout=CALL_TIMEOUT_S,
             )
         except grpc.aio.AioRpcError as error:
             raise PrepareError(
