@@ -38,12 +38,23 @@ from devplug.testing.components import Component
 SCHEDULER = "devplug-trace"
 NAMESPACE = "default"
 RUN_LABEL = "devplug.io/trace-run"
-# deploy/extender/scheduler.yaml's extender, with a weight that no score plugin of the
-# scheduler can outvote (the extender's 10 for its best node, 9 at most for the others,
-# times weight x 10: 1,000 points ahead, where NodeResourcesFit and
-# NodeResourcesBalancedAllocation move 200 at most), and every pod (no
-# managedResources): pods without GPUs are placed by the policy too, as the planner does.
-WEIGHT = 100
+SHIPPED = Path(__file__).resolve().parents[1] / "deploy" / "extender" / "scheduler.yaml"
+
+
+def scheduler_settings(url: str) -> dict[str, Any]:
+    """deploy/extender/scheduler.yaml's extender and node share, as shipped, calling
+    `url`, for every pod (no managedResources): pods without GPUs are placed by the
+    policy too, as the planner does."""
+    import yaml
+
+    shipped = yaml.safe_load(SHIPPED.read_text())
+    [extender] = shipped["extenders"]
+    extender = {k: v for k, v in extender.items() if k != "managedResources"}
+    extender["urlPrefix"] = url
+    return {
+        "percentageOfNodesToScore": shipped["percentageOfNodesToScore"],
+        "extenders": [extender],
+    }
 
 
 def subset(nodes_csv: Path, count: int, seed: int, out: Path) -> Path:
@@ -229,19 +240,7 @@ def run_trace_fleet(
         url = extender.stdout.readline().strip()
         if not url:
             raise RuntimeError("devplug extender did not start")
-        settings = {
-            "percentageOfNodesToScore": 100,
-            "extenders": [
-                {
-                    "urlPrefix": url,
-                    "filterVerb": "filter",
-                    "prioritizeVerb": "prioritize",
-                    "bindVerb": "bind",
-                    "weight": WEIGHT,
-                    "nodeCacheCapable": False,
-                }
-            ],
-        }
+        settings = scheduler_settings(url)
         scheduler = Component.scheduler(folder, kubeconfig, bin_dir, SCHEDULER, settings=settings)
         ready_line = fleet.stdout.readline()
         if not ready_line:

@@ -134,3 +134,23 @@ def test_the_charts_extender_renders_what_deploy_extender_renders() -> None:
     args = build_parser().parse_args(containers["extender"]["args"])
     assert (args.policy, args.port) == ("bestfit", 9000)
     assert not [o for o in chart_objects({}) if "extender" in o["metadata"]["name"]]
+
+
+def test_the_openb_fleet_benchmark_runs_the_shipped_profile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`make fleet-bench` proves the placement of the profile users deploy: its weight,
+    which the scheduler's own scores cannot outvote, and every node scored."""
+    monkeypatch.syspath_prepend(str(DEPLOY.parent / "bench"))
+    from fleet_trace import scheduler_settings
+
+    shipped = yaml.safe_load((DEPLOY / "extender/scheduler.yaml").read_text())
+    settings = scheduler_settings("http://127.0.0.1:1")
+    [extender] = settings["extenders"]
+    [deployed] = shipped["extenders"]
+    assert extender == {
+        **{k: v for k, v in deployed.items() if k != "managedResources"},
+        "urlPrefix": "http://127.0.0.1:1",
+    }
+    assert settings["percentageOfNodesToScore"] == shipped["percentageOfNodesToScore"] == 100
+    assert deployed["weight"] >= 100
