@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from devplug.apiserver.client import KubeApi
 from devplug.framework.dra.claims import ApiClaims
 from devplug.simulator import Kubelet, PodResult
 from devplug.simulator.apipods import ApiPodFollower
@@ -149,16 +150,24 @@ def pod_body(name: str, claim: str) -> dict[str, Any]:
     }
 
 
-def node_kubelet(dirs: NodeDirs, api: Any, slices: NodeSlices | None = None) -> Kubelet:
-    """The simulator's kubelet for NODE, its claims read from the API server."""
-    return Kubelet(
-        dirs.plugin_dir,
-        dirs.state_dir,
-        control_socket=False,
-        dra_registry_dir=dirs.registry,
-        claims=ApiClaims(api),
-        node_slices=slices,
-    )
+@contextlib.asynccontextmanager
+async def node_kubelet(
+    dirs: NodeDirs, kubeconfig: str, slices: NodeSlices | None = None
+) -> AsyncIterator[Kubelet]:
+    """The simulator's kubelet for NODE, its claims read from the API server of
+    `kubeconfig` (the cluster's admin: a kubelet reads every claim of its node)."""
+    async with (
+        KubeApi.from_kubeconfig(kubeconfig) as kube,
+        Kubelet(
+            dirs.plugin_dir,
+            dirs.state_dir,
+            control_socket=False,
+            dra_registry_dir=dirs.registry,
+            claims=ApiClaims(kube),
+            node_slices=slices,
+        ) as kubelet,
+    ):
+        yield kubelet
 
 
 @contextlib.asynccontextmanager
@@ -182,12 +191,14 @@ async def node_serving(
     driver: str,
     env: dict[str, str] | None = None,
     *extra: str,
+    daemon_kubeconfig: str | None = None,
 ) -> AsyncIterator[Kubelet]:
     """The simulator's kubelet for NODE, following the pods bound to it on the API server,
-    and the real daemon serving `config` with its DRA `driver` registered."""
-    async with node_kubelet(dirs, api, NodeSlices(api, NODE)) as kubelet:
+    and the real daemon serving `config` with its DRA `driver` registered (through
+    `daemon_kubeconfig` where given, else the kubelet's `kubeconfig`)."""
+    async with node_kubelet(dirs, kubeconfig, NodeSlices(api, NODE)) as kubelet:
         daemon = Daemon(
-            serve_command(dirs, config, *extra, kubeconfig=kubeconfig),
+            serve_command(dirs, config, *extra, kubeconfig=daemon_kubeconfig or kubeconfig),
             dirs.root / "daemon.log",
             env,
         )

@@ -197,16 +197,20 @@ for name in wire:
     importlib.import_module(name)
 print(json.dumps(sorted(wire)))
 """
-# devplug's DRA client code with the kubernetes client at its floor, against a real API
-# server: ResourceSlices listed through resource.k8s.io/v1.
+# devplug's DRA client code with aiohttp and the kubernetes client at their floors,
+# against a real API server: ResourceSlices listed through resource.k8s.io/v1.
 DRA_CHECK = """
-import sys
+import asyncio, sys
 from kubernetes import client
+from devplug.apiserver.client import KubeApi
 from devplug.framework.dra.claims import ApiClaims
 from devplug.framework.dra.kube import api_client
-api = api_client(sys.argv[1])
-ApiClaims(api)
-print(type(client.ResourceV1Api(api).list_resource_slice()).__name__)
+print(type(client.ResourceV1Api(api_client(sys.argv[1])).list_resource_slice()).__name__)
+async def main():
+    async with KubeApi.from_kubeconfig(sys.argv[1]) as api:
+        ApiClaims(api)
+        print((await api.call("GET", "/apis/resource.k8s.io/v1/resourceslices"))["kind"])
+asyncio.run(main())
 """
 
 
@@ -284,7 +288,7 @@ def test_the_declared_floors_install_and_run_devplug(
     assert "devplug.io/null" in check.stdout
     dra = floors_venv.run(floors_venv.python, "-c", DRA_CHECK, kubeconfig)
     assert dra.returncode == 0, dra.stderr
-    assert dra.stdout.strip() == "V1ResourceSliceList"
+    assert dra.stdout.split() == ["V1ResourceSliceList", "ResourceSliceList"]
 
 
 @pytest.mark.slow

@@ -76,14 +76,11 @@ class Claims:
 
     objects: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
-    def get(self, claim: ClaimRef) -> Mapping[str, Any]:
+    async def get(self, claim: ClaimRef) -> Mapping[str, Any]:
         found = self.objects.get(claim.name)
         if found is None:
             raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} not found")
         return found
-
-    async def read(self, claim: ClaimRef) -> Mapping[str, Any]:
-        return self.get(claim)
 
 
 def claim(name: str, device: str) -> dict[str, Any]:
@@ -157,7 +154,7 @@ async def admit(
     await driver.scan()
     preparer = Preparer(DriverBinding.of(driver), NODE, objects, folder / "cdi", folder)
     endpoint = LocalDraEndpoint(preparer)
-    prepared = PodClaims(objects.read, lambda name: endpoint if name == DRIVER else None)
+    prepared = PodClaims(objects.get, lambda name: endpoint if name == DRIVER else None)
 
     def check(_: PodSpec) -> tuple[str, str] | None:
         steps.append("resource check")

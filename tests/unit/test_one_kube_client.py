@@ -20,8 +20,6 @@ NOT_MOVED_YET: dict[str, str] = {
     "framework/dra/kube.py": "the DRA driver's client and the node's labels",
     "framework/dra/publisher.py": "ResourceSlices written, in threads",
     "framework/dra/slicewatch.py": "ResourceSlices listed and watched, in a thread",
-    "framework/dra/claims.py": "ResourceClaims read (blocking)",
-    "framework/dra/claimstatus.py": "ResourceClaim device statuses written, in threads",
     "framework/dra/service.py": "the DRA daemon's client, handed to the above",
     "sources/nvidia/nodelabel.py": "the node label watch and the first read, in a thread",
     "cli/serve.py": "the node's labels read for nodeModeLabel",

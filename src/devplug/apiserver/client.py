@@ -42,6 +42,7 @@ FEATURE = "a fleet on an API server (fleet up/down, plan --kubeconfig)"
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (a JSON body is YAML)
 RETRY_FIRST_S = 0.2
 RETRY_MAX_S = 5.0
 _T = TypeVar("_T")

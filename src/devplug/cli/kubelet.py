@@ -18,6 +18,8 @@ from devplug.cli import style
 log = logging.getLogger("devplug.kubelet")
 
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+# What needs the API server's client, for the one line naming the extra when it is missing.
+FEATURE = "the Kubernetes API (a kubelet's pods and claims, --kubeconfig)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -183,6 +185,20 @@ def _node_slices(api: Any, node: str | None) -> Any:
 async def _serve(
     args: argparse.Namespace, manifests: list[list[Any]], waits: list[tuple[str, int | None]]
 ) -> int:
+    claims, api, kube = _dra_sources(args)
+    async with contextlib.AsyncExitStack() as stack:
+        if kube is not None:
+            await stack.enter_async_context(kube)
+        return await _run_kubelet(args, manifests, waits, claims, api)
+
+
+async def _run_kubelet(
+    args: argparse.Namespace,
+    manifests: list[list[Any]],
+    waits: list[tuple[str, int | None]],
+    claims: Any,
+    api: Any,
+) -> int:
     from devplug.ground.signals import stop_on_signals
     from devplug.simulator import Kubelet, PodResult
     from devplug.simulator.report import pod_records, results_text
@@ -192,7 +208,6 @@ async def _serve(
             pod_records(results), args.output, text=lambda: results_text(results), each=True
         )
 
-    claims, api = _dra_sources(args)
     kubelet = Kubelet(
         args.plugin_dir,
         args.state_dir,
@@ -281,21 +296,23 @@ async def _until_stopped(work: Any, stop: Any) -> Any:
     return None if task.cancelled() else task.result()
 
 
-def _dra_sources(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The claim source of the DRA options (and the API client, when there is one)."""
+def _dra_sources(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The claim source of the DRA options (and the API clients, when there is one)."""
     if args.registry_dir is None:
         if args.claims_dir or args.kubeconfig:
             raise ValueError("--claims-dir and --kubeconfig need --registry-dir")
-        return None, None
+        return None, None, None
     if bool(args.claims_dir) == bool(args.kubeconfig):
         raise ValueError("--registry-dir needs one of --claims-dir and --kubeconfig")
     from devplug.framework.dra.claims import ApiClaims, FileClaims
 
     if args.claims_dir:
-        return FileClaims(args.claims_dir), None
+        return FileClaims(args.claims_dir), None, None
     if not args.node_name:
         raise ValueError("--kubeconfig needs --node-name: the node whose pods to run")
+    from devplug.apiserver.client import KubeApi
     from devplug.framework.dra.kube import api_client
 
     api = api_client(args.kubeconfig, args.context)
-    return ApiClaims(api), api
+    kube = KubeApi.from_kubeconfig(args.kubeconfig, args.context, extra="dra", feature=FEATURE)
+    return ApiClaims(kube), api, kube

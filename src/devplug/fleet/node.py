@@ -72,7 +72,7 @@ class _GivenClaims:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], Mapping[str, Any]] = {}
 
-    def get(self, claim: ClaimRef) -> Mapping[str, Any]:
+    async def get(self, claim: ClaimRef) -> Mapping[str, Any]:
         found = self.objects.get((claim.namespace, claim.name))
         if found is None:
             raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name} not found")
@@ -236,7 +236,7 @@ class FleetNode:
         return None
 
     async def _read_claim(self, claim: ClaimRef) -> Mapping[str, Any]:
-        return self._claims.get(claim)
+        return await self._claims.get(claim)
 
     def _endpoint_of(self, driver_name: str) -> LocalDraEndpoint | None:
         """The driver of the pool on this node, made when first called."""

@@ -16,7 +16,6 @@ devices of running pods, and asks the drivers again only for what it does not kn
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -141,7 +140,7 @@ class DraManager:
     # -- claims ------------------------------------------------------------------------
 
     async def _read_claim(self, claim: ClaimRef) -> Mapping[str, Any]:
-        return await asyncio.to_thread(self.claims.get, claim)
+        return await self.claims.get(claim)
 
     def _endpoint_of(self, name: str) -> GrpcDraEndpoint | None:
         driver = self.drivers.get(name)

@@ -99,7 +99,7 @@ async def test_the_simulator_wipes_the_node_slices_as_the_kubelet_does(
         return {s["metadata"]["name"] for s in json.loads(answer.data)["items"]}
 
     slices = NodeSlices(api, NODE)
-    async with node_kubelet(dirs, api, slices) as kubelet:
+    async with node_kubelet(dirs, kubeconfig, slices) as kubelet:
         await kubelet.wait_for(lambda: slices.wiped == 1, what="the start-up wipe")
         assert "left-from-before" not in names()
         command = serve_command(dirs, config, kubeconfig=kubeconfig)
@@ -198,7 +198,7 @@ async def test_two_instances_of_a_rolling_update_serve_side_by_side(
     old_socket = dirs.registry / f"{DRIVER}-0001-old-reg.sock"
     new_socket = dirs.registry / f"{DRIVER}-0002-new-reg.sock"
 
-    async with node_kubelet(dirs, api) as kubelet, following(kubelet, api):
+    async with node_kubelet(dirs, kubeconfig) as kubelet, following(kubelet, api):
         command = serve_command(dirs, config, kubeconfig=kubeconfig)
         daemons.append(old := Daemon(command, dirs.root / "old.log", {"POD_UID": "0001-old"}))
         await kubelet.wait_for_registration(DRIVER, timeout=WAIT_S)

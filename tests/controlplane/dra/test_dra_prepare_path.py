@@ -39,7 +39,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def serving(
-    sa_kubeconfig: str, api: Any, node: str, module_dirs: NodeDirs
+    kubeconfig: str, sa_kubeconfig: str, api: Any, node: str, module_dirs: NodeDirs
 ) -> AsyncIterator[Kubelet]:
     """The node serving acc0 (u250) and acc1 (u280) in both modes, with a glob group for
     hot-plug that nothing matches yet; both counted devices registered."""
@@ -52,7 +52,9 @@ async def serving(
         "  groups:\n", f"  groups:\n  - paths:\n    - path: {dirs.dev}/hot*\n", 1
     )
     config.write_text(text)
-    async with node_serving(dirs, api, sa_kubeconfig, config, DRIVER) as kubelet:
+    async with node_serving(
+        dirs, api, kubeconfig, config, DRIVER, daemon_kubeconfig=sa_kubeconfig
+    ) as kubelet:
         await kubelet.wait_for_resource(RESOURCE, count=2, timeout=WAIT_S)
         yield kubelet
 

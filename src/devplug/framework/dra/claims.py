@@ -7,13 +7,16 @@ picks the results that belong to one driver's pool.
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from devplug.framework.dra.driver import AllocatedDevice, ClaimRef
 from devplug.ground import inputs
+
+if TYPE_CHECKING:
+    from devplug.apiserver.client import KubeApi
 
 
 class ClaimError(Exception):
@@ -21,8 +24,8 @@ class ClaimError(Exception):
 
 
 class ClaimSource(Protocol):
-    def get(self, claim: ClaimRef) -> Mapping[str, Any]:
-        """The claim's object (blocking: called in a thread); raises ClaimError."""
+    async def get(self, claim: ClaimRef) -> Mapping[str, Any]:
+        """The claim's object; raises ClaimError."""
         ...
 
 
@@ -56,28 +59,25 @@ def allocated_devices(
 
 
 class ApiClaims:
-    """Claims read from the API server through the `kubernetes` client."""
+    """Claims read from the API server through devplug's client (entered by its owner),
+    once per call: a claim that cannot be read fails the prepare, and the kubelet asks
+    again."""
 
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
+    def __init__(self, api: KubeApi) -> None:
+        self._api = api
 
-        self._api: Any = client.ResourceV1Api(api_client)
+    async def get(self, claim: ClaimRef) -> Mapping[str, Any]:
+        from devplug.apiserver.client import FAILURES, explain
 
-    def get(self, claim: ClaimRef) -> Mapping[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        from devplug.apiserver.failures import Permanent, say
-
+        path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
         try:
-            response = self._api.read_namespaced_resource_claim(
-                claim.name, claim.namespace, _preload_content=False
-            )
-        except (ApiException, HTTPError, OSError, Permanent) as error:
+            document = await self._api.call("GET", path)
+        except (*FAILURES, ValueError) as error:  # ValueError: an answer that is not JSON
             raise ClaimError(
-                f"cannot read ResourceClaim {claim.namespace}/{claim.name}: {say(error)}"
+                f"cannot read ResourceClaim {claim.namespace}/{claim.name}: {explain(error)}"
             ) from None
-        document: Mapping[str, Any] = json.loads(response.data)
+        if not isinstance(document, Mapping):
+            raise ClaimError(f"ResourceClaim {claim.namespace}/{claim.name}: not an object")
         return document
 
 
@@ -88,7 +88,10 @@ class FileClaims:
     def __init__(self, folder: Path | str) -> None:
         self.folder = Path(folder)
 
-    def get(self, claim: ClaimRef) -> Mapping[str, Any]:
+    async def get(self, claim: ClaimRef) -> Mapping[str, Any]:
+        return await asyncio.to_thread(self._find, claim)
+
+    def _find(self, claim: ClaimRef) -> Mapping[str, Any]:
         for doc in folder_documents(self.folder, "ResourceClaim"):
             meta = doc.get("metadata") or {}
             if (meta.get("namespace") or "default", meta.get("name")) == (

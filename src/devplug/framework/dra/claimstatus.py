@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devplug.api.dra.constants import RESOURCE_API_VERSION
 from devplug.apiserver import failures
@@ -29,6 +29,9 @@ from devplug.apiserver.backoff import Backoff
 from devplug.framework import observe
 from devplug.framework.device import Device
 from devplug.framework.dra.driver import ClaimRef
+
+if TYPE_CHECKING:
+    from devplug.apiserver.client import KubeApi
 
 log = logging.getLogger("devplug.dra.claimstatus")
 
@@ -83,14 +86,13 @@ def status_entry(
 
 
 class ClaimStatusWriter:
-    """Writes and clears one driver's entries in claims' status."""
+    """Writes and clears one driver's entries in claims' status, through devplug's
+    client (entered by its owner)."""
 
-    def __init__(self, api_client: Any, driver: str) -> None:
-        from kubernetes import client
-
+    def __init__(self, api: KubeApi, driver: str) -> None:
         self.driver = driver
         self.field_manager = f"devplug/{driver}"[:128]
-        self._resource: Any = client.ResourceV1Api(api_client)
+        self._api = api
         self._tasks: set[asyncio.Task[None]] = set()
 
     def ready(self, claim: ClaimRef, entries: list[dict[str, Any]]) -> None:
@@ -112,8 +114,7 @@ class ClaimStatusWriter:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _write(self, claim: ClaimRef, entries: list[dict[str, Any]]) -> None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+        from devplug.apiserver.client import APPLY_PATCH, ApiError, Unavailable, explain
 
         body = {
             "apiVersion": RESOURCE_API_VERSION,
@@ -121,27 +122,23 @@ class ClaimStatusWriter:
             "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
             "status": {"devices": entries},
         }
+        path = (
+            f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}"
+            f"/resourceclaims/{claim.name}/status"
+        )
+        params = {"fieldManager": self.field_manager, "force": "true"}
         backoff = Backoff(_RETRY_FIRST_S, _RETRY_FIRST_S * 2**_ATTEMPTS)
         for attempt in range(_ATTEMPTS):
             try:
-                await asyncio.to_thread(
-                    self._resource.patch_namespaced_resource_claim_status,
-                    claim.name,
-                    claim.namespace,
-                    body,
-                    field_manager=self.field_manager,
-                    force=True,
-                    _content_type="application/apply-patch+yaml",
-                    _preload_content=False,
-                )
-            except ApiException as error:
+                await self._api.call("PATCH", path, body, params=params, content_type=APPLY_PATCH)
+            except ApiError as error:
                 if error.status in (404, 409) and not entries:
                     self._tell(claim, "")  # gone, or another claim by now: nothing to clear
                     return
                 problem = failures.say(error)
                 final = error.status == 404 or not failures.transient(error)
-            except (HTTPError, OSError, failures.Permanent) as error:
-                problem, final = failures.say(error), not failures.transient(error)
+            except (Unavailable, failures.Permanent, ValueError) as error:
+                problem, final = explain(error), not failures.transient(error)
             else:
                 self._tell(claim, "")
                 return

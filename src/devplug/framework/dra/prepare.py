@@ -183,7 +183,7 @@ class Preparer:
                 return done
         # Read outside the lock: claims of concurrent calls are read side by side, and
         # only what touches the node (checkpoint, CDI spec, the hooks) is serialized.
-        obj = await asyncio.to_thread(self.claims.get, claim)
+        obj = await self.claims.get(claim)
         async with self._serialized():
             if (done := self._already(claim)) is not None:
                 return done  # prepared meanwhile (the kubelet called again, or the other pod)

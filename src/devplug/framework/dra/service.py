@@ -9,11 +9,12 @@ daemon, and read by both.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from devplug.api.dra import constants as dra
 from devplug.framework.dra.claims import ApiClaims, ClaimSource, FileClaims
@@ -21,6 +22,9 @@ from devplug.framework.dra.driver import DriverBinding
 from devplug.framework.dra.nodeplugin import NodePlugin
 from devplug.framework.dra.prepare import Preparer
 from devplug.framework.dra.publisher import FolderSlicePublisher, PoolPublisher
+
+if TYPE_CHECKING:
+    from devplug.apiserver.client import KubeApi
 
 
 class ServingDaemon(Protocol):
@@ -32,6 +36,9 @@ class ServingDaemon(Protocol):
 
 
 log = logging.getLogger("devplug.dra")
+
+# What needs the API server's client, for the one line naming the extra when it is missing.
+FEATURE = "the Kubernetes API (DRA, --kubeconfig)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +74,20 @@ class DraService:
         self.node_plugins: list[NodePlugin] = []
         self.publishers: list[PoolPublisher] = []
         self._api: Any = None
+        # The daemon's one session to the API server (opened by `run`), handed down.
+        self.kube: KubeApi | None = None
         claims: ClaimSource
         if settings.claims_dir is not None:
             claims = FileClaims(settings.claims_dir)
         else:
+            from devplug.apiserver.client import KubeApi
             from devplug.framework.dra.kube import api_client
 
             self._api = api_client(settings.kubeconfig, settings.context)
-            claims = ApiClaims(self._api)
+            self.kube = KubeApi.from_kubeconfig(
+                settings.kubeconfig, settings.context, extra="dra", feature=FEATURE
+            )
+            claims = ApiClaims(self.kube)
         for driver in self.drivers:
             preparer = Preparer(
                 driver,
@@ -84,10 +97,10 @@ class DraService:
                 settings.plugins_dir / driver.name,
             )
             status = None
-            if self._api is not None:
+            if self.kube is not None:
                 from devplug.framework.dra.claimstatus import ClaimStatusWriter
 
-                status = ClaimStatusWriter(self._api, driver.name)
+                status = ClaimStatusWriter(self.kube, driver.name)
             self.node_plugins.append(
                 NodePlugin(
                     preparer,
@@ -124,6 +137,12 @@ class DraService:
         return found
 
     async def run(self, daemon: ServingDaemon | None = None) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            if self.kube is not None:
+                await stack.enter_async_context(self.kube)
+            await self._run(daemon)
+
+    async def _run(self, daemon: ServingDaemon | None) -> None:
         served = set(map(id, daemon.plugins)) if daemon is not None else set()
         tasks: list[asyncio.Task[Any]] = []
         for driver in self.drivers:
