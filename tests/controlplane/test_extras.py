@@ -88,7 +88,7 @@ def cases(tmp: Path) -> dict[str, Case]:
     return {
         "serve a DRA config": Case(
             [*serve, "--config", str(tmp / "shared.yaml"), "--registry-dir", str(tmp / "dp")],
-            ["kubernetes"],
+            ["aiohttp"],
             "dra",
         ),
         "serve with nodeModeLabel": Case(

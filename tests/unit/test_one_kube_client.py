@@ -17,10 +17,7 @@ OFFICIAL = ("kubernetes", "devplug.apiserver.official", "devplug.framework.dra.k
 # Path relative to src/devplug: what it still does through the official client.
 NOT_MOVED_YET: dict[str, str] = {
     "apiserver/official.py": "the official client set up from a kubeconfig; goes with the last",
-    "framework/dra/kube.py": "the DRA driver's client and the node's labels",
-    "framework/dra/publisher.py": "ResourceSlices written, in threads",
-    "framework/dra/slicewatch.py": "ResourceSlices listed and watched, in a thread",
-    "framework/dra/service.py": "the DRA daemon's client, handed to the above",
+    "framework/dra/kube.py": "the official client of the test kit and the modules not moved yet",
     "sources/nvidia/nodelabel.py": "the node label watch and the first read, in a thread",
     "cli/serve.py": "the node's labels read for nodeModeLabel",
     "cli/kubelet.py": "the simulated kubelet's claims and pods from an API server",

@@ -22,6 +22,9 @@ SUPPORTED_VERSIONS: Final = (V1, V1BETA1, HEALTH_V1, HEALTH_V1ALPHA1)
 # The resource.k8s.io API group and the limits of its objects.
 RESOURCE_GROUP: Final = "resource.k8s.io"
 RESOURCE_API_VERSION: Final = "resource.k8s.io/v1"
+# Where its objects are on the API server (namespaced ones under namespaces/NS/ of it).
+RESOURCE_API_PATH: Final = f"/apis/{RESOURCE_API_VERSION}"
+RESOURCE_SLICES_PATH: Final = f"{RESOURCE_API_PATH}/resourceslices"
 MAX_DEVICES_PER_SLICE: Final = 128
 # With a device that consumes counters (or has taints), a slice holds at most 64.
 MAX_DEVICES_PER_SLICE_ADVANCED: Final = 64

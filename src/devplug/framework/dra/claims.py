@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from devplug.api.dra.constants import RESOURCE_API_PATH
 from devplug.framework.dra.driver import AllocatedDevice, ClaimRef
 from devplug.ground import inputs
 
@@ -69,7 +70,7 @@ class ApiClaims:
     async def get(self, claim: ClaimRef) -> Mapping[str, Any]:
         from devplug.apiserver.client import FAILURES, explain
 
-        path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
+        path = f"{RESOURCE_API_PATH}/namespaces/{claim.namespace}/resourceclaims/{claim.name}"
         try:
             document = await self._api.call("GET", path)
         except (*FAILURES, ValueError) as error:  # ValueError: an answer that is not JSON

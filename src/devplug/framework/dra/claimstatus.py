@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from devplug.api.dra.constants import RESOURCE_API_VERSION
+from devplug.api.dra.constants import RESOURCE_API_PATH, RESOURCE_API_VERSION
 from devplug.apiserver import failures
 from devplug.apiserver.backoff import Backoff
 from devplug.framework import observe
@@ -123,8 +123,7 @@ class ClaimStatusWriter:
             "status": {"devices": entries},
         }
         path = (
-            f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}"
-            f"/resourceclaims/{claim.name}/status"
+            f"{RESOURCE_API_PATH}/namespaces/{claim.namespace}/resourceclaims/{claim.name}/status"
         )
         params = {"fieldManager": self.field_manager, "force": "true"}
         backoff = Backoff(_RETRY_FIRST_S, _RETRY_FIRST_S * 2**_ATTEMPTS)

@@ -25,14 +25,17 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from devplug.api.dra.constants import RESOURCE_SLICES_PATH as SLICES
 from devplug.apiserver import failures
 from devplug.apiserver.backoff import Backoff
 from devplug.framework import observe
 from devplug.framework.dra.driver import DriverBinding
 from devplug.framework.dra.slices import MANAGED_BY, slice_bodies
-from devplug.framework.dra.slicewatch import SliceWatch
+
+if TYPE_CHECKING:
+    from devplug.apiserver.client import KubeApi
 
 log = logging.getLogger("devplug.dra.publisher")
 
@@ -62,6 +65,13 @@ def _content(obj: Mapping[str, Any]) -> Any:
 
 def _stamp_of(obj: Mapping[str, Any]) -> str:
     return str(((obj.get("metadata") or {}).get("annotations") or {}).get(PUBLISHER_ANNOTATION, ""))
+
+
+def _say(error: BaseException) -> str:
+    """One line for a failure: the API server's (devplug's client), or the folder's."""
+    from devplug.apiserver.client import explain
+
+    return explain(error)
 
 
 def _generation_of(obj: Mapping[str, Any]) -> int:
@@ -102,7 +112,7 @@ class PoolPublisher:
         observe.emit(
             observe.SLICES_PUBLISHED,
             self.driver.name,
-            f"publishing slices failed: {failures.say(error)}",
+            f"publishing slices failed: {_say(error)}",
             logging.DEBUG,
             result="error",
         )
@@ -110,7 +120,7 @@ class PoolPublisher:
             logging.ERROR if permanent else logging.WARNING,
             "%s: publishing slices failed (%s); retrying in %.1f s",
             self.driver.name,
-            failures.say(error) if not isinstance(error, OSError) or permanent else error,
+            _say(error),
             retry,
         )
         await asyncio.sleep(retry)
@@ -182,22 +192,28 @@ class FolderSlicePublisher(PoolPublisher):
 
 
 class SlicePublisher(PoolPublisher):
-    """The slices on the API server, owned by the Node object, kept so by a watch."""
+    """The slices on the API server, owned by the Node object, kept so by a watch (the
+    one informer, on the daemon's session to the API server, entered by its owner)."""
 
-    def __init__(self, driver: DriverBinding, node: str, api_client: Any, stamp: str = "") -> None:
-        from kubernetes import client
+    def __init__(self, driver: DriverBinding, node: str, api: KubeApi, stamp: str = "") -> None:
+        from devplug.apiserver.informer import Informer
 
         super().__init__(driver, node)
         self.stamp = stamp or publisher_stamp("devplug")
-        # Any: bodies are plain dicts in the API's JSON form, answers read as JSON.
-        self._resource: Any = client.ResourceV1Api(api_client)
-        self._core: Any = client.CoreV1Api(api_client)
-        self._watch = SliceWatch(api_client, node, driver.name, self._on_update)
+        self._api = api
+        # The API server's slices of our pool, by name: the informer's view.
+        self._watch = Informer(
+            api,
+            SLICES,
+            params={"fieldSelector": f"spec.nodeName={node},spec.driver={driver.name}"},
+            what=f"{driver.name}: publishing slices failed",
+            on_list=lambda items: self._changed.set(),
+            on_event=lambda kind, obj: self._changed.set(),
+            on_failure=self._watch_failed,
+        )
         self._owner: dict[str, Any] | None = None
         self._owner_known = False
         self._changed = asyncio.Event()
-        self._listed = False
-        self._view: dict[str, dict[str, Any]] = {}  # the API server's slices, by name
         self._wanted: dict[str, dict[str, Any]] = {}  # the bodies of the current generation
         self._wanted_devices: Any = None  # the wanted content without the generation
         self._wanted_for: int | None = None  # the plugin generation `_wanted` was built for
@@ -208,6 +224,14 @@ class SlicePublisher(PoolPublisher):
         self._yielded: set[str] = set()  # slices left to a newer instance (logged once)
         self._foreign: set[str] = set()  # slices of our pool devplug did not make
 
+    @property
+    def _listed(self) -> bool:
+        return self._watch.synced.is_set()
+
+    @property
+    def _view(self) -> dict[str, dict[str, Any]]:
+        return self._watch.objects
+
     def problems(self) -> list[str]:
         """Why the node's slices are not what the devices say now (for /readyz)."""
         name = self.driver.name
@@ -217,43 +241,39 @@ class SlicePublisher(PoolPublisher):
             return [f"{name}: ResourceSlices of node {self.node} not published yet"]
         return []
 
-    # -- the API server's view, from the watch ----------------------------------------
-
-    def _on_update(self, objects: Mapping[str, dict[str, Any] | None], complete: bool) -> None:
-        if complete:
-            self._view = {k: v for k, v in objects.items() if v is not None}
-            self._listed = True
-        else:
-            for name, obj in objects.items():
-                if obj is None:
-                    self._view.pop(name, None)
-                else:
-                    self._view[name] = obj
-        self._changed.set()
+    def _watch_failed(self, error: Exception) -> None:
+        """The slices cannot be listed and watched (the informer says why and retries)."""
+        observe.emit(
+            observe.SLICES_PUBLISHED,
+            self.driver.name,
+            f"publishing slices failed: {_say(error)}",
+            logging.DEBUG,
+            result="error",
+        )
 
     # -- what we want -------------------------------------------------------------------
 
-    def _node_owner(self) -> None:
+    async def _node_owner(self) -> None:
         """Read the Node once, as the owner of the slices, so that they go with their
         node; no owner if the API server refuses it (a connection failure is raised, and
         the next attempt asks again)."""
-        from kubernetes.client.exceptions import ApiException
+        from devplug.apiserver.client import ApiError
 
         try:
-            node = self._core.read_node(self.node)
-        except ApiException as error:
+            node = await self._api.call("GET", f"/api/v1/nodes/{self.node}")
+        except ApiError as error:
             log.warning(
                 "%s: cannot read node %s (%s): slices get no owner",
                 self.driver.name,
                 self.node,
-                error.reason,
+                failures.say(error),
             )
         else:
             self._owner = {
                 "apiVersion": "v1",
                 "kind": "Node",
                 "name": self.node,
-                "uid": node.metadata.uid,
+                "uid": node["metadata"]["uid"],
             }
         self._owner_known = True
 
@@ -318,36 +338,32 @@ class SlicePublisher(PoolPublisher):
             said.add(name)
             log.log(level, "%s: slice %s %s: left alone", self.driver.name, name, what)
 
-    def _apply(self, actions: list[tuple[str, str, dict[str, Any] | None]]) -> None:
-        """Run the actions (in a thread); a conflict means the view is behind: the
-        watch brings the news and the next plan acts on it."""
-        from kubernetes.client.exceptions import ApiException
+    async def _apply(self, actions: list[tuple[str, str, dict[str, Any] | None]]) -> None:
+        """Run the actions; a conflict means the view is behind: the watch brings the
+        news and the next plan acts on it."""
+        from devplug.apiserver.client import ApiError
 
         for action, name, body in actions:
             assert body is not None
             try:
                 if action == "create":
-                    answer = self._resource.create_resource_slice(body, _preload_content=False)
+                    written = await self._api.call("POST", SLICES, body)
                 elif action == "replace":
                     old = self._view.get(name)
                     if old is None:  # deleted meanwhile: the next plan creates it
                         continue
                     body = json.loads(json.dumps(body))
                     body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-                    answer = self._resource.replace_resource_slice(
-                        name, body, _preload_content=False
-                    )
+                    written = await self._api.call("PUT", f"{SLICES}/{name}", body)
                 else:
                     version = body["metadata"]["resourceVersion"]
-                    self._resource.delete_resource_slice(
-                        name, body={"preconditions": {"resourceVersion": version}}
-                    )
+                    precondition = {"preconditions": {"resourceVersion": version}}
+                    await self._api.call("DELETE", f"{SLICES}/{name}", precondition)
                     continue
-            except ApiException as error:
+            except ApiError as error:
                 if error.status in (404, 409):
                     continue
                 raise
-            written = json.loads(answer.data)
             version = str(written["metadata"]["resourceVersion"])
             self._ours.setdefault(name, []).append(version)
             del self._ours[name][:-_KEEP_VERSIONS]
@@ -355,8 +371,7 @@ class SlicePublisher(PoolPublisher):
             self._written[name] = _content(written)
 
     async def run(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+        from devplug.apiserver.client import FAILURES
 
         plugin = self.driver.plugin
         await plugin.wait_published()
@@ -370,16 +385,16 @@ class SlicePublisher(PoolPublisher):
                 seen = plugin.generation
                 try:
                     if not self._owner_known:
-                        await asyncio.to_thread(self._node_owner)
+                        await self._node_owner()
                     self._want(seen)
                     actions = self._plan()
                     if actions:
                         self._in_sync = False
                         self._log_actions(actions)
-                        await asyncio.to_thread(self._apply, actions)
+                        await self._apply(actions)
                         await self._wait_for_change(seen)
                         continue
-                except (ApiException, HTTPError, OSError, failures.Permanent) as error:
+                except (*FAILURES, ValueError) as error:  # ValueError: an answer not JSON
                     self._in_sync = False
                     await self._failed(error, backoff)
                     continue
@@ -391,7 +406,7 @@ class SlicePublisher(PoolPublisher):
                     self._done(seen)
                 await self._wait_for_change(seen)
         finally:
-            self._watch.stop()
+            await self._watch.stop()
 
     def _log_actions(self, actions: list[tuple[str, str, dict[str, Any] | None]]) -> None:
         for action, name, _ in actions:

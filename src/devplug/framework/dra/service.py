@@ -73,7 +73,6 @@ class DraService:
         self.settings = settings
         self.node_plugins: list[NodePlugin] = []
         self.publishers: list[PoolPublisher] = []
-        self._api: Any = None
         # The daemon's one session to the API server (opened by `run`), handed down.
         self.kube: KubeApi | None = None
         claims: ClaimSource
@@ -81,9 +80,7 @@ class DraService:
             claims = FileClaims(settings.claims_dir)
         else:
             from devplug.apiserver.client import KubeApi
-            from devplug.framework.dra.kube import api_client
 
-            self._api = api_client(settings.kubeconfig, settings.context)
             self.kube = KubeApi.from_kubeconfig(
                 settings.kubeconfig, settings.context, extra="dra", feature=FEATURE
             )
@@ -110,12 +107,12 @@ class DraService:
                     pod_uid=settings.pod_uid,
                 )
             )
-        if self._api is not None:
+        if self.kube is not None:
             from devplug.framework.dra.publisher import SlicePublisher, publisher_stamp
 
             stamp = publisher_stamp(settings.pod_uid or _process_identity())
             self.publishers = [
-                SlicePublisher(d, settings.node_name, self._api, stamp) for d in self.drivers
+                SlicePublisher(d, settings.node_name, self.kube, stamp) for d in self.drivers
             ]
         elif settings.claims_dir is not None:
             folder = settings.claims_dir
@@ -171,8 +168,6 @@ class DraService:
             for node_plugin in self.node_plugins:
                 if node_plugin.status is not None:
                     await node_plugin.status.close()
-            if self._api is not None:
-                self._api.close()
 
 
 def _process_identity() -> str:
