@@ -150,24 +150,17 @@ def pod_body(name: str, claim: str) -> dict[str, Any]:
     }
 
 
-@contextlib.asynccontextmanager
-async def node_kubelet(
-    dirs: NodeDirs, kubeconfig: str, slices: NodeSlices | None = None
-) -> AsyncIterator[Kubelet]:
-    """The simulator's kubelet for NODE, its claims read from the API server of
-    `kubeconfig` (the cluster's admin: a kubelet reads every claim of its node)."""
-    async with (
-        KubeApi.from_kubeconfig(kubeconfig) as kube,
-        Kubelet(
-            dirs.plugin_dir,
-            dirs.state_dir,
-            control_socket=False,
-            dra_registry_dir=dirs.registry,
-            claims=ApiClaims(kube),
-            node_slices=slices,
-        ) as kubelet,
-    ):
-        yield kubelet
+def node_kubelet(dirs: NodeDirs, kube: KubeApi, slices: NodeSlices | None = None) -> Kubelet:
+    """The simulator's kubelet for NODE, its claims read from the API server through
+    `kube` (entered by the caller)."""
+    return Kubelet(
+        dirs.plugin_dir,
+        dirs.state_dir,
+        control_socket=False,
+        dra_registry_dir=dirs.registry,
+        claims=ApiClaims(kube),
+        node_slices=slices,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -195,8 +188,12 @@ async def node_serving(
 ) -> AsyncIterator[Kubelet]:
     """The simulator's kubelet for NODE, following the pods bound to it on the API server,
     and the real daemon serving `config` with its DRA `driver` registered (through
-    `daemon_kubeconfig` where given, else the kubelet's `kubeconfig`)."""
-    async with node_kubelet(dirs, kubeconfig, NodeSlices(api, NODE)) as kubelet:
+    `daemon_kubeconfig` where given, else the kubelet's `kubeconfig`: the cluster's admin,
+    as a kubelet reads every claim of its node and wipes its slices)."""
+    async with (
+        KubeApi.from_kubeconfig(kubeconfig) as kube,
+        node_kubelet(dirs, kube, NodeSlices(kube, NODE)) as kubelet,
+    ):
         daemon = Daemon(
             serve_command(dirs, config, *extra, kubeconfig=daemon_kubeconfig or kubeconfig),
             dirs.root / "daemon.log",

@@ -173,13 +173,13 @@ def read_pods(names: list[str]) -> tuple[str, list[list[Any]]]:
     return "", manifests
 
 
-def _node_slices(api: Any, node: str | None) -> Any:
+def _node_slices(kube: Any, node: str | None) -> Any:
     """With an API server, the node's slices are the kubelet's to wipe at start."""
-    if api is None or not node:
+    if kube is None or not node:
         return None
     from devplug.simulator.dra import NodeSlices
 
-    return NodeSlices(api, node)
+    return NodeSlices(kube, node)
 
 
 async def _serve(
@@ -189,7 +189,7 @@ async def _serve(
     async with contextlib.AsyncExitStack() as stack:
         if kube is not None:
             await stack.enter_async_context(kube)
-        return await _run_kubelet(args, manifests, waits, claims, api)
+        return await _run_kubelet(args, manifests, waits, claims, api, kube)
 
 
 async def _run_kubelet(
@@ -198,6 +198,7 @@ async def _run_kubelet(
     waits: list[tuple[str, int | None]],
     claims: Any,
     api: Any,
+    kube: Any,
 ) -> int:
     from devplug.ground.signals import stop_on_signals
     from devplug.simulator import Kubelet, PodResult
@@ -218,7 +219,7 @@ async def _run_kubelet(
         control_socket=args.control,
         dra_registry_dir=args.registry_dir,
         claims=claims,
-        node_slices=_node_slices(api, args.node_name),
+        node_slices=_node_slices(kube, args.node_name),
     )
     from devplug.ground.unixserver import socket_path_problem
 

@@ -4,6 +4,8 @@ called; their device health streams followed; and, with an API server, the node'
 ResourceSlices wiped at start and a grace after the last instance of a driver went.
 """
 
+from __future__ import annotations
+
 import asyncio
 import contextlib
 import logging
@@ -11,7 +13,7 @@ import stat
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -29,6 +31,9 @@ from devplug.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from devplug.ground.channel import unix_channel
 from devplug.ground.dirwatch import DirWatcher
 from devplug.kube.dranames import driver_name_problem
+
+if TYPE_CHECKING:
+    from devplug.apiserver.client import KubeApi
 
 log = logging.getLogger("devplug.simulator.dra")
 
@@ -73,28 +78,23 @@ class NodeSlices:
     starts (no driver is registered yet), and a driver's WIPING_DELAY_S after the last
     instance of it went away (the real kubelet's grace for a driver that restarts)."""
 
-    def __init__(self, api_client: Any, node: str, wiping_delay: float = WIPING_DELAY_S) -> None:
-        from kubernetes import client
-
-        self._resource: Any = client.ResourceV1Api(api_client)
+    def __init__(self, api: KubeApi, node: str, wiping_delay: float = WIPING_DELAY_S) -> None:
+        self._api = api  # entered by its owner
         self.node = node
         self.wiping_delay = wiping_delay
         self.wiped = 0  # wipes done, for tests
 
     async def wipe(self, driver: str | None) -> bool:
         """Delete the node's slices (of `driver` only, if given); failures are logged."""
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        from devplug.apiserver.failures import Permanent, say
+        from devplug.apiserver.client import FAILURES, explain
 
         selector = f"spec.nodeName={self.node}" + (f",spec.driver={driver}" if driver else "")
         try:
-            await asyncio.to_thread(
-                self._resource.delete_collection_resource_slice, field_selector=selector
+            await self._api.call(
+                "DELETE", dra.RESOURCE_SLICES_PATH, params={"fieldSelector": selector}
             )
-        except (ApiException, HTTPError, OSError, Permanent) as error:
-            log.warning("deleting ResourceSlices (%s) failed: %s", selector, say(error))
+        except (*FAILURES, ValueError) as error:  # ValueError: an answer that is not JSON
+            log.warning("deleting ResourceSlices (%s) failed: %s", selector, explain(error))
             return False
         self.wiped += 1
         log.info("deleted ResourceSlices (%s)", selector)

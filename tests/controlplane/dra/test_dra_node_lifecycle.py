@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from devplug.apiserver.client import KubeApi
 from devplug.simulator.dra import NodeSlices
 from tests.dra_cluster_helpers import (
     WAIT_S,
@@ -98,8 +99,9 @@ async def test_the_simulator_wipes_the_node_slices_as_the_kubelet_does(
         )
         return {s["metadata"]["name"] for s in json.loads(answer.data)["items"]}
 
-    slices = NodeSlices(api, NODE)
-    async with node_kubelet(dirs, kubeconfig, slices) as kubelet:
+    kube = KubeApi.from_kubeconfig(kubeconfig)
+    slices = NodeSlices(kube, NODE)
+    async with kube, node_kubelet(dirs, kube, slices) as kubelet:
         await kubelet.wait_for(lambda: slices.wiped == 1, what="the start-up wipe")
         assert "left-from-before" not in names()
         command = serve_command(dirs, config, kubeconfig=kubeconfig)
@@ -198,7 +200,11 @@ async def test_two_instances_of_a_rolling_update_serve_side_by_side(
     old_socket = dirs.registry / f"{DRIVER}-0001-old-reg.sock"
     new_socket = dirs.registry / f"{DRIVER}-0002-new-reg.sock"
 
-    async with node_kubelet(dirs, kubeconfig) as kubelet, following(kubelet, api):
+    async with (
+        KubeApi.from_kubeconfig(kubeconfig) as kube,
+        node_kubelet(dirs, kube) as kubelet,
+        following(kubelet, api),
+    ):
         command = serve_command(dirs, config, kubeconfig=kubeconfig)
         daemons.append(old := Daemon(command, dirs.root / "old.log", {"POD_UID": "0001-old"}))
         await kubelet.wait_for_registration(DRIVER, timeout=WAIT_S)
