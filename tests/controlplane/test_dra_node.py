@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from devplug.api.drahealth.v1alpha1 import api_pb2 as healthpb
 from devplug.api.drahealth.v1alpha1 import api_pb2_grpc as healthgrpc
 from devplug.api.pluginregistration.v1 import api_pb2 as regpb
 from devplug.api.pluginregistration.v1 import api_pb2_grpc as reggrpc
+from devplug.framework.debug import DEBUG_STATE_ENV
 from devplug.ground.channel import unix_channel
 from devplug.simulator.report import node_text
 from devplug.simulator.results import REASON_FAILED_PREPARE, REASON_UNSCHEDULABLE
@@ -38,12 +41,13 @@ from tests.dra_helpers import (
     write_claim,
 )
 from tests.hw_helpers import validate_cdi
-from tests.serve_helpers import free_port, http_get
+from tests.serve_helpers import free_port, http_get, wait_for_path
 
 MODELS = {"acc0": "u250", "acc1": "u280"}
 CDI_KIND = f"{DRIVER}/claim"
-# A daemon's start (the Kubernetes client's import first) on a busy machine.
+# A daemon's start on a busy machine.
 REGISTERED_S = 60
+STATE = "state.json"  # the daemon's state dump, in its folder
 
 
 @pytest.fixture
@@ -255,7 +259,7 @@ async def test_claims_that_cannot_be_prepared_get_an_error_each(dirs: NodeDirs) 
 @pytest.fixture
 def unreachable_api(dirs: NodeDirs, daemons: list[Any]) -> tuple[subprocess.Popen[str], int]:
     """The daemon serving with a kubeconfig whose API server is unreachable, its stderr
-    piped; and its metrics port."""
+    piped, its state dumped to STATE in its folder on SIGUSR1; and its metrics port."""
     config = accelerator_config(dirs, MODELS)
     kubeconfig = dirs.root / "kubeconfig"
     kubeconfig.write_text(
@@ -272,8 +276,16 @@ def unreachable_api(dirs: NodeDirs, daemons: list[Any]) -> tuple[subprocess.Pope
     )
     port = free_port()
     command = serve_command(dirs, config, "--metrics-port", str(port), kubeconfig=str(kubeconfig))
-    daemons.append(daemon := subprocess.Popen(command, stderr=subprocess.PIPE, text=True))
+    env = {**os.environ, DEBUG_STATE_ENV: str(dirs.root / STATE)}
+    daemons.append(daemon := subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env))
     return daemon, port
+
+
+def slices_failed(daemon: subprocess.Popen[str]) -> str:
+    """The daemon's first line saying its slices could not be published (blocking)."""
+    assert daemon.stderr is not None
+    lines = iter(daemon.stderr.readline, "")
+    return next(line for line in lines if "publishing slices failed" in line)
 
 
 async def test_node_plugin_serves_while_the_api_server_is_unreachable(
@@ -283,11 +295,7 @@ async def test_node_plugin_serves_while_the_api_server_is_unreachable(
     daemon, port = unreachable_api
     async with kubelet_for(dirs) as kubelet:
         await kubelet.wait_for_registration(DRIVER, timeout=REGISTERED_S)
-        assert daemon.stderr is not None
-        lines = iter(daemon.stderr.readline, "")
-        failed = await asyncio.to_thread(
-            next, (line for line in lines if "publishing slices failed" in line)
-        )
+        failed = await asyncio.to_thread(slices_failed, daemon)
         assert "retrying in" in failed
         assert daemon.poll() is None
         # Registered with the kubelet, but not ready: the slices are not published.
@@ -296,6 +304,20 @@ async def test_node_plugin_serves_while_the_api_server_is_unreachable(
             503,
             f"{DRIVER}: ResourceSlices not listed from the API server yet\n",
         )
+
+
+async def test_the_dra_daemon_talks_to_the_api_server_without_the_kubernetes_package(
+    dirs: NodeDirs, unreachable_api: tuple[subprocess.Popen[str], int]
+) -> None:
+    """Slices, claims and their status go through devplug's own client: the official
+    client, the larger by far, is not even imported (`make bench`, key `dra`: the RSS)."""
+    daemon, _ = unreachable_api
+    await asyncio.to_thread(slices_failed, daemon)  # the publisher has tried by now
+    daemon.send_signal(signal.SIGUSR1)
+    await asyncio.to_thread(wait_for_path, dirs.root / STATE)
+    modules = set(json.loads((dirs.root / STATE).read_text())["modules"])
+    assert {"aiohttp", "devplug.apiserver.client", "devplug.apiserver.informer"} <= modules
+    assert not [m for m in modules if m.partition(".")[0] == "kubernetes"]
 
 
 async def test_readyz_waits_for_the_kubelet_to_register_the_driver(
