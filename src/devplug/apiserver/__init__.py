@@ -10,6 +10,8 @@
 - `backoff`: the one exponential backoff with jitter between attempts;
 - `client`: devplug's asyncio client (aiohttp, msgspec), the one stack every module
   that talks to an API server moves to (chosen by `make bench`, key `kubeclient`);
+- `informer`: the one list and watch of a collection on that client, its view kept
+  current (resumed from the last version, listed again when too old, backoff);
 - `official`: the official `kubernetes` client set up from a kubeconfig, with
   timeouts on every request, for the modules not moved yet.
 
