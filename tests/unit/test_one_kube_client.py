@@ -28,7 +28,6 @@ NOT_MOVED_YET: dict[str, str] = {
     "cli/kubelet.py": "the simulated kubelet's claims and pods from an API server",
     "simulator/apipods.py": "the simulated kubelet's pods watched, in a thread",
     "simulator/draplugins.py": "the simulated kubelet's ResourceClaims read",
-    "extender/kubeapi.py": "the scheduler extender's reads, annotations and Bindings",
     "testing/controlplane.py": "the test kit's watch until an object matches",
     "testing/nodeapi.py": "the test kit's reads of the real node's objects",
     "testing/realnode.py": "the test kit's client of the real node",
