@@ -23,8 +23,6 @@ NOT_MOVED_YET: dict[str, str] = {
     "framework/dra/claims.py": "ResourceClaims read (blocking)",
     "framework/dra/claimstatus.py": "ResourceClaim device statuses written, in threads",
     "framework/dra/service.py": "the DRA daemon's client, handed to the above",
-    "sources/nvidia/nodelabel.py": "the node label watch and the first read, in a thread",
-    "cli/serve.py": "the node's labels read for nodeModeLabel",
     "cli/kubelet.py": "the simulated kubelet's claims and pods from an API server",
     "simulator/apipods.py": "the simulated kubelet's pods watched, in a thread",
     "simulator/draplugins.py": "the simulated kubelet's ResourceClaims read",
