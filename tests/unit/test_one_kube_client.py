@@ -24,7 +24,6 @@ NOT_MOVED_YET: dict[str, str] = {
     "framework/dra/claimstatus.py": "ResourceClaim device statuses written, in threads",
     "framework/dra/service.py": "the DRA daemon's client, handed to the above",
     "cli/kubelet.py": "the simulated kubelet's claims and pods from an API server",
-    "simulator/apipods.py": "the simulated kubelet's pods watched, in a thread",
     "simulator/draplugins.py": "the simulated kubelet's ResourceClaims read",
     "testing/controlplane.py": "the test kit's watch until an object matches",
     "testing/nodeapi.py": "the test kit's reads of the real node's objects",
