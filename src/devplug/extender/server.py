@@ -26,12 +26,9 @@ MAX_BODY = 64 * 1024 * 1024  # a NodeList of thousands of nodes fits
 
 
 def api_problem(error: Exception) -> str:
-    """The API server's failure in one line (devplug.apiserver.failures)."""
-    from devplug.apiserver.client import Unavailable
-    from devplug.apiserver.failures import say
+    """The API server's failure in one line (devplug.apiserver.client)."""
+    from devplug.apiserver.client import say
 
-    if isinstance(error, Unavailable):  # "what: why": the why is the problem
-        return f"the API server cannot be reached ({str(error).rpartition(': ')[2]})"
     return say(error)
 
 

@@ -89,16 +89,14 @@ def _say(error: Exception) -> str:
     from http import HTTPStatus
 
     from devplug.apiserver import failures
-    from devplug.apiserver.client import ApiError, Unavailable
+    from devplug.apiserver.client import ApiError, say
 
     if isinstance(error, ApiError) and failures.kind(error) == failures.ANSWER:
         try:
             return f"{error.status} {HTTPStatus(error.status).phrase}"
         except ValueError:  # a status HTTP does not name
-            return failures.say(error)
-    if isinstance(error, Unavailable):  # "what: why": the why is the problem
-        return f"the API server cannot be reached ({str(error).rpartition(': ')[2]})"
-    return failures.say(error)
+            pass
+    return say(error)
 
 
 class NodeLabelWatch:
