@@ -3,11 +3,10 @@ its nodes (drawn with a seed), agrees with the planner: each pod lands on the no
 planner gives it, and the GPU capacity allocated is within a point of `devplug plan`'s
 for the same nodes, pods, seed and policy (bench/fleet_trace.py).
 
-The pods arrive one at a time, each a few scheduler and extender round trips, so the
-test inflates the workload to 20 % of the subset's GPU capacity (about 120 pods) rather
-than 100 % (about 620 pods, a minute and a half on a busy machine): it checks the decisions pod by
-pod; `FLEET_SAMPLE=100 make fleet-bench` runs the same subset to 100 %, and `make
-fleet-bench` all 1,213 nodes."""
+The pods arrive one at a time until 100 % of the subset's GPU capacity has arrived, as
+the paper's protocol has them (623 pods, each a few scheduler and extender round trips:
+about a minute), and the decisions are checked pod by pod; `make fleet-bench` runs all
+1,213 nodes."""
 
 from __future__ import annotations
 
@@ -24,9 +23,10 @@ NODES = OPENB / "openb_node_list_gpu_node.csv"
 PODS = OPENB / "openb_pod_list_default.csv"
 SUBSET = 100
 SEED = 42
-INFLATE_PERCENT = 20.0
+INFLATE_PERCENT = 100.0
 
 
+@pytest.mark.timeout(600)
 def test_the_real_scheduler_with_the_extender_allocates_what_the_planner_does_on_100_openb_nodes(
     kubeconfig: str, tmp_path: Path
 ) -> None:
@@ -44,8 +44,10 @@ def test_the_real_scheduler_with_the_extender_allocates_what_the_planner_does_on
         tmp_path / "run", kubeconfig, plane.bin_dir, nodes, PODS, "fgd", SEED, INFLATE_PERCENT
     )
     assert report["nodes"] == SUBSET
-    assert report["pods"] > 100, report
-    assert report["planner_allocated_percent"] > INFLATE_PERCENT - 2, report
+    assert report["pods"] > 600, report
+    # Where the paper's policies fall short of the capacity: some pods wait.
+    assert 90 < report["planner_allocated_percent"] < 100, report
+    assert report["planner_placed"] < report["pods"], report
     assert abs(report["difference_points"]) <= 1.0, report
     assert report["pods_on_another_node"] <= report["pods"] // 100, report
     # Every pod the scheduler bound was admitted by its node with the GPU chosen for it.
