@@ -21,6 +21,7 @@ from devplug.placement.inventory import (
     InventoryError,
     decode,
     demand_of,
+    ids,
     nvlink_groups,
 )
 
@@ -224,6 +225,24 @@ def test_each_policy_binds_the_pod_to_its_node_and_gpu(policy: str, node: str, g
     ) == {"Error": ""}
     assert objects.pod("", "new")["metadata"]["annotations"][ASSIGNED] == gpu
     assert objects.bound == [("new", node)]
+
+
+def test_bind_gives_a_multi_gpu_pod_gpus_of_one_nvlink_group_as_published() -> None:
+    """The node publishes two NVLink groups (0-1 and 2-3) and GPU 0 is taken: a pair is
+    bound to 2 and 3, not to the first free ones (1 and 2), which span both groups."""
+    gpus = tuple(Gpu(f"GPU-n{i}", "A100", nvlink=0 if i < 2 else 2, numa=0) for i in range(4))
+    placed = pod_object("placed", 1000, cpu="1", assigned="GPU-n0", node="n")
+    objects = Objects(
+        [node_object("n", Inventory(RESOURCE, 1, gpus))], [placed, pod_object("pair", 2000)]
+    )
+    extender = Extender(objects, "bestfit", None)
+    assert extender.bind(
+        {"PodName": "pair", "PodNamespace": "ns", "PodUID": "uid-pair", "Node": "n"}
+    ) == {"Error": ""}
+    assert ids(objects.pod("", "pair")["metadata"]["annotations"][ASSIGNED]) == [
+        "GPU-n2",
+        "GPU-n3",
+    ]
 
 
 def test_rank_gives_the_first_best_ten_and_the_rest_below() -> None:

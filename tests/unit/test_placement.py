@@ -18,6 +18,7 @@ from devplug.placement import (
     make_policy,
 )
 from devplug.placement.policies import POLICY_NAMES, fgd_points
+from devplug.placement.state import whole_gpus
 
 SHARE = Demand(cpu=1000, gpus=1, gpu_milli=500)
 WHOLE = Demand(cpu=1000, gpus=1, gpu_milli=1000)
@@ -151,6 +152,27 @@ def test_whole_gpus_are_whole_free_ones_and_a_refused_pod_gets_its_reason() -> N
     assert placer.reason(Demand(cpu=1, gpus=1, gpu_milli=600, models=frozenset({"A"}))) == (
         "gpu model"
     )
+
+
+def test_whole_gpus_stay_in_one_nvlink_group_then_one_numa_node() -> None:
+    """Two NVLink groups of four (0-3, 4-7), GPUs 1 and 2 taken: a pair goes to the group
+    with fewer free GPUs (0 and 3), keeping 4-7 whole for a pod of four; four go to 4-7,
+    not the first four free. Without links, one NUMA node; without either, the first."""
+    links = [0, 0, 0, 0, 4, 4, 4, 4]
+    free = [1000, 0, 0, 1000, 1000, 1000, 1000, 1000]
+    pair, four = Demand(gpus=2, gpu_milli=1000), Demand(gpus=4, gpu_milli=1000)
+    eight = Node("n", 64000, 512, "H100", list(free), gpu_link=links, gpu_numa=[0] * 8)
+    placer = Placer([eight], make_policy("bestfit", [eight], None))
+    assert [getattr(placer.place(d), "gpus", None) for d in (pair, four)] == [
+        (0, 3),
+        (4, 5, 6, 7),
+    ]
+    numa = Node("n", 64000, 512, "H100", [0, 1000, 1000, 1000], gpu_link=[-1] * 4,
+                gpu_numa=[0, 0, 1, 1])  # fmt: skip
+    assert whole_gpus(numa, 2) == (2, 3)
+    assert whole_gpus(Node("n", 1, 1, "H100", [0, 1000, 1000, 1000]), 2) == (1, 2)
+    # no group holds them: the first free ones
+    assert whole_gpus(numa, 3) == (1, 2, 3)
 
 
 def test_fgd_needs_a_target_workload_and_names_are_checked() -> None:

@@ -166,7 +166,10 @@ def node_view(obj: Mapping[str, Any]) -> NodeView | str:
     cpu, memory = sizes
     free = [g.milli if g.healthy and not g.mig else 0 for g in inventory.gpus]
     model = inventory.gpus[0].model if inventory.gpus else ""
-    return NodeView(name, inventory, Node(name, cpu, memory, model, free))
+    links = [g.nvlink for g in inventory.gpus]
+    numa = [g.numa for g in inventory.gpus]
+    node = Node(name, cpu, memory, model, free, gpu_link=links, gpu_numa=numa)
+    return NodeView(name, inventory, node)
 
 
 def build(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]]) -> Cluster:

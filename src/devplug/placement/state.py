@@ -65,7 +65,9 @@ class Demand:
 
 @dataclass(slots=True)
 class Node:
-    """One node: its capacity and what is free, GPU by GPU (`gpu_free[i]` in milli)."""
+    """One node: its capacity and what is free, GPU by GPU (`gpu_free[i]` in milli), and
+    how its GPUs are grouped, where that is known: `gpu_link[i]`, GPU i's NVLink group,
+    and `gpu_numa[i]`, its NUMA node (-1: none or unknown; empty: nothing known)."""
 
     name: str
     cpu: int
@@ -74,6 +76,8 @@ class Node:
     gpu_free: list[int] = field(default_factory=list)
     cpu_free: int = -1  # -1: all of it
     memory_free: int = -1
+    gpu_link: Sequence[int] = ()
+    gpu_numa: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         if self.cpu_free < 0:
@@ -131,8 +135,23 @@ class Node:
 
 
 def whole_gpus(node: Node, count: int) -> tuple[int, ...]:
-    """The first `count` whole free GPUs of the node."""
-    return tuple([i for i, free in enumerate(node.gpu_free) if free == MILLI][:count])
+    """`count` whole free GPUs of the node: within one NVLink group if one has them,
+    else within one NUMA node, else the first ones. Of the groups that hold them, the
+    one with the fewest free GPUs (the first of equals), so that a larger group stays
+    whole for a larger pod. Without topology: the first `count`."""
+    free = [i for i, left in enumerate(node.gpu_free) if left == MILLI]
+    if count > 1 and len(free) > count:
+        for labels in (node.gpu_link, node.gpu_numa):
+            if len(labels) != len(node.gpu_free):
+                continue
+            groups: dict[int, list[int]] = {}
+            for index in free:
+                if labels[index] >= 0:
+                    groups.setdefault(labels[index], []).append(index)
+            holding = [g for g in groups.values() if len(g) >= count]
+            if holding:
+                return tuple(min(holding, key=lambda g: (len(g), g[0]))[:count])
+    return tuple(free[:count])
 
 
 def tightest_gpu(node: Node, milli: int) -> int:

@@ -68,7 +68,11 @@ class Replay:
 
 
 def fresh(nodes: Sequence[Node]) -> list[Node]:
-    return [Node(n.name, n.cpu, n.memory, n.model, list(n.gpu_free)) for n in nodes]
+    return [
+        Node(n.name, n.cpu, n.memory, n.model, list(n.gpu_free), gpu_link=n.gpu_link,
+             gpu_numa=n.gpu_numa)
+        for n in nodes
+    ]  # fmt: skip
 
 
 def replay(
