@@ -38,13 +38,15 @@ def served(short_tmp: Path) -> Iterator[ExtenderServer]:
     from api_servers import closed_port, write_kubeconfig
 
     kubeconfig = write_kubeconfig(short_tmp / "kc", f"https://127.0.0.1:{closed_port()}")
-    server = ExtenderServer(("127.0.0.1", 0), Extender(KubeApi(str(kubeconfig)), "fgd"))
+    api = KubeApi(str(kubeconfig))
+    server = ExtenderServer(("127.0.0.1", 0), Extender(api, "fgd"))
     server.start()
     try:
         yield server
     finally:
         server.shutdown()
         server.server_close()
+        api.close()
 
 
 @pytest.mark.parametrize(
