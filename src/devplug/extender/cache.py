@@ -80,14 +80,14 @@ class Cache:
     # -- life ----------------------------------------------------------------------
 
     def start(self) -> None:
-        for informer in self.informers.values():
-            assert self._source is not None
-            self._source.start(informer)
+        if self._source is not None:
+            for informer in self.informers.values():
+                self._source.start(informer)
 
     def stop(self) -> None:
-        for informer in self.informers.values():
-            assert self._source is not None
-            self._source.stop(informer)
+        if self._source is not None:
+            for informer in self.informers.values():
+                self._source.stop(informer)
 
     @property
     def synced(self) -> bool:
