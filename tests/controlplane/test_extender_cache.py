@@ -7,18 +7,21 @@ saying ready only once the cache has listed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 
+from devplug.apiserver import client
+from devplug.apiserver.kubeconfig import load
 from devplug.extender.cache import Cache
-from devplug.extender.kubeapi import Expired, KubeApi, Watch
+from devplug.extender.kubeapi import KubeApi
 from devplug.extender.server import ExtenderServer
 from devplug.extender.verbs import Extender
 from devplug.placement.inventory import ASSIGNED
@@ -97,25 +100,55 @@ def until(cache: Cache, node: str, wanted: list[int]) -> None:
     assert cache.wait_for(lambda: free(cache, node) == wanted, WAIT_S), free(cache, node)
 
 
-class Hooked:
-    """The real API with a step run before each pods watch is opened (a change made
+PODS = "/api/v1/pods"
+
+
+class Hooks(client.KubeApi):
+    """The real client with a step run before each pods watch is opened (a change made
     while no watch is open), which may refuse the watch as the API server refuses one
-    whose version its history no longer holds (410 Gone: the server's watch cache here
-    holds its whole history, so it never does by itself)."""
+    whose version its history no longer holds (a 410 Status event: the server's watch
+    cache here holds its whole history, so it never does by itself); and one before
+    each pods event passed on."""
 
-    def __init__(self, api: KubeApi, before: Callable[[int, str], str]) -> None:
-        self.api = api
-        self.before = before
-        self.pod_watches = 0
+    watches = 0
 
-    def list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
-        return self.api.list(kind)
+    async def before(self, watch: int) -> bool:
+        return True
 
-    def watch(self, kind: str, version: str, timeout_s: int) -> Watch:
-        if kind == "pods":
-            self.pod_watches += 1
-            version = self.before(self.pod_watches, version)
-        return self.api.watch(kind, version, timeout_s)
+    async def each(self) -> None:
+        pass
+
+    async def watch(
+        self, path: str, params: Mapping[str, str], timeout: float
+    ) -> AsyncIterator[bytes]:
+        hooked = path == PODS
+        if hooked:
+            self.watches += 1
+            if not await self.before(self.watches):
+                gone = {"kind": "Status", "code": 410, "reason": "Expired"}
+                message = f"too old resource version: {params['resourceVersion']}"
+                yield json.dumps({"type": "ERROR", "object": gone | {"message": message}}).encode()
+                return
+        async for line in super().watch(path, params, timeout):
+            if hooked:
+                await self.each()
+            yield line
+
+
+@pytest.fixture
+def hooked(kubeconfig: str) -> Iterator[Callable[[type[Hooks]], KubeApi]]:
+    """The extender's API over a client with hooks."""
+    made: list[KubeApi] = []
+
+    def make(hooks: type[Hooks]) -> KubeApi:
+        made.append(KubeApi(client=hooks(load(kubeconfig))))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for api in made:
+            api.close()
 
 
 def test_a_node_or_pod_change_reaches_the_verbs_by_the_watch_without_a_list(
@@ -147,22 +180,26 @@ def test_a_node_or_pod_change_reaches_the_verbs_by_the_watch_without_a_list(
 
 
 def test_a_watch_that_ends_is_resumed_and_one_too_old_lists_again_losing_nothing(
-    kube: KubeApi, cluster: Cluster, caches: list[Cache]
+    hooked: Callable[[type[Hooks]], KubeApi], cluster: Cluster, caches: list[Cache]
 ) -> None:
     node = cluster.node("resumed", "0", "1")
 
-    def before(watch: int, version: str) -> str:
-        """Each pods watch after the first: a pod bound while no watch is open; the
-        third refused as too old (410)."""
-        if watch == 2:
-            cluster.pod("gap", 300, node=node, assigned=f"GPU-{node}-0")
-        if watch == 3:
-            cluster.pod("gone", 500, node=node, assigned=f"GPU-{node}-1")
-            raise Expired(f"too old resource version: {version}")
-        return version
+    class Resumed(Hooks):
+        async def before(self, watch: int) -> bool:
+            """Each pods watch after the first: a pod bound while no watch is open; the
+            third refused as too old."""
+            if watch == 2:
+                await asyncio.to_thread(
+                    cluster.pod, "gap", 300, node=node, assigned=f"GPU-{node}-0"
+                )
+            if watch == 3:
+                await asyncio.to_thread(
+                    cluster.pod, "gone", 500, node=node, assigned=f"GPU-{node}-1"
+                )
+                return False
+            return True
 
-    hooked = Hooked(kube, before)
-    cache = Cache(hooked, watch_timeout_s=1)  # the server ends each watch after 1 s
+    cache = Cache(hooked(Resumed), watch_timeout_s=1)  # the server ends each watch after 1 s
     caches.append(cache)
     pods = cache.informers["pods"]
     cache.start()
@@ -176,36 +213,22 @@ def test_a_watch_that_ends_is_resumed_and_one_too_old_lists_again_losing_nothing
 
 
 def test_two_binds_in_a_row_take_different_shares_while_the_watch_is_behind(
-    kube: KubeApi, cluster: Cluster, caches: list[Cache]
+    kube: KubeApi,
+    hooked: Callable[[type[Hooks]], KubeApi],
+    cluster: Cluster,
+    caches: list[Cache],
 ) -> None:
     node = cluster.node("bound", "0", "1")
     held = threading.Event()
     released = threading.Event()
 
-    class Held:
-        """The real pods watch, its events held back while `held` is set."""
+    class Held(Hooks):
+        async def each(self) -> None:
+            """The pods watch's events held back while `held` is set."""
+            if held.is_set():
+                await asyncio.to_thread(released.wait, WAIT_S)
 
-        def __init__(self, watch: Watch) -> None:
-            self.watch = watch
-
-        def events(self) -> Iterator[tuple[str, dict[str, Any]]]:
-            for event in self.watch.events():
-                if held.is_set():
-                    released.wait(WAIT_S)
-                yield event
-
-        def close(self) -> None:
-            self.watch.close()
-
-    class Source:
-        def list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
-            return kube.list(kind)
-
-        def watch(self, kind: str, version: str, timeout_s: int) -> Any:
-            opened = kube.watch(kind, version, timeout_s)
-            return Held(opened) if kind == "pods" else opened
-
-    cache = Cache(Source())
+    cache = Cache(hooked(Held))
     caches.append(cache)
     cache.start()
     assert cache.wait_synced(WAIT_S)

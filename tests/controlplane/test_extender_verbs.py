@@ -34,13 +34,15 @@ def api(kubeconfig: str) -> Iterator[Any]:
 def served(kubeconfig: str) -> Iterator[ExtenderServer]:
     from devplug.extender.kubeapi import KubeApi
 
-    server = ExtenderServer(("127.0.0.1", 0), Extender(KubeApi(kubeconfig), "bestfit"))
+    api = KubeApi(kubeconfig)
+    server = ExtenderServer(("127.0.0.1", 0), Extender(api, "bestfit"))
     server.start()
     try:
         yield server
     finally:
         server.shutdown()
         server.server_close()
+        api.close()
 
 
 def test_verbs_over_http_place_bind_and_survive_a_restart(
@@ -87,8 +89,11 @@ def test_verbs_over_http_place_bind_and_survive_a_restart(
     # A second extender (a restart) reads the same state: 700 of GPU 0 taken.
     second = pod_object("second", 400)
     core.create_namespaced_pod(namespace, second)
-    again = Extender(KubeApi(kubeconfig), "bestfit")
-    cluster, _ = again.state()
+    restarted = KubeApi(kubeconfig)
+    try:
+        cluster, _ = Extender(restarted, "bestfit").state()
+    finally:
+        restarted.close()
     assert cluster.nodes[names[0]].node.gpu_free == [300, 1000]
     status, filtered = post(served.url, "filter", args("second"))
     assert [n["metadata"]["name"] for n in filtered["Nodes"]["items"]] == names

@@ -92,7 +92,7 @@ def cases(tmp: Path) -> dict[str, Case]:
             "dra",
         ),
         "serve with nodeModeLabel": Case(
-            [*serve, "--config", str(tmp / "labelled.yaml")], ["kubernetes"], "dra"
+            [*serve, "--config", str(tmp / "labelled.yaml")], ["aiohttp"], "dra"
         ),
         "kubelet --kubeconfig": Case(
             ["kubelet", "--plugin-dir", str(tmp / "dp"), "--registry-dir", str(tmp / "dp"), *kube],

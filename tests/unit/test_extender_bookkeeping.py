@@ -12,7 +12,7 @@ from tests.unit.test_extender_state import inventory, node_object, pod_object
 
 
 def fed(*nodes: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> Cache:
-    cache = Cache(source=None)  # type: ignore[arg-type]  # never started: fed by hand
+    cache = Cache(source=None)  # never started: fed by hand
     cache.replace("nodes", list(nodes))
     cache.replace("pods", pods or [])
     return cache

@@ -17,12 +17,8 @@ OFFICIAL = ("kubernetes", "devplug.apiserver.official", "devplug.framework.dra.k
 # Path relative to src/devplug: what it still does through the official client.
 NOT_MOVED_YET: dict[str, str] = {
     "apiserver/official.py": "the official client set up from a kubeconfig; goes with the last",
-    "framework/dra/kube.py": "the official client of the test kit and the modules not moved yet",
-    "sources/nvidia/nodelabel.py": "the node label watch and the first read, in a thread",
-    "cli/serve.py": "the node's labels read for nodeModeLabel",
+    "framework/dra/kube.py": "the official client of the test kit",
     "cli/kubelet.py": "the simulated kubelet's pods from an API server (for the pod follower)",
-    "simulator/apipods.py": "the simulated kubelet's pods watched, in a thread",
-    "extender/kubeapi.py": "the scheduler extender's reads, annotations and Bindings",
     "testing/controlplane.py": "the test kit's watch until an object matches",
     "testing/nodeapi.py": "the test kit's reads of the real node's objects",
     "testing/realnode.py": "the test kit's client of the real node",

@@ -254,6 +254,14 @@ def explain(error: BaseException) -> str:
     return str(error)
 
 
+def say(error: BaseException) -> str:
+    """One line of what went wrong, for a caller that names what it was doing: why the
+    API server could not be reached, or what it answered (failures.say)."""
+    if isinstance(error, Unavailable):  # "what: why": the why is the problem
+        return f"the API server cannot be reached ({str(error).rpartition(': ')[2]})"
+    return failures.say(error)
+
+
 def retriable(error: Exception) -> bool:
     """Worth trying again: the server is away, overloaded or had an internal error."""
     return failures.transient(error)

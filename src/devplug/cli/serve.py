@@ -258,35 +258,12 @@ def _nvidia_node_labels(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _node_labels(args: argparse.Namespace) -> dict[str, str]:
-    """The labels of this node, read once at start for `nodeModeLabel`; retried with
-    jittered backoff while the API server is away or overloaded (the modes decide what
-    is served); ValueError of one line when it refuses for good (TLS, 401, 403)."""
-    import time
+    """The labels of this node, read once at start for `nodeModeLabel`; waited for while
+    the API server is away or overloaded (the modes decide what is served); ValueError
+    of one line when it refuses for good (TLS, 401, 403)."""
+    from devplug.sources.nvidia.nodelabel import read_labels
 
-    from devplug.apiserver import failures
-    from devplug.apiserver.backoff import Backoff
-    from devplug.framework.dra.kube import api_client, node_labels
-
-    api = api_client(args.kubeconfig, args.context)
-    node = node_name(args)
-    backoff = Backoff(0.5, 30.0)
-    try:
-        while True:
-            try:
-                return node_labels(api, node)
-            except Exception as error:  # the client raises many kinds
-                if failures.kind(error) != failures.TRANSIENT:
-                    raise ValueError(f"cannot read node {node}: {failures.say(error)}") from None
-                delay = backoff.next()
-                log.warning(
-                    "cannot read node %s for nodeModeLabel (%s); retrying in %.1f s",
-                    node,
-                    failures.say(error),
-                    delay,
-                )
-                time.sleep(delay)
-    finally:
-        api.close()
+    return read_labels(node_name(args), args.kubeconfig, args.context, waiting="nodeModeLabel")
 
 
 def label_keys(config: Config) -> list[str]:

@@ -1,5 +1,5 @@
 """The extender's state in memory: Nodes and pods followed by list and watch
-(devplug.extender.informer), the placement view of each node kept current as they
+(devplug.apiserver.informer), the placement view of each node kept current as they
 change, so a verb answers without reading the API server.
 
 A pod the extender just bound is assumed, as the kube-scheduler's cache does: its
@@ -12,13 +12,19 @@ it). Nothing else is kept: a restarted extender lists again and has the same sta
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from devplug.extender.informer import WATCH_TIMEOUT_S, Informer, Source
+from devplug.apiserver.informer import WATCH_TIMEOUT_S
+from devplug.extender.kubeapi import KINDS
 from devplug.extender.state import Cluster, NodeView, build
 from devplug.placement.inventory import ASSIGNED, ids, join
+
+if TYPE_CHECKING:
+    from devplug.apiserver.informer import Informer
+    from devplug.extender.kubeapi import KubeApi
 
 Pod = dict[str, Any]
 
@@ -50,7 +56,8 @@ def _node_name(pod: Mapping[str, Any]) -> str:
 class Cache:
     """Nodes and pods of the API server, and the placement view built from them."""
 
-    def __init__(self, source: Source, watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
+    def __init__(self, source: KubeApi | None, watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
+        """`source`: the API server listed and watched (None: fed by hand)."""
         self._lock = threading.Lock()
         self._nodes: dict[str, dict[str, Any]] = {}  # name -> Node object
         self._pods: dict[str, Pod] = {}  # UID -> pod, as the watch last showed it
@@ -62,24 +69,30 @@ class Cache:
         self._cluster = Cluster()
         self._listed: set[str] = set()  # the kinds listed at least once
         self._changed = threading.Condition()  # notified after each change of the state
-        self.informers = {
-            kind: Informer(source, kind, self, watch_timeout_s) for kind in ("nodes", "pods")
-        }
+        self._source = source
+        self.informers: dict[str, Informer] = {}
+        if source is not None:
+            for kind in KINDS:
+                replace = functools.partial(self.replace, kind)
+                apply = functools.partial(self.apply, kind)
+                self.informers[kind] = source.informer(kind, replace, apply, watch_timeout_s)
 
     # -- life ----------------------------------------------------------------------
 
     def start(self) -> None:
-        for informer in self.informers.values():
-            informer.start()
+        if self._source is not None:
+            for informer in self.informers.values():
+                self._source.start(informer)
 
     def stop(self) -> None:
-        for informer in self.informers.values():
-            informer.stop()
+        if self._source is not None:
+            for informer in self.informers.values():
+                self._source.stop(informer)
 
     @property
     def synced(self) -> bool:
         """Both kinds listed once: the cache holds the API server's state."""
-        return self._listed >= set(self.informers)
+        return self._listed >= set(KINDS)
 
     def wait_synced(self, timeout: float) -> bool:
         return self.wait_for(lambda: self.synced, timeout)

@@ -1,150 +1,129 @@
-"""The extender's reads and writes through the API server (the official client, set up
-by devplug.apiserver): Nodes, pods, the ASSIGNED annotation and the Binding; and the
-lists and watches its cache follows (devplug.extender.cache). Every call the extender
-makes to the API server is here, so the client under it can be changed in one place.
+"""The extender's reads and writes through the API server: Nodes, pods, the ASSIGNED
+annotation and the Binding; and the informers its cache follows (devplug.extender.cache).
+Every call the extender makes to the API server is here, so the client under it can be
+changed in one place.
+
+They go through devplug's asyncio client (devplug.apiserver.client) in an event loop of
+their own thread: the HTTP server answers each request in a thread, which waits for its
+call there, while the informers list and watch in the same loop.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-from collections.abc import Iterator, Mapping
-from typing import Any
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from devplug.apiserver.informer import WATCH_TIMEOUT_S, Informer
+
+if TYPE_CHECKING:
+    from devplug.apiserver.client import KubeApi as Client
 
 LIVE = "status.phase!=Succeeded,status.phase!=Failed"  # the pods that hold their shares
 KINDS = ("nodes", "pods")
-
-
-class Expired(Exception):
-    """410 Gone: the watch's resource version is too old; list again."""
-
-
-class Behind(Exception):
-    """504 "Too large resource version": the server's watch cache is behind the list."""
-
-
-class Watch:
-    """One open watch: `events()` yields (type, object) until the server ends it;
-    `close()` from another thread ends it early."""
-
-    def __init__(self, response: Any) -> None:
-        self._response = response
-
-    def events(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        from kubernetes.watch.watch import iter_resp_lines
-
-        try:
-            for line in iter_resp_lines(self._response):  # type: ignore[no-untyped-call]
-                if not line:
-                    continue
-                event = json.loads(line)
-                kind, obj = str(event.get("type")), event.get("object") or {}
-                if kind == "ERROR":
-                    _raise_status(obj.get("code"), str(obj.get("message", "")))
-                yield kind, obj
-        finally:
-            self._response.release_conn()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):  # only means the connection is gone
-            self._response.shutdown()
-
-
-def _raise_status(code: Any, message: str) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    if code == 410:
-        raise Expired(message)
-    if code == 504:
-        raise Behind(message)
-    raise ApiException(status=code, reason=message)
+# Each kind's collection and its selector.
+COLLECTIONS: dict[str, tuple[str, dict[str, str]]] = {
+    "nodes": ("/api/v1/nodes", {}),
+    "pods": ("/api/v1/pods", {"fieldSelector": LIVE}),
+}
+FEATURE = "the scheduler extender (devplug extender)"
+_T = TypeVar("_T")
 
 
 class KubeApi:
     """`verbs.Api` over a real API server."""
 
-    def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
-        """ValueError (one line) when no kubeconfig or in-cluster account can be used."""
-        from devplug.framework.dra.kube import api_client
+    def __init__(
+        self,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        *,
+        client: Client | None = None,
+    ) -> None:
+        """ValueError (one line) when no kubeconfig or in-cluster account can be used;
+        MissingExtra without the client's HTTP library. `client`: that one instead."""
+        from devplug.apiserver.client import KubeApi as Client
 
-        self._api = api_client(kubeconfig, context)
+        self.client = client or Client.from_kubeconfig(
+            kubeconfig, context, extra="dra", feature=FEATURE
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="extender api", daemon=True
+        )
+        self._thread.start()
+        self._run(self.client.__aenter__())
 
-    def _core(self) -> Any:
-        from kubernetes import client
-
-        return client.CoreV1Api(self._api)
+    def _run(self, call: Coroutine[Any, Any, _T]) -> _T:
+        """The result of `call`, run in the client's event loop (from any other thread)."""
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
 
     def close(self) -> None:
-        self._api.close()
+        if self._loop.is_closed():
+            return
+        self._run(self.client.__aexit__())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
 
-    @staticmethod
-    def _items(answer: Any) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = json.loads(answer.data).get("items") or []
+    # -- the informers of the cache ------------------------------------------------
+
+    def informer(
+        self,
+        kind: str,
+        on_list: Callable[[list[dict[str, Any]]], None],
+        on_event: Callable[[str, dict[str, Any]], None],
+        watch_timeout_s: int = WATCH_TIMEOUT_S,
+    ) -> Informer:
+        """An informer of `kind` ("nodes", or "pods" not Succeeded nor Failed), its
+        callbacks called in the client's thread; `start` runs it."""
+        if kind not in COLLECTIONS:
+            raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
+        path, params = COLLECTIONS[kind]
+        return Informer(
+            self.client,
+            path,
+            params=params,
+            what=kind,
+            on_list=on_list,
+            on_event=on_event,
+            watch_timeout_s=watch_timeout_s,
+        )
+
+    def start(self, informer: Informer) -> None:
+        self._loop.call_soon_threadsafe(informer.start)
+
+    def stop(self, informer: Informer) -> None:
+        if not self._loop.is_closed():
+            self._run(informer.stop())
+
+    # -- reads and writes ----------------------------------------------------------
+
+    def _items(self, kind: str) -> list[dict[str, Any]]:
+        path, params = COLLECTIONS[kind]
+        answer = self._run(self.client.call("GET", path, params=params or None))
+        items: list[dict[str, Any]] = answer.get("items") or []
         return items
 
     def nodes(self) -> list[dict[str, Any]]:
-        return self._items(self._core().list_node(_preload_content=False))
+        return self._items("nodes")
 
     def pods(self) -> list[dict[str, Any]]:
-        answer = self._core().list_pod_for_all_namespaces(
-            field_selector=LIVE,
-            _preload_content=False,
-        )
-        return self._items(answer)
-
-    def _lister(self, kind: str) -> tuple[Any, dict[str, Any]]:
-        core = self._core()
-        if kind == "nodes":
-            return core.list_node, {}
-        if kind == "pods":
-            return core.list_pod_for_all_namespaces, {"field_selector": LIVE}
-        raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
-
-    def list(self, kind: str) -> tuple[list[dict[str, Any]], str]:
-        """Every object of `kind` ("nodes", or "pods" not Succeeded nor Failed) and the
-        list's resource version."""
-        from kubernetes.client.exceptions import ApiException
-
-        call, selector = self._lister(kind)
-        try:
-            answer = call(_preload_content=False, **selector)
-        except ApiException as error:
-            _raise_status(error.status, str(error.reason))
-            raise
-        document = json.loads(answer.data)
-        return document.get("items") or [], str(document["metadata"]["resourceVersion"])
-
-    def watch(self, kind: str, version: str, timeout_s: int) -> Watch:
-        """A watch of `kind` from `version` (bookmarks asked for), which the server
-        ends after `timeout_s`."""
-        from kubernetes.client.exceptions import ApiException
-
-        from devplug.apiserver.backoff import CONNECT_TIMEOUT_S, WATCH_MARGIN_S
-
-        call, selector = self._lister(kind)
-        try:
-            response = call(
-                watch=True,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_s,
-                _request_timeout=(CONNECT_TIMEOUT_S, timeout_s + WATCH_MARGIN_S),
-                _preload_content=False,
-                **selector,
-            )
-        except ApiException as error:
-            _raise_status(error.status, str(error.reason))
-            raise
-        return Watch(response)
+        return self._items("pods")
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
-        answer = self._core().read_namespaced_pod(name, namespace, _preload_content=False)
-        pod: dict[str, Any] = json.loads(answer.data)
+        pod: dict[str, Any] = self._run(
+            self.client.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        )
         return pod
 
     def annotate(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        from devplug.apiserver.client import STRATEGIC_PATCH
+
         body = {"metadata": {"annotations": dict(annotations)}}
-        self._core().patch_namespaced_pod(name, namespace, body, _preload_content=False)
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        self._run(self.client.call("PATCH", path, body, content_type=STRATEGIC_PATCH))
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         body = {
@@ -153,4 +132,6 @@ class KubeApi:
             "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        self._core().create_namespaced_pod_binding(name, namespace, body, _preload_content=False)
+        self._run(
+            self.client.call("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body)
+        )

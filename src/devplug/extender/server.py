@@ -26,8 +26,8 @@ MAX_BODY = 64 * 1024 * 1024  # a NodeList of thousands of nodes fits
 
 
 def api_problem(error: Exception) -> str:
-    """The API server's failure in one line (devplug.apiserver.failures)."""
-    from devplug.apiserver.failures import say
+    """The API server's failure in one line (devplug.apiserver.client)."""
+    from devplug.apiserver.client import say
 
     return say(error)
 

@@ -1,12 +1,15 @@
 """Pods from an API server: the simulated kubelet runs the pods the scheduler bound to
 its node, as a kubelet does (list + watch on `spec.nodeName`).
 
-    follower = ApiPodFollower(kubelet, api_client, "node-a")
+    follower = ApiPodFollower(kubelet, api, "node-a")
     task = asyncio.create_task(follower.run())
 
 A pod bound to the node is applied once (admission, device plugins, DRA claims); a
-pod deleted from the API server is deleted from the node. The `kubernetes` client's
-watch blocks, so it runs in a thread that hands events to the loop.
+pod deleted from the API server (or gone from a list made again) is deleted from the
+node. The pods are followed by the one informer (devplug.apiserver.informer) on
+devplug's asyncio client, which waits out an API server away with backoff, as a
+kubelet does; the informer hands them over through a queue, so each is applied in
+order without holding the watch.
 """
 
 from __future__ import annotations
@@ -14,86 +17,83 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devplug.simulator.kubelet import Kubelet
 from devplug.simulator.results import PodResult
 
+if TYPE_CHECKING:
+    from devplug.apiserver.client import KubeApi
+
 log = logging.getLogger("devplug.simulator.apipods")
 
-WATCH_TIMEOUT_S = 5
+
+def _client(api: Any) -> tuple[KubeApi, bool]:
+    """devplug's client for `api`, and whether the follower opens and closes it: a
+    KubeApi is used as given (its caller has opened it); an official client made by
+    devplug.apiserver.official is followed through a KubeApi of the same API server and
+    credentials."""
+    from devplug.apiserver.client import KubeApi
+
+    if isinstance(api, KubeApi):
+        return api, False
+    return KubeApi(api.rest_client._target), True
 
 
 class ApiPodFollower:
     def __init__(
         self,
         kubelet: Kubelet,
-        api_client: Any,
+        api: Any,
         node_name: str,
         on_result: Callable[[PodResult], None] | None = None,
     ) -> None:
-        from kubernetes import client
-
         self.kubelet = kubelet
         self.node_name = node_name
-        self._api_client = api_client
-        self._core: Any = client.CoreV1Api(api_client)
-        self._stopping = threading.Event()
+        self._api, self._owned = _client(api)
         self.applied: set[str] = set()  # pod UIDs
+        self._names: dict[str, tuple[str, str]] = {}  # UID -> (namespace, name) applied
         self._on_result = on_result
-
-    def _watch(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any]) -> None:
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
-
-        from devplug.apiserver.failures import say
-
-        selector = f"spec.nodeName={self.node_name}"
-        while not self._stopping.is_set():
-            watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
-            try:
-                for event in watcher.stream(
-                    self._core.list_pod_for_all_namespaces,
-                    field_selector=selector,
-                    timeout_seconds=WATCH_TIMEOUT_S,
-                    # From the watch cache as it is: no wait for it to catch up.
-                    resource_version="0",
-                ):
-                    if self._stopping.is_set():
-                        watcher.stop()
-                        break
-                    pod = self._api_client.sanitize_for_serialization(event["object"])
-                    loop.call_soon_threadsafe(queue.put_nowait, (event["type"], pod))
-            except ApiException as error:
-                # Expired, or the watch cache is behind (old etcd): watch anew.
-                if error.status in (410, 504):
-                    continue
-                if not self._stopping.is_set():
-                    loop.call_soon_threadsafe(queue.put_nowait, ("ERROR", say(error)))
-                return
-            except Exception as error:  # the API server went away: stop following
-                if not self._stopping.is_set():
-                    loop.call_soon_threadsafe(queue.put_nowait, ("ERROR", say(error)))
-                return
 
     async def run(self) -> None:
         """Follow the node's pods until cancelled."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        thread = threading.Thread(
-            target=self._watch, args=(loop, queue), name="pod watch", daemon=True
+        if not self._owned:
+            await self._follow()
+            return
+        async with self._api:
+            await self._follow()
+
+    async def _follow(self) -> None:
+        from devplug.apiserver.informer import Informer
+
+        queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+
+        def listed(pods: list[dict[str, Any]]) -> None:
+            """The whole state: the pods applied that it no longer has are gone."""
+            present = {str((p.get("metadata") or {}).get("uid")) for p in pods}
+            for uid in self.applied - present:
+                namespace, name = self._names[uid]
+                gone = {"metadata": {"uid": uid, "name": name, "namespace": namespace}}
+                queue.put_nowait(("DELETED", gone))
+            for pod in pods:
+                queue.put_nowait(("ADDED", pod))
+
+        informer = Informer(
+            self._api,
+            "/api/v1/pods",
+            params={"fieldSelector": f"spec.nodeName={self.node_name}"},
+            what=f"pods of node {self.node_name}",
+            on_list=listed,
+            on_event=lambda kind, pod: queue.put_nowait((kind, pod)),
         )
-        thread.start()
+        informer.start()
         try:
             while True:
                 kind, pod = await queue.get()
-                if kind == "ERROR":
-                    raise RuntimeError(f"watching pods failed: {pod}")
                 await self._handle(kind, pod)
         finally:
-            self._stopping.set()
+            await informer.stop()
 
     async def _handle(self, kind: str, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
@@ -102,12 +102,14 @@ class ApiPodFollower:
         if kind == "DELETED" or meta.get("deletionTimestamp"):
             if uid in self.applied:
                 self.applied.discard(uid)
+                self._names.pop(uid, None)
                 with contextlib.suppress(RuntimeError):
                     await self.kubelet.delete_pod(name, namespace)
             return
         if uid in self.applied:
             return
         self.applied.add(uid)
+        self._names[uid] = (namespace, name)
         [result] = await self.kubelet.apply(pod)
         if self._on_result is not None:
             self._on_result(result)

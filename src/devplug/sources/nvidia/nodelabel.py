@@ -1,23 +1,22 @@
 """The node label that picks a node's NVIDIA config (`nvidia.com/device-plugin.config`),
 read from the API server and watched, as NVIDIA's config manager sidecar does.
 
-Only an `nvidiaConfig.folder` needs it, and only then is the Kubernetes client imported
-(`devplug serve` stays lean otherwise). The labels are read once before the config is
-built, then a watch on this node (a field selector on its name) follows them; a change
+Only an `nvidiaConfig.folder` (or `nodeModeLabel`) needs it, and only then is the
+Kubernetes client imported (`devplug serve` stays lean otherwise). The labels are read
+once before the config is built, then an informer on this node (a field selector on
+its name, devplug.apiserver.informer) follows them in the daemon's event loop; a change
 of one of the labels that matter asks the config reloader for a reload, which builds
 with the new labels: a label naming no config is refused in one line and the running
-config keeps serving. The watch runs in a daemon thread (the client blocks), restarted
-with backoff when it fails, said once per new problem.
+config keeps serving. A failed list or watch is tried again with backoff, said in one
+line.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from devplug.config import nvidiafile
 
@@ -27,8 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("devplug.sources.nvidia")
 
-WATCH_SECONDS = 300  # one watch request at most this long, then a new one
-RETRY_MAX_SECONDS = 60.0
+FEATURE = "the node's labels from the Kubernetes API (--kubeconfig)"
+_T = TypeVar("_T")
 
 
 def label_keys(config: Config) -> list[str]:
@@ -41,16 +40,63 @@ def label_keys(config: Config) -> list[str]:
     return keys
 
 
-def read_labels(node: str, kubeconfig: str | None, context: str | None = None) -> dict[str, str]:
-    """This node's labels now; ValueError with one line when they cannot be read."""
-    from devplug.apiserver.failures import say
-    from devplug.framework.dra.kube import api_client, node_labels
+def labels_of(node: dict[str, Any]) -> dict[str, str]:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()}
 
-    session = api_client(kubeconfig, context)  # first: it lets in the ssl module
+
+def read_labels(
+    node: str, kubeconfig: str | None, context: str | None = None, *, waiting: str = ""
+) -> dict[str, str]:
+    """This node's labels now; ValueError with one line when they cannot be read.
+    `waiting` (what they are read for): an API server away or overloaded is waited for,
+    said once, instead of failing."""
+    from devplug.apiserver.client import FAILURES, KubeApi, retrying
+
+    api = KubeApi.from_kubeconfig(kubeconfig, context, extra="dra", feature=FEATURE)
+
+    async def read() -> dict[str, str]:
+        async with api:
+
+            async def once() -> dict[str, str]:
+                return labels_of(await api.call("GET", f"/api/v1/nodes/{node}"))
+
+            if not waiting:
+                return await once()
+            return await retrying(f"cannot read node {node} for {waiting}", once)
+
     try:
-        return node_labels(session, node)
-    except Exception as error:  # the client's answers and urllib3's connection errors
-        raise ValueError(f"cannot read node {node}: {say(error)}") from None
+        return _blocking(read)
+    except FAILURES as error:
+        raise ValueError(f"cannot read node {node}: {_say(error)}") from None
+
+
+def _blocking(call: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
+    """The result of `call()` in an event loop of its own: in this thread, or in one of
+    its own where this thread runs a loop already."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(call())
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(call())).result()
+
+
+def _say(error: Exception) -> str:
+    """One line: the status of an answer (as "404 Not Found"), what else went wrong."""
+    from http import HTTPStatus
+
+    from devplug.apiserver import failures
+    from devplug.apiserver.client import ApiError, say
+
+    if isinstance(error, ApiError) and failures.kind(error) == failures.ANSWER:
+        try:
+            return f"{error.status} {HTTPStatus(error.status).phrase}"
+        except ValueError:  # a status HTTP does not name
+            pass
+    return say(error)
 
 
 class NodeLabelWatch:
@@ -70,105 +116,44 @@ class NodeLabelWatch:
         self.context = context
         self.keys = keys
         self.changed = changed
-        self._stop = threading.Event()
 
-    async def run(self, daemon: Daemon) -> None:
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
+    def _seen(self, labels: dict[str, str]) -> None:
+        old = nvidiafile.node_labels or {}
+        nvidiafile.node_labels = labels
+        moved = [k for k in self.keys if old.get(k) != labels.get(k)]
+        if moved:
+            log.info(
+                "node %s: %s: reloading",
+                self.node,
+                ", ".join(f"{k}={labels.get(k, '')!r}" for k in moved),
+            )
+            self.changed()
 
-        def seen(labels: dict[str, str]) -> None:
-            old = nvidiafile.node_labels or {}
-            nvidiafile.node_labels = labels
-            moved = [k for k in self.keys if old.get(k) != labels.get(k)]
-            if moved:
-                log.info(
-                    "node %s: %s: reloading",
-                    self.node,
-                    ", ".join(f"{k}={labels.get(k, '')!r}" for k in moved),
-                )
-                self.changed()
+    async def run(self, daemon: Daemon | None) -> None:
+        """Follow the node's labels until cancelled."""
+        from devplug.apiserver.client import KubeApi
+        from devplug.apiserver.informer import Informer
 
-        def post(labels: dict[str, str]) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(seen, labels)
-
-        def finished() -> None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, done)
-
-        thread = threading.Thread(
-            target=self._follow, args=(post, finished), name="node labels", daemon=True
-        )
-        thread.start()
         try:
-            await done
-        finally:
-            self._stop.set()
-
-    def _follow(self, post: Callable[[dict[str, str]], None], finished: Callable[[], None]) -> None:
-        """Watch the node until stopped (blocking: the watch thread)."""
-        try:
-            from devplug.framework.dra.kube import api_client
-
-            session = api_client(self.kubeconfig, self.context)  # first: it lets in ssl
-            from kubernetes import client, watch
-
-            api: Any = client.CoreV1Api(session)
-            watcher: Any = watch.Watch
-        except Exception as error:
+            api = KubeApi.from_kubeconfig(
+                self.kubeconfig, self.context, extra="dra", feature=FEATURE
+            )
+        except (ImportError, ValueError) as error:
             log.error("node %s: cannot watch its labels: %s", self.node, error)
-            finished()
             return
-        from devplug.apiserver import failures
-        from devplug.apiserver.backoff import WATCH_MARGIN_S, Backoff
 
-        backoff, said = Backoff(1.0, RETRY_MAX_SECONDS), ""
-        while not self._stop.is_set():
-            try:
-                listed = api.list_node(
-                    field_selector=f"metadata.name={self.node}", _request_timeout=30
-                )
-                for item in listed.items:
-                    post(dict(item.metadata.labels or {}))
-                version = listed.metadata.resource_version
-                stream: Any = watcher().stream(
-                    api.list_node,
-                    field_selector=f"metadata.name={self.node}",
-                    resource_version=version,
-                    timeout_seconds=WATCH_SECONDS,
-                    _request_timeout=(10, WATCH_SECONDS + WATCH_MARGIN_S),
-                )
-                for event in stream:
-                    if self._stop.is_set():
-                        break
-                    obj = event["object"]
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        post(dict(obj.metadata.labels or {}))
-                    elif event["type"] == "DELETED":
-                        post({})
-                    elif event["type"] == "ERROR":  # the version is gone: list again
-                        break
-                if said:
-                    log.info("node %s: watching its labels again", self.node)
-                backoff.reset()
-                said = ""
-            except Exception as error:  # the API server away, a dropped connection
-                problem = failures.say(error)
-                permanent = failures.kind(error) == failures.PERMANENT
-                if problem != said:
-                    log.log(
-                        logging.ERROR if permanent else logging.WARNING,
-                        "node %s: watching its labels failed: %s; %s",
-                        self.node,
-                        problem,
-                        f"again every {RETRY_MAX_SECONDS:.0f} s" if permanent else "retrying",
-                    )
-                said = problem
-                # A permanent failure waits for someone to fix it: the slowest pace.
-                self._stop.wait(RETRY_MAX_SECONDS if permanent else backoff.next())
-        finished()
+        def listed(items: list[dict[str, Any]]) -> None:
+            self._seen(labels_of(items[0]) if items else {})
 
+        def changed(kind: str, obj: dict[str, Any]) -> None:
+            self._seen({} if kind == "DELETED" else labels_of(obj))
 
-def _settle(done: asyncio.Future[None]) -> None:
-    if not done.done():
-        done.set_result(None)
+        async with api:
+            await Informer(
+                api,
+                "/api/v1/nodes",
+                params={"fieldSelector": f"metadata.name={self.node}"},
+                what=f"node {self.node}: watching its labels failed",
+                on_list=listed,
+                on_event=changed,
+            ).run()
