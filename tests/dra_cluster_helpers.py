@@ -164,9 +164,9 @@ def node_kubelet(dirs: NodeDirs, kube: KubeApi, slices: NodeSlices | None = None
 
 
 @contextlib.asynccontextmanager
-async def following(kubelet: Kubelet, api: Any) -> AsyncIterator[None]:
+async def following(kubelet: Kubelet, kube: KubeApi) -> AsyncIterator[None]:
     """The kubelet runs the pods bound to NODE on the API server while the block runs."""
-    follower = asyncio.create_task(ApiPodFollower(kubelet, api, NODE).run())
+    follower = asyncio.create_task(ApiPodFollower(kubelet, kube, NODE).run())
     try:
         yield
     finally:
@@ -200,7 +200,7 @@ async def node_serving(
             env,
         )
         try:
-            async with following(kubelet, api):
+            async with following(kubelet, kube):
                 await kubelet.wait_for_registration(driver, timeout=WAIT_S)
                 yield kubelet
         finally:

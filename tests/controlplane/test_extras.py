@@ -96,7 +96,7 @@ def cases(tmp: Path) -> dict[str, Case]:
         ),
         "kubelet --kubeconfig": Case(
             ["kubelet", "--plugin-dir", str(tmp / "dp"), "--registry-dir", str(tmp / "dp"), *kube],
-            ["kubernetes"],
+            ["aiohttp"],
             "dra",
         ),
         "fleet up, no kubernetes": Case(

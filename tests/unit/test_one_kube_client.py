@@ -18,7 +18,6 @@ OFFICIAL = ("kubernetes", "devplug.apiserver.official", "devplug.framework.dra.k
 NOT_MOVED_YET: dict[str, str] = {
     "apiserver/official.py": "the official client set up from a kubeconfig; goes with the last",
     "framework/dra/kube.py": "the official client of the test kit",
-    "cli/kubelet.py": "the simulated kubelet's pods from an API server (for the pod follower)",
     "testing/controlplane.py": "the test kit's watch until an object matches",
     "testing/nodeapi.py": "the test kit's reads of the real node's objects",
     "testing/realnode.py": "the test kit's client of the real node",

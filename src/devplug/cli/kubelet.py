@@ -185,11 +185,11 @@ def _node_slices(kube: Any, node: str | None) -> Any:
 async def _serve(
     args: argparse.Namespace, manifests: list[list[Any]], waits: list[tuple[str, int | None]]
 ) -> int:
-    claims, api, kube = _dra_sources(args)
+    claims, kube = _dra_sources(args)
     async with contextlib.AsyncExitStack() as stack:
         if kube is not None:
             await stack.enter_async_context(kube)
-        return await _run_kubelet(args, manifests, waits, claims, api, kube)
+        return await _run_kubelet(args, manifests, waits, claims, kube)
 
 
 async def _run_kubelet(
@@ -197,7 +197,6 @@ async def _run_kubelet(
     manifests: list[list[Any]],
     waits: list[tuple[str, int | None]],
     claims: Any,
-    api: Any,
     kube: Any,
 ) -> int:
     from devplug.ground.signals import stop_on_signals
@@ -244,17 +243,15 @@ async def _run_kubelet(
                 return style.fail(args, waited)
             for documents in manifests:
                 show(await kubelet.apply(documents))
-            if api is not None:
+            if kube is not None:
                 from devplug.simulator.apipods import ApiPodFollower
 
-                follower = ApiPodFollower(kubelet, api, args.node_name, lambda r: show([r]))
+                follower = ApiPodFollower(kubelet, kube, args.node_name, lambda r: show([r]))
                 await _until_stopped(follower.run(), stop)
             else:
                 await stop.wait()
         finally:
             await kubelet.stop()
-            if api is not None:
-                api.close()
     return code
 
 
@@ -297,23 +294,22 @@ async def _until_stopped(work: Any, stop: Any) -> Any:
     return None if task.cancelled() else task.result()
 
 
-def _dra_sources(args: argparse.Namespace) -> tuple[Any, Any, Any]:
-    """The claim source of the DRA options (and the API clients, when there is one)."""
+def _dra_sources(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The claim source of the DRA options, and the API server's client (not entered
+    yet) when there is one."""
     if args.registry_dir is None:
         if args.claims_dir or args.kubeconfig:
             raise ValueError("--claims-dir and --kubeconfig need --registry-dir")
-        return None, None, None
+        return None, None
     if bool(args.claims_dir) == bool(args.kubeconfig):
         raise ValueError("--registry-dir needs one of --claims-dir and --kubeconfig")
     from devplug.framework.dra.claims import ApiClaims, FileClaims
 
     if args.claims_dir:
-        return FileClaims(args.claims_dir), None, None
+        return FileClaims(args.claims_dir), None
     if not args.node_name:
         raise ValueError("--kubeconfig needs --node-name: the node whose pods to run")
     from devplug.apiserver.client import KubeApi
-    from devplug.framework.dra.kube import api_client
 
-    api = api_client(args.kubeconfig, args.context)
     kube = KubeApi.from_kubeconfig(args.kubeconfig, args.context, extra="dra", feature=FEATURE)
-    return ApiClaims(kube), api, kube
+    return ApiClaims(kube), kube

@@ -203,7 +203,7 @@ async def test_two_instances_of_a_rolling_update_serve_side_by_side(
     async with (
         KubeApi.from_kubeconfig(kubeconfig) as kube,
         node_kubelet(dirs, kube) as kubelet,
-        following(kubelet, api),
+        following(kubelet, kube),
     ):
         command = serve_command(dirs, config, kubeconfig=kubeconfig)
         daemons.append(old := Daemon(command, dirs.root / "old.log", {"POD_UID": "0001-old"}))

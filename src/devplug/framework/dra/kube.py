@@ -1,5 +1,6 @@
-"""The Kubernetes API client of the DRA driver: the `kubernetes` package, imported
-only here and only when a resource is served through DRA."""
+"""The official `kubernetes` client made from a kubeconfig, for the test kit (its
+helpers, the benchmarks); devplug itself talks to API servers through
+`devplug.apiserver.client`."""
 
 from __future__ import annotations
 
@@ -27,16 +28,3 @@ def configuration(kubeconfig: str | None = None, context: str | None = None) -> 
 
     need_client()
     return official(kubeconfigs.load(kubeconfig, context))
-
-
-def node_labels(api: Any, node: str) -> dict[str, str]:
-    """The labels of Node `node` (blocking; nodeModeLabel, the NVIDIA config's node
-    label); the client's errors are raised."""
-    import json
-
-    from kubernetes import client
-
-    core: Any = client.CoreV1Api(api)  # read as JSON, not as models
-    answer = core.read_node(node, _preload_content=False)
-    labels = (json.loads(answer.data).get("metadata") or {}).get("labels") or {}
-    return {str(k): str(v) for k, v in labels.items()}
