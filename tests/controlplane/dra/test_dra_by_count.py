@@ -89,22 +89,27 @@ async def test_the_examples_of_the_dra_page_run(
     objects = [m for m in manifests() if m["metadata"]["name"] in wanted]
     driver = "fpga.devplug.io"
 
+    # The page's DeviceClass is cluster-wide: made for this test only, as other tests
+    # of this control plane create one of the same name.
+    [page_class] = [o for o in objects if o["kind"] == "DeviceClass"]
+    objects.remove(page_class)
     async with node_serving(dirs, api, kubeconfig, config, driver) as kubelet:
         await slice_where(
             api,
             lambda s: s["spec"]["driver"] == driver and len(s["spec"]["devices"]) == 2,
         )
-        utils.create_from_yaml(api, yaml_objects=objects, namespace=namespace)
-        synth = await admitted(kubelet, "synth", namespace)
-        claim = resource.read_namespaced_resource_claim("one-u280", namespace)
-        assert synth.containers[0].options.cdi_devices == [
-            f"{driver}/claim={claim.metadata.uid}-fpga1"
-        ]
-        counted = await admitted(kubelet, "counted-fpga", namespace)
-        [cdi] = counted.containers[0].options.cdi_devices
-        assert cdi.endswith("-fpga0")
-        spec = json.loads((dirs.cdi / f"{driver}-{claim.metadata.uid}.json").read_text())
-        assert "DEVPLUG_DEVPLUG_IO_FPGA=fpga1" in spec["containerEdits"]["env"]
-        assert core.read_namespaced_pod(
-            "counted-fpga", namespace
-        ).status.extended_resource_claim_status
+        with device_class_made(api, page_class):
+            utils.create_from_yaml(api, yaml_objects=objects, namespace=namespace)
+            synth = await admitted(kubelet, "synth", namespace)
+            claim = resource.read_namespaced_resource_claim("one-u280", namespace)
+            assert synth.containers[0].options.cdi_devices == [
+                f"{driver}/claim={claim.metadata.uid}-fpga1"
+            ]
+            counted = await admitted(kubelet, "counted-fpga", namespace)
+            [cdi] = counted.containers[0].options.cdi_devices
+            assert cdi.endswith("-fpga0")
+            spec = json.loads((dirs.cdi / f"{driver}-{claim.metadata.uid}.json").read_text())
+            assert "DEVPLUG_DEVPLUG_IO_FPGA=fpga1" in spec["containerEdits"]["env"]
+            assert core.read_namespaced_pod(
+                "counted-fpga", namespace
+            ).status.extended_resource_claim_status
