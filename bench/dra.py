@@ -81,7 +81,7 @@ class Bench:
     def __init__(self, root: Path, kubeconfig: str) -> None:
         from kubernetes import client
 
-        from devplug.framework.dra.kube import api_client
+        from devplug.testing.official import api_client
 
         self.root = root
         self.kubeconfig = kubeconfig

@@ -40,7 +40,7 @@ SHARES = 50
 def bench_shapes(root: Path, kubeconfig: str) -> dict[str, Any]:
     from kubernetes import client
 
-    from devplug.framework.dra.kube import api_client
+    from devplug.testing.official import api_client
 
     api = api_client(kubeconfig)
     try:

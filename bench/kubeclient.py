@@ -336,10 +336,10 @@ class OfficialThreads(Stack):
         from kubernetes import client
 
         from devplug.apiserver.kubeconfig import load
-        from devplug.apiserver.official import api_client
+        from devplug.testing.official import client_for
 
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(WORKERS * 2))
-        api = api_client(load(kubeconfig))
+        api = client_for(load(kubeconfig))
         self.core: Any = client.CoreV1Api(api)
         self.coordination: Any = client.CoordinationV1Api(api)
         self.resource: Any = client.ResourceV1Api(api)

@@ -272,7 +272,7 @@ def per_node(root: Path) -> dict[str, Any]:
 def _label_changes(root: Path, kubeconfig: str) -> dict[str, Any]:
     from kubernetes import client
 
-    from devplug.framework.dra.kube import api_client
+    from devplug.testing.official import api_client
 
     api = api_client(kubeconfig)
     core: Any = client.CoreV1Api(api)

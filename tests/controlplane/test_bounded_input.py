@@ -180,7 +180,7 @@ def _load_workload(path: Path) -> object:
 
 
 def _load_kubeconfig(path: Path) -> object:
-    from devplug.framework.dra.kube import configuration
+    from devplug.testing.official import configuration
 
     return configuration(str(path))
 

@@ -45,7 +45,7 @@ class Cluster:
     def __init__(self, kubeconfig: str) -> None:
         from kubernetes import client
 
-        from devplug.framework.dra.kube import api_client
+        from devplug.testing.official import api_client
 
         self.client = api_client(kubeconfig)
         self.core = client.CoreV1Api(self.client)

@@ -26,7 +26,7 @@ WAIT_S = 60.0
 
 @pytest.fixture
 def api(kubeconfig: str) -> Iterator[Any]:
-    from devplug.framework.dra.kube import api_client
+    from devplug.testing.official import api_client
 
     client = api_client(kubeconfig)
     try:

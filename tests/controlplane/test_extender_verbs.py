@@ -21,7 +21,7 @@ from tests.unit.test_extender_state import RESOURCE, inventory, node_object, pod
 
 @pytest.fixture
 def api(kubeconfig: str) -> Iterator[Any]:
-    from devplug.framework.dra.kube import api_client
+    from devplug.testing.official import api_client
 
     client = api_client(kubeconfig)
     try:

@@ -99,16 +99,13 @@ def cases(tmp: Path) -> dict[str, Case]:
             ["aiohttp"],
             "dra",
         ),
-        "fleet up, no kubernetes": Case(
-            ["fleet", "up", "-f", fleet, "--kubeconfig", kc], ["kubernetes"], "fleet"
-        ),
         "fleet up, no aiohttp": Case(
             ["fleet", "up", "-f", fleet, "--kubeconfig", kc], ["aiohttp"], "fleet"
         ),
         "fleet down": Case(
             ["fleet", "down", "-f", fleet, "--kubeconfig", kc], ["aiohttp"], "fleet"
         ),
-        "plan --kubeconfig": Case([*plan, "--kubeconfig", kc], ["kubernetes"], "fleet"),
+        "plan --kubeconfig": Case([*plan, "--kubeconfig", kc], ["aiohttp"], "fleet"),
         "plan --html": Case([*plan, "--html", str(tmp / "r.html")], ["plotly"], "report"),
     }
 

@@ -107,7 +107,7 @@ def test_a_device_on_one_numa_node_carries_the_standard_attribute_beside_its_own
 def test_the_api_server_accepts_the_standard_numa_attribute(kubeconfig: str) -> None:
     """The real v1.36.2 API server takes the qualified name (1.37 made it standard,
     1.36 already accepts any '<domain>/<name>')."""
-    from devplug.framework.dra.kube import api_client
+    from devplug.testing.official import api_client
 
     with api_client(kubeconfig) as api:
         from kubernetes import client
@@ -152,7 +152,7 @@ def test_qualified_attribute_names_are_published() -> None:
 def test_the_1_36_api_server_lets_through_a_name_that_1_38_refuses(kubeconfig: str) -> None:
     """Why devplug checks names itself: v1.36.2 stores 'example.com/a/b' (its check
     handles one '/' only), which 1.38 refuses; devplug never publishes it."""
-    from devplug.framework.dra.kube import api_client
+    from devplug.testing.official import api_client
 
     [body] = numa_bodies({}, [0])
     body["spec"]["devices"][0]["attributes"]["example.com/a/b"] = {"string": "x"}
@@ -323,8 +323,8 @@ def test_a_slice_within_the_rules_has_no_problem() -> None:
 def test_the_1_36_api_server_stores_a_device_selector_that_1_38_refuses(kubeconfig: str) -> None:
     """v1.36.2 enforces one term on the slice's selector only; a device's two-term
     selector is stored (1.38 refuses it), which is why the rules check both."""
-    from devplug.framework.dra.kube import api_client
     from devplug.framework.dra.rules import slice_problems
+    from devplug.testing.official import api_client
 
     body = slice_with(
         perDeviceNodeSelection=True, devices=[{"name": "card0", "nodeSelector": TWO_TERMS}]
@@ -404,10 +404,10 @@ def test_skip_node_operations_where_containers_need_the_node_stops_the_config(
 def test_the_1_36_api_server_drops_skip_node_operations(kubeconfig: str, tmp_path: Path) -> None:
     """An API server without the alpha field (v1.36.2; 1.37 with the gate off) drops it
     and stores the slice: the kubelet then calls prepare, which devplug answers."""
-    from devplug.framework.dra.kube import api_client
     from devplug.framework.dra.slices import slice_bodies
     from devplug.sources import build_plugins, load_config
     from devplug.sources.dradriver import config_driver
+    from devplug.testing.official import api_client
 
     [plugin] = build_plugins(load_config(str(skip_config(tmp_path))))
     plugin.publish(plugin.discover())

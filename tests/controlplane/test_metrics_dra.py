@@ -202,7 +202,7 @@ def unreachable_kubeconfig() -> str:
 
 @pytest.fixture
 def api(kubeconfig: str) -> Iterator[Any]:
-    from devplug.framework.dra.kube import api_client
+    from devplug.testing.official import api_client
 
     client = api_client(kubeconfig)
     try:

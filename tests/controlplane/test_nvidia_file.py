@@ -489,7 +489,7 @@ def test_the_node_label_picks_the_config_and_a_change_applies_in_place(
 ) -> None:
     from kubernetes import client
 
-    from devplug.framework.dra.kube import api_client
+    from devplug.testing.official import api_client
 
     api = api_client(kubeconfig)
     core: Any = client.CoreV1Api(api)
@@ -535,7 +535,7 @@ def test_a_labelled_node_starts_with_its_config_where_no_fallback_applies(
     label is read before any config is chosen, so the log names only that one."""
     from kubernetes import client
 
-    from devplug.framework.dra.kube import api_client
+    from devplug.testing.official import api_client
 
     api = api_client(kubeconfig)
     core: Any = client.CoreV1Api(api)

@@ -148,7 +148,7 @@ def test_the_charts_config_manager_and_plugin_follow_the_node_label(
     the file at the config the node label names and signals the plugin (SIGHUP)."""
     from kubernetes import client
 
-    from devplug.framework.dra.kube import api_client
+    from devplug.testing.official import api_client
 
     api = api_client(kubeconfig)
     core: Any = client.CoreV1Api(api)

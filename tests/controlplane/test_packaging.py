@@ -197,20 +197,18 @@ for name in wire:
     importlib.import_module(name)
 print(json.dumps(sorted(wire)))
 """
-# devplug's DRA client code with aiohttp and the kubernetes client at their floors,
-# against a real API server: ResourceSlices listed through resource.k8s.io/v1.
+# devplug's DRA client code with aiohttp at its floor, against a real API server:
+# ResourceSlices listed through resource.k8s.io/v1, with no official client installed.
 DRA_CHECK = """
-import asyncio, sys
-from kubernetes import client
+import asyncio, importlib.util, sys
 from devplug.apiserver.client import KubeApi
 from devplug.framework.dra.claims import ApiClaims
-from devplug.framework.dra.kube import api_client
-print(type(client.ResourceV1Api(api_client(sys.argv[1])).list_resource_slice()).__name__)
 async def main():
     async with KubeApi.from_kubeconfig(sys.argv[1]) as api:
         ApiClaims(api)
         print((await api.call("GET", "/apis/resource.k8s.io/v1/resourceslices"))["kind"])
 asyncio.run(main())
+print(importlib.util.find_spec("kubernetes") is not None)
 """
 
 
@@ -288,7 +286,7 @@ def test_the_declared_floors_install_and_run_devplug(
     assert "devplug.io/null" in check.stdout
     dra = floors_venv.run(floors_venv.python, "-c", DRA_CHECK, kubeconfig)
     assert dra.returncode == 0, dra.stderr
-    assert dra.stdout.split() == ["V1ResourceSliceList", "ResourceSliceList"]
+    assert dra.stdout.split() == ["ResourceSliceList", "False"]
 
 
 @pytest.mark.slow
@@ -329,12 +327,8 @@ def test_below_the_floors_devplug_breaks(floors_venv: FloorsVenv, kubeconfig: st
         imported = floors_venv.run(floors_venv.python, "-c", FLOORS_CHECK)
     assert imported.returncode != 0
     assert "VersionError" in imported.stderr
-    with below_floor(floors_venv, "kubernetes"):
-        dra = floors_venv.run(floors_venv.python, "-c", DRA_CHECK, kubeconfig)
-    assert dra.returncode != 0
-    assert "ResourceV1Api" in dra.stderr
-    # Both back at their floors: devplug works again.
-    assert floors_venv.run(floors_venv.python, "-c", DRA_CHECK, kubeconfig).returncode == 0
+    # Back at its floor: devplug works again.
+    assert floors_venv.run(floors_venv.python, "-c", FLOORS_CHECK).returncode == 0
     with below_floor(floors_venv, "nvidia-ml-py"):
         nvml = floors_venv.run(floors_venv.python, "-c", "import devplug.fakes.nvml")
     assert nvml.returncode != 0

@@ -9,12 +9,11 @@
   transient: away, overloaded) and one line that says so;
 - `backoff`: the one exponential backoff with jitter between attempts;
 - `client`: devplug's asyncio client (aiohttp, msgspec), the one stack every module
-  that talks to an API server moves to (chosen by `make bench`, key `kubeclient`);
+  that talks to an API server uses (chosen by `make bench`, key `kubeclient`);
 - `informer`: the one list and watch of a collection on that client, its view kept
-  current (resumed from the last version, listed again when too old, backoff);
-- `official`: the official `kubernetes` client set up from a kubeconfig, with
-  timeouts on every request, for the modules not moved yet.
+  current (resumed from the last version, listed again when too old, backoff).
 
-Each client imports its HTTP library only when it is used; the rest is the standard
-library (and PyYAML), shared by both without importing either.
+The client imports aiohttp only when it is used; the rest is the standard library (and
+PyYAML). The test kit's official client (`devplug.testing.official`) is built on the
+same kubeconfig reader and credentials.
 """

@@ -34,11 +34,8 @@ def quiet_node_logs(level: str) -> None:
 
 def connect(kubeconfig: str | None, context: str | None = None, **kwargs: Any) -> KubeApi:
     """The API client of a fleet (or a plan on an API server): ValueError of one line
-    for a kubeconfig that cannot be used; MissingExtra naming the `fleet` extra when its
-    libraries are missing (the official client, which the DRA drivers of the simulated
-    nodes still use, and aiohttp)."""
-    from devplug.apiserver.client import EXTRA, FEATURE, KubeApi
-    from devplug.ground.extras import require
+    for a kubeconfig that cannot be used; MissingExtra naming the `fleet` extra when
+    aiohttp is missing."""
+    from devplug.apiserver.client import KubeApi
 
-    require("kubernetes", EXTRA, FEATURE)
     return KubeApi.from_kubeconfig(kubeconfig, context, **kwargs)

@@ -1,12 +1,12 @@
 """Optional dependencies, each of a pip extra: imported only where a feature needs it,
 and when missing, one line that names the extra to install.
 
-    kubernetes = require("kubernetes", "dra", "a resource served through DRA")
+    aiohttp = require("aiohttp", "dra", "a resource served through DRA")
 
-`udev` (pyudev: USB/PCI hot-plug from the kernel's uevents) and `dra` (the Kubernetes
-client) stay extras: pyudev needs the system's libudev, and the Kubernetes client is
-large, for the nodes that use neither. prometheus-client, small and pure Python, is a
-plain dependency.
+`udev` (pyudev: USB/PCI hot-plug from the kernel's uevents) and `dra` (aiohttp, under
+devplug's client of the API server) stay extras: pyudev needs the system's libudev,
+and a node that serves only device plugins talks to no API server. prometheus-client,
+small and pure Python, is a plain dependency.
 """
 
 from __future__ import annotations

@@ -29,42 +29,23 @@ if TYPE_CHECKING:
 log = logging.getLogger("devplug.simulator.apipods")
 
 
-def _client(api: Any) -> tuple[KubeApi, bool]:
-    """devplug's client for `api`, and whether the follower opens and closes it: a
-    KubeApi is used as given (its caller has opened it); an official client made by
-    devplug.apiserver.official is followed through a KubeApi of the same API server and
-    credentials."""
-    from devplug.apiserver.client import KubeApi
-
-    if isinstance(api, KubeApi):
-        return api, False
-    return KubeApi(api.rest_client._target), True
-
-
 class ApiPodFollower:
     def __init__(
         self,
         kubelet: Kubelet,
-        api: Any,
+        api: KubeApi,
         node_name: str,
         on_result: Callable[[PodResult], None] | None = None,
     ) -> None:
         self.kubelet = kubelet
         self.node_name = node_name
-        self._api, self._owned = _client(api)
+        self._api = api  # opened by the caller
         self.applied: set[str] = set()  # pod UIDs
         self._names: dict[str, tuple[str, str]] = {}  # UID -> (namespace, name) applied
         self._on_result = on_result
 
     async def run(self) -> None:
         """Follow the node's pods until cancelled."""
-        if not self._owned:
-            await self._follow()
-            return
-        async with self._api:
-            await self._follow()
-
-    async def _follow(self) -> None:
         from devplug.apiserver.informer import Informer
 
         queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()

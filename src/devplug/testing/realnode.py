@@ -222,7 +222,7 @@ class RealNode(KubeletLog, NodeApi):
     def api(self) -> Any:
         """A `kubernetes` ApiClient for the admin kubeconfig (closed by `down`)."""
         if self._api is None:
-            from devplug.framework.dra.kube import api_client
+            from devplug.testing.official import api_client
 
             self._api = api_client(str(self.kubeconfig))
         return self._api

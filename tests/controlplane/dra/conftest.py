@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from devplug.framework.dra.kube import api_client
+from devplug.testing.official import api_client
 from tests.dra_cluster_helpers import ROOT, device_class_made, fresh_namespace
 from tests.dra_helpers import DRIVER, NODE, NodeDirs
 

@@ -1,6 +1,6 @@
-"""The official `kubernetes` client, set up from a `Target` (imported only here and only
-when a feature needs the API server through it: DRA, node labels, the simulator's
-API pods).
+"""The official `kubernetes` client made from a kubeconfig, for the test kit: tests and
+benchmarks read what devplug wrote through a client that is not devplug's own (which
+is `devplug.apiserver.client`), a witness that shares none of its code.
 
 Every request gets a connect and read timeout unless the caller gave one (a watch
 gives its own); its bearer token comes from the target's credentials on each request
@@ -15,8 +15,23 @@ import logging
 from typing import Any
 
 from devplug.apiserver import backoff
+from devplug.apiserver import kubeconfig as kubeconfigs
 from devplug.apiserver.credentials import Credentials
 from devplug.apiserver.kubeconfig import Target
+
+
+def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A client for `kubeconfig` (or $KUBECONFIG) at `context`, else the in-cluster
+    service account; ValueError with a one-line reason when neither can be used."""
+    need_client()
+    return client_for(kubeconfigs.load(kubeconfig, context))
+
+
+def configuration(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """The client's Configuration (server, TLS, credentials) for `kubeconfig` (or
+    $KUBECONFIG) at `context`, else the in-cluster service account."""
+    need_client()
+    return configuration_for(kubeconfigs.load(kubeconfig, context))
 
 
 def need_client() -> None:
@@ -28,10 +43,10 @@ def need_client() -> None:
     allow_ssl()  # `devplug serve` keeps ssl out until a resource needs the API server
     from devplug.ground.extras import require
 
-    require("kubernetes", "dra", "the Kubernetes API (DRA, --kubeconfig)")
+    require("kubernetes", "envtest", "the test kit's official Kubernetes client")
 
 
-def configuration(target: Target) -> Any:
+def configuration_for(target: Target) -> Any:
     """The client's Configuration for `target`."""
     need_client()
     from kubernetes import client
@@ -66,12 +81,12 @@ def configuration(target: Target) -> Any:
     return settings
 
 
-def api_client(target: Target) -> Any:
+def client_for(target: Target) -> Any:
     """An ApiClient for `target` with the timeouts and the 401 refresh."""
     from kubernetes import client
     from kubernetes.client import rest
 
-    settings = configuration(target)
+    settings = configuration_for(target)
     api = client.ApiClient(settings)
     api.rest_client = _rest_class(rest.RESTClientObject)(settings, target)
     return api
