@@ -104,11 +104,9 @@ class PoolPublisher:
         """Publish the devices, and again after every change, until cancelled."""
         raise NotImplementedError
 
-    async def _failed(self, error: BaseException, backoff: Backoff) -> None:
-        """Say that publishing failed and wait: the backoff's next wait, or its longest
-        for a permanent failure (not trusted, not allowed), said as an error."""
-        permanent = failures.kind(error) == failures.PERMANENT
-        retry = backoff.most if permanent else backoff.next()
+    def _count_failure(self, error: BaseException) -> None:
+        """Publishing failed, as the metrics and the events count it (a failure to list
+        and watch the slices too: the informer says why and retries)."""
         observe.emit(
             observe.SLICES_PUBLISHED,
             self.driver.name,
@@ -116,6 +114,13 @@ class PoolPublisher:
             logging.DEBUG,
             result="error",
         )
+
+    async def _failed(self, error: BaseException, backoff: Backoff) -> None:
+        """Say that publishing failed and wait: the backoff's next wait, or its longest
+        for a permanent failure (not trusted, not allowed), said as an error."""
+        permanent = failures.kind(error) == failures.PERMANENT
+        retry = backoff.most if permanent else backoff.next()
+        self._count_failure(error)
         log.log(
             logging.ERROR if permanent else logging.WARNING,
             "%s: publishing slices failed (%s); retrying in %.1f s",
@@ -209,7 +214,7 @@ class SlicePublisher(PoolPublisher):
             what=f"{driver.name}: publishing slices failed",
             on_list=lambda items: self._changed.set(),
             on_event=lambda kind, obj: self._changed.set(),
-            on_failure=self._watch_failed,
+            on_failure=self._count_failure,
         )
         self._owner: dict[str, Any] | None = None
         self._owner_known = False
@@ -240,16 +245,6 @@ class SlicePublisher(PoolPublisher):
         if not self._in_sync or self.published_generation < self.driver.plugin.generation:
             return [f"{name}: ResourceSlices of node {self.node} not published yet"]
         return []
-
-    def _watch_failed(self, error: Exception) -> None:
-        """The slices cannot be listed and watched (the informer says why and retries)."""
-        observe.emit(
-            observe.SLICES_PUBLISHED,
-            self.driver.name,
-            f"publishing slices failed: {_say(error)}",
-            logging.DEBUG,
-            result="error",
-        )
 
     # -- what we want -------------------------------------------------------------------
 
