@@ -4,6 +4,7 @@ with the kubelet's reasons."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,22 +188,19 @@ async def test_the_local_endpoint_answers_as_the_plugin_on_its_socket(short_tmp:
         answers.append(str(caught.value))
         return answers
 
-    async def scenario() -> tuple[list[Any], list[Any]]:
-        socket = short_tmp / "p.sock"
-        servicer = DevicePluginServicer(plugin)
-        server = UnixServer(
-            socket, lambda s: pb_grpc.add_DevicePluginServicer_to_server(servicer, s)
-        )
-        await server.start()
+    socket = short_tmp / "p.sock"
+    servicer = DevicePluginServicer(plugin)
+    server = UnixServer(socket, lambda s: pb_grpc.add_DevicePluginServicer_to_server(servicer, s))
+    await server.start()
+    try:
+        remote = await Endpoint.connect(plugin.resource_name, socket, 5.0)
         try:
-            remote = await Endpoint.connect(plugin.resource_name, socket, 5.0)
             over_socket = await calls(remote)
-            await remote.close()
         finally:
-            await server.stop(grace=0)
-        return over_socket, await calls(LocalEndpoint(plugin))
-
-    over_socket, local = await scenario()
+            await remote.close()
+    finally:
+        await server.stop(grace=0)
+    local = await calls(LocalEndpoint(plugin))
     assert local == over_socket
     assert local[2] == (
         "rpc error: code = InvalidArgument desc = container request 0: unknown device IDs: nope"
@@ -224,37 +222,43 @@ def pod(name: str, limits: dict[str, Any], **requests: str) -> dict[str, Any]:
     }
 
 
-def node_of(pool_doc: dict[str, Any], folder: Path) -> FleetNode:
-    [pool] = parse_fleet(fleet_text(pool_doc), "fleet.yaml").pools
-    return FleetNode(pool.nodes[0], build_pool(pool, folder), folder)
+StartNode = Callable[[dict[str, Any]], Awaitable[FleetNode]]
 
 
-async def test_a_node_admits_as_the_kubelet_and_says_why_not(tmp_path: Path) -> None:
-    async def scenario() -> list[Any]:
-        node = node_of(NUMA_POOL, tmp_path)
+@pytest.fixture
+async def start_node(tmp_path: Path) -> AsyncIterator[StartNode]:
+    """Start the first node of a pool; every node started is stopped afterwards."""
+    started: list[FleetNode] = []
+
+    async def start(pool_doc: dict[str, Any]) -> FleetNode:
+        [pool] = parse_fleet(fleet_text(pool_doc), "fleet.yaml").pools
+        node = FleetNode(pool.nodes[0], build_pool(pool, tmp_path), tmp_path)
         await node.start()
-        seen = []
-        # Two devices on two NUMA nodes: single-numa-node refuses the pod.
-        two = await node.admit(pod("two", {"example.com/acc": 2}), {})
-        one = await node.admit(pod("one", {"example.com/acc": 1}, cpu="1"), {})
-        seen.append((one.admitted, one.status["phase"], one.devices))
-        seen.append((two.admitted, two.status, two.event))
-        # What the node holds now: one of two devices.
-        more = await node.admit(pod("more", {"example.com/acc": 2}), {})
-        seen.append(more.status["message"])
-        hungry = await node.admit(pod("hungry", {}, cpu="3500m"), {})
-        seen.append(hungry.status)
-        third = await node.admit(pod("third", {}), {})
-        fourth = await node.admit(pod("fourth", {}), {})
-        fifth = await node.admit(pod("fifth", {}), {})  # 3 pods at most
-        seen.append((third.admitted, fourth.admitted, fifth.status["reason"]))
-        await node.release("uid-one")
-        again = await node.admit(pod("again", {"example.com/acc": 1}), {})
-        seen.append((again.admitted, node.used()))
-        await node.stop()
-        return seen
+        started.append(node)
+        return node
 
-    one, two, more, hungry, pods, again = await scenario()
+    yield start
+    for node in started:
+        await node.stop()
+
+
+async def test_a_node_admits_as_the_kubelet_and_says_why_not(start_node: StartNode) -> None:
+    node = await start_node(NUMA_POOL)
+    # Two devices on two NUMA nodes: single-numa-node refuses the pod.
+    refused = await node.admit(pod("two", {"example.com/acc": 2}), {})
+    admitted = await node.admit(pod("one", {"example.com/acc": 1}, cpu="1"), {})
+    one = (admitted.admitted, admitted.status["phase"], admitted.devices)
+    two = (refused.admitted, refused.status, refused.event)
+    # What the node holds now: one of two devices.
+    more = (await node.admit(pod("more", {"example.com/acc": 2}), {})).status["message"]
+    hungry = (await node.admit(pod("hungry", {}, cpu="3500m"), {})).status
+    third = await node.admit(pod("third", {}), {})
+    fourth = await node.admit(pod("fourth", {}), {})
+    fifth = await node.admit(pod("fifth", {}), {})  # 3 pods at most
+    pods = (third.admitted, fourth.admitted, fifth.status["reason"])
+    await node.release("uid-one")
+    readmitted = await node.admit(pod("again", {"example.com/acc": 1}), {})
+    again = (readmitted.admitted, node.used())
     assert one == (True, "Running", {"c": {"example.com/acc": ["null"]}})
     assert two == (
         False,
@@ -280,17 +284,12 @@ async def test_a_node_admits_as_the_kubelet_and_says_why_not(tmp_path: Path) -> 
 
 
 async def test_a_refused_allocate_fails_the_pod_with_unexpected_admission_error(
-    tmp_path: Path,
+    start_node: StartNode,
 ) -> None:
-    async def scenario() -> Any:
-        node = node_of(GPU_POOL, tmp_path)
-        await node.start()
-        result = await node.admit(pod("greedy", {"nvidia.com/gpu": 2}), {})
-        ok = await node.admit(pod("modest", {"nvidia.com/gpu": 1}), {})
-        await node.stop()
-        return result, ok.admitted, node.devices_in_use("nvidia.com/gpu")
-
-    result, ok, in_use = await scenario()
+    node = await start_node(GPU_POOL)
+    result = await node.admit(pod("greedy", {"nvidia.com/gpu": 2}), {})
+    ok = (await node.admit(pod("modest", {"nvidia.com/gpu": 1}), {})).admitted
+    in_use = node.devices_in_use("nvidia.com/gpu")
     assert result.status["reason"] == "UnexpectedAdmissionError"
     assert result.status["message"].startswith(
         "Pod was rejected: Allocate failed due to rpc error: code = InvalidArgument desc = "
