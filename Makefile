@@ -67,7 +67,7 @@ bench: $(STAMP) image
 # openb's default trace on a fleet of its 1,213 GPU nodes: the real kube-scheduler with
 # devplug's extender (policy FLEET_POLICY: fgd, bestfit, packing or default) places the
 # paper's workload one pod at a time, beside the planner's answer for the same policy
-# (docs/fleet.md; 8,000 pods one at a time: the better part of an hour; JSON on
+# (docs/fleet.md; 8,312 pods one at a time: about 22 minutes on a quiet machine; JSON on
 # stdout). FLEET_SAMPLE=N: N nodes drawn with the seed.
 FLEET_POLICY ?= fgd
 FLEET_SAMPLE ?=
