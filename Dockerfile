@@ -22,9 +22,6 @@ RUN python3 -m venv /opt/pip \
  && /opt/pip/bin/pip --python /opt/devplug/bin/python install \
       --no-cache-dir --disable-pip-version-check --no-warn-script-location $from \
  && find /opt/devplug -name 'tests' -path '*/site-packages/*/tests' -prune -exec rm -rf {} + \
- # The Kubernetes client ships a second, asyncio copy of itself (kubernetes.aio), about
- # half its size; the DRA driver uses the first one only.
- && rm -rf /opt/devplug/lib/python3*/site-packages/kubernetes/aio \
  # NVIDIA's chart runs its config manager as `config-manager`.
  && ln -s nvidia-config-manager /opt/devplug/bin/config-manager
 

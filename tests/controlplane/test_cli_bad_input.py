@@ -211,7 +211,8 @@ def test_runtime_mistakes_get_one_line(files: Files) -> None:
 
 
 def test_a_missing_extra_is_named(files: Files) -> None:
-    """Without the Kubernetes client (the `dra` extra), DRA says which extra to install."""
+    """Without aiohttp (the `dra` extra, under devplug's client of the API server), DRA
+    says which extra to install."""
     scratch = files.scratch
     dra = scratch / "dra.yaml"
     dra.write_text(
@@ -227,13 +228,13 @@ def test_a_missing_extra_is_named(files: Files) -> None:
             ["serve", "--config", str(dra), *folders, "--kubeconfig", str(kubeconfig)],
             [hint],
             1,
-            block=["kubernetes"],
+            block=["aiohttp"],
         ),
         Case(
             ["kubelet", *folders, "--kubeconfig", str(kubeconfig), "--node-name", "n"],
             [hint],
             1,
-            block=["kubernetes"],
+            block=["aiohttp"],
         ),
     ]
     wrong = problems(cases)

@@ -117,14 +117,25 @@ def test_image_prints_its_version_and_checks_the_default_config(image: Unpacked)
     assert "devplug.io/null" in check.stdout
 
 
-def test_image_carries_the_kubernetes_client_of_the_dra_driver(image: Unpacked) -> None:
-    """`deploy/dra` serves through DRA, which loads the Kubernetes client."""
+def test_image_carries_the_api_client_of_the_dra_driver_and_not_the_official_one(
+    image: Unpacked,
+) -> None:
+    """`deploy/dra` serves through DRA, which talks to the API server through devplug's
+    client on aiohttp; the official `kubernetes` package is the test kit's, not the
+    image's."""
     loaded = subprocess.run(
-        in_image(image, "python3", "-c", "import kubernetes.client, kubernetes.watch"),
+        in_image(
+            image,
+            "python3",
+            "-c",
+            "import importlib.util, aiohttp, devplug.apiserver.client, devplug.framework.dra"
+            ".service; print(importlib.util.find_spec('kubernetes') is None)",
+        ),
         capture_output=True,
         text=True,
     )
     assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == ["True"]
 
 
 def serve_in_image(
