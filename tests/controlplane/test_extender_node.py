@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +21,6 @@ from devplug.testing.controlplane import watch_until
 RESOURCE = "devplug.io/gpu-milli"
 FAST = {"probeSeconds": 0.05, "retryMaxSeconds": 0.2, "nvmlTimeoutSeconds": 2}
 WAIT_S = 60.0
-
-
-@pytest.fixture
-def api(kubeconfig: str) -> Iterator[Any]:
-    from devplug.testing.official import api_client
-
-    client = api_client(kubeconfig)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def two_linked_gpus() -> dict[str, Any]:

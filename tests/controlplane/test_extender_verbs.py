@@ -20,17 +20,6 @@ from tests.unit.test_extender_state import RESOURCE, inventory, node_object, pod
 
 
 @pytest.fixture
-def api(kubeconfig: str) -> Iterator[Any]:
-    from devplug.testing.official import api_client
-
-    client = api_client(kubeconfig)
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
 def served(kubeconfig: str) -> Iterator[ExtenderServer]:
     from devplug.extender.kubeapi import KubeApi
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import platform
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,17 +197,6 @@ def unreachable_kubeconfig() -> str:
             "current-context": "x",
         }
     )
-
-
-@pytest.fixture
-def api(kubeconfig: str) -> Iterator[Any]:
-    from devplug.testing.official import api_client
-
-    client = api_client(kubeconfig)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 @pytest.mark.timeout(240)

@@ -7,7 +7,6 @@ import os
 import stat
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +19,6 @@ from tests.sim_helpers import cli_command
 
 RESOURCE = "example.com/widget"
 WAIT_S = 60.0  # the daemon imports the Kubernetes client first, on a busy machine
-
-
-@pytest.fixture
-def api(kubeconfig: str) -> Iterator[Any]:
-    from devplug.testing.official import api_client
-
-    client = api_client(kubeconfig)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def widget_config(folder: Path) -> str:

@@ -19,18 +19,8 @@ from typing import Any
 
 import pytest
 
-from devplug.testing.official import api_client
 from tests.dra_cluster_helpers import ROOT, device_class_made, fresh_namespace
 from tests.dra_helpers import DRIVER, NODE, NodeDirs
-
-
-@pytest.fixture(scope="session")
-def api(kubeconfig: str) -> Iterator[Any]:
-    client = api_client(kubeconfig)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 @pytest.fixture(scope="session")
