@@ -82,7 +82,7 @@ class Informer:
         what: str | None = None,
         on_list: Callable[[list[Object]], None] | None = None,
         on_event: Callable[[str, Object], None] | None = None,
-        on_failure: Callable[[Exception], None] | None = None,
+        on_failure: Callable[[Exception], object] | None = None,
         watch_timeout_s: int = WATCH_TIMEOUT_S,
     ) -> None:
         self.api = api

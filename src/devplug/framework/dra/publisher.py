@@ -67,13 +67,6 @@ def _stamp_of(obj: Mapping[str, Any]) -> str:
     return str(((obj.get("metadata") or {}).get("annotations") or {}).get(PUBLISHER_ANNOTATION, ""))
 
 
-def _say(error: BaseException) -> str:
-    """One line for a failure: the API server's (devplug's client), or the folder's."""
-    from devplug.apiserver.client import explain
-
-    return explain(error)
-
-
 def _generation_of(obj: Mapping[str, Any]) -> int:
     return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
 
@@ -104,28 +97,33 @@ class PoolPublisher:
         """Publish the devices, and again after every change, until cancelled."""
         raise NotImplementedError
 
-    def _count_failure(self, error: BaseException) -> None:
+    def _count_failure(self, error: BaseException) -> str:
         """Publishing failed, as the metrics and the events count it (a failure to list
-        and watch the slices too: the informer says why and retries)."""
+        and watch the slices too: the informer says why and retries); the failure in
+        one line. (devplug's client is imported here: a folder publisher needs none.)"""
+        from devplug.apiserver.client import explain
+
+        said = explain(error)
         observe.emit(
             observe.SLICES_PUBLISHED,
             self.driver.name,
-            f"publishing slices failed: {_say(error)}",
+            f"publishing slices failed: {said}",
             logging.DEBUG,
             result="error",
         )
+        return said
 
     async def _failed(self, error: BaseException, backoff: Backoff) -> None:
         """Say that publishing failed and wait: the backoff's next wait, or its longest
         for a permanent failure (not trusted, not allowed), said as an error."""
         permanent = failures.kind(error) == failures.PERMANENT
         retry = backoff.most if permanent else backoff.next()
-        self._count_failure(error)
+        said = self._count_failure(error)
         log.log(
             logging.ERROR if permanent else logging.WARNING,
             "%s: publishing slices failed (%s); retrying in %.1f s",
             self.driver.name,
-            _say(error),
+            said,
             retry,
         )
         await asyncio.sleep(retry)
