@@ -606,6 +606,9 @@ def _stack(name: str) -> Stack:
 async def _watch_pods(stack: Stack, version: str, seen: list[int], expected: int) -> None:
     """The pods' watch, started again from `version` after a failure (the watch cache
     of a busy API server behind the list's version answers 504 for a moment)."""
+    from devplug.apiserver.backoff import Backoff
+
+    backoff = Backoff(0.1, 1.0)
     for attempt in range(10):
         try:
             await stack.watch_pods(version, seen, expected)
@@ -614,7 +617,7 @@ async def _watch_pods(stack: Stack, version: str, seen: list[int], expected: int
             if attempt == 9:
                 raise
             seen[0] = 0
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(backoff.next())
 
 
 async def _run_child(name: str, kubeconfig: str, rounds: int) -> dict[str, Any]:
