@@ -4,18 +4,18 @@ Every call the extender makes to the API server is here, so the client under it 
 changed in one place.
 
 They go through devplug's asyncio client (devplug.apiserver.client) in an event loop of
-their own thread: the HTTP server answers each request in a thread, which waits for its
-call there, while the informers list and watch in the same loop.
+their own thread (devplug.ground.loopthread): the HTTP server answers each request in a
+thread, which waits for its call there, while the informers list and watch in the same
+loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from devplug.apiserver.informer import WATCH_TIMEOUT_S, Informer
+from devplug.ground.loopthread import LoopThread
 
 if TYPE_CHECKING:
     from devplug.apiserver.client import KubeApi as Client
@@ -28,10 +28,9 @@ COLLECTIONS: dict[str, tuple[str, dict[str, str]]] = {
     "pods": ("/api/v1/pods", {"fieldSelector": LIVE}),
 }
 FEATURE = "the scheduler extender (devplug extender)"
-_T = TypeVar("_T")
 
 
-class KubeApi:
+class KubeApi(LoopThread):
     """`verbs.Api` over a real API server."""
 
     def __init__(
@@ -48,24 +47,14 @@ class KubeApi:
         self.client = client or Client.from_kubeconfig(
             kubeconfig, context, extra="dra", feature=FEATURE
         )
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="extender api", daemon=True
-        )
-        self._thread.start()
-        self._run(self.client.__aenter__())
-
-    def _run(self, call: Coroutine[Any, Any, _T]) -> _T:
-        """The result of `call`, run in the client's event loop (from any other thread)."""
-        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+        self._start_loop("extender api")
+        self.run(self.client.__aenter__())
 
     def close(self) -> None:
-        if self._loop.is_closed():
+        if self._loop is None:
             return
-        self._run(self.client.__aexit__())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
+        self.run(self.client.__aexit__())
+        self._stop_loop()
 
     # -- the informers of the cache ------------------------------------------------
 
@@ -92,17 +81,17 @@ class KubeApi:
         )
 
     def start(self, informer: Informer) -> None:
-        self._loop.call_soon_threadsafe(informer.start)
+        self._sync(informer.start)
 
     def stop(self, informer: Informer) -> None:
-        if not self._loop.is_closed():
-            self._run(informer.stop())
+        if self._loop is not None:
+            self.run(informer.stop())
 
     # -- reads and writes ----------------------------------------------------------
 
     def _items(self, kind: str) -> list[dict[str, Any]]:
         path, params = COLLECTIONS[kind]
-        answer = self._run(self.client.call("GET", path, params=params or None))
+        answer = self.run(self.client.call("GET", path, params=params or None))
         items: list[dict[str, Any]] = answer.get("items") or []
         return items
 
@@ -113,7 +102,7 @@ class KubeApi:
         return self._items("pods")
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
-        pod: dict[str, Any] = self._run(
+        pod: dict[str, Any] = self.run(
             self.client.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
         )
         return pod
@@ -123,7 +112,7 @@ class KubeApi:
 
         body = {"metadata": {"annotations": dict(annotations)}}
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
-        self._run(self.client.call("PATCH", path, body, content_type=STRATEGIC_PATCH))
+        self.run(self.client.call("PATCH", path, body, content_type=STRATEGIC_PATCH))
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         body = {
@@ -132,6 +121,6 @@ class KubeApi:
             "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        self._run(
+        self.run(
             self.client.call("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body)
         )

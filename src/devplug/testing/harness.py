@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from devplug.api.constants import ENDPOINT_GRACE_PERIOD_S, REGISTER_DIAL_TIMEOUT_S
-from devplug.testing.loopthread import LoopThread
+from devplug.ground.loopthread import LoopThread
 from devplug.testing.pluginprocess import OUTPUT_TAIL, PluginExited, PluginProcess, guarded
 from devplug.testing.pluginstart import PluginStarter
 from devplug.testing.pods import PodAdmission, is_compact, pod_manifest

@@ -1,5 +1,6 @@
-"""An event loop in a background thread, and blocking calls onto it: how the kubelet
-harness lets plain synchronous tests drive the asynchronous simulator."""
+"""An event loop in a background thread, and blocking calls onto it: how threaded code
+drives asynchronous code (the kubelet harness's synchronous tests drive the simulator;
+the scheduler extender's HTTP threads call devplug's asyncio client)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class LoopThread:
         self._loop = self._thread = None
 
     def run(self, awaitable: Awaitable[T]) -> T:
-        """Run a coroutine on the simulator's event loop and return its result."""
+        """Run a coroutine on the loop and return its result."""
 
         async def wrap() -> T:
             return await awaitable
@@ -69,14 +70,14 @@ class LoopThread:
         loop = self._loop
         if loop is None:
             coro.close()
-            raise RuntimeError("the kubelet harness is not started")
+            raise RuntimeError(f"{type(self).__name__}: its loop is not started")
         if self._in_loop():
             coro.close()
-            raise RuntimeError("blocking harness calls cannot be made from the simulator's loop")
+            raise RuntimeError(f"{type(self).__name__}: a blocking call from its own loop")
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     def _sync(self, fn: Callable[[], T]) -> T:
-        """`fn()` on the loop thread (where the simulator's state lives)."""
+        """`fn()` on the loop thread (where the state the loop serves lives)."""
         if self._in_loop() or self._loop is None:
             return fn()
 
