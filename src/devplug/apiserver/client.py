@@ -246,9 +246,8 @@ FAILURES = (ApiError, Unavailable, GaveUp, failures.Permanent)
 
 def explain(error: BaseException) -> str:
     """One line for a command that failed on the API server (one of FAILURES)."""
-    if isinstance(error, Unavailable):
-        what, _, why = str(error).rpartition(": ")
-        return f"{what}: the API server cannot be reached ({why})"
+    if isinstance(error, Unavailable):  # "what: why": said as `say` says it, after what
+        return f"{str(error).rpartition(': ')[0]}: {say(error)}"
     if isinstance(error, ApiError):
         return failures.say(error)
     return str(error)
