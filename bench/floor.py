@@ -48,13 +48,15 @@ from __future__ import annotations
 
 import asyncio
 import compileall
+import functools
 import logging
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from common import allocate_request, cpu_seconds, percentiles, rss_mib, timed_calls
@@ -62,12 +64,16 @@ from common import allocate_request, cpu_seconds, percentiles, rss_mib, timed_ca
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 
-RUNS = 5
+if TYPE_CHECKING:
+    from devplug.simulator import Kubelet
+
+RUNS = 7
 DEVICES = 16
 WARMUP_CALLS = 200
 SEQUENTIAL_CALLS = 1000
 CLIENTS = 8
-CALLS_PER_CLIENT = 300
+CALLS_PER_CLIENT = 100
+BURSTS = 3
 HERE = Path(__file__).resolve().parent
 SIDES = {
     # side: (script, socket name of its resource)
@@ -98,37 +104,31 @@ async def _bench(root: Path, runs: int) -> dict[str, Any]:
     found: dict[str, dict[str, list[float]]] = {side: {} for side in SIDES}
     async with Kubelet(plugin_dir, root / "state", control_socket=False) as kubelet:
         for run in range(runs + 1):  # the first run warms the caches and is not counted
-            for side, (script, socket) in SIDES.items():
-                resource = f"bench.example/{side.replace('_', '-')}"
-                after = kubelet.last_event_seq
-                started = time.time()
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, str(HERE / script), str(plugin_dir), resource, str(DEVICES)
-                )
-                try:
-                    await kubelet.wait_for_resource(resource, count=DEVICES, timeout=60)
-                    [registered] = [
-                        e.time
-                        for e in kubelet.events
-                        if e.seq > after and e.kind == "registered" and e.resource == resource
-                    ]
-                    cpu_registered = cpu_seconds(proc.pid)
-                    path = plugin_dir / socket.format(resource.replace("/", "-"))
-                    load = await asyncio.to_thread(_load, path, proc.pid)
-                    if run == 0:
-                        continue
+            # Each side starts first in every other run: the one started second finds
+            # the page cache warmer and the machine busier.
+            order = list(SIDES) if run % 2 else list(reversed(SIDES))
+            procs: dict[str, asyncio.subprocess.Process] = {}
+            try:
+                started: dict[str, dict[str, float]] = {}
+                for side in order:
+                    procs[side], started[side] = await _start(kubelet, plugin_dir, side)
+                sockets = {
+                    side: plugin_dir / SIDES[side][1].format(_resource(side).replace("/", "-"))
+                    for side in order
+                }
+                pids = {side: proc.pid for side, proc in procs.items()}
+                load = await asyncio.to_thread(_load, sockets, pids, order)
+                if run == 0:
+                    continue
+                for side in order:
                     samples = found[side]
-                    samples.setdefault("start_to_registered_ms", []).append(
-                        (registered - started) * 1000
-                    )
-                    # CPU the plugin used until then (and per Allocate, below): the same
-                    # work whatever else the machine runs, where wall times swing.
-                    samples.setdefault("cpu_to_registered_ms", []).append(cpu_registered * 1000)
-                    for key, value in load.items():
+                    for key, value in {**started[side], **load[side]}.items():
                         samples.setdefault(key, []).append(value)
-                    samples.setdefault("rss_mib", []).append(rss_mib(proc.pid))
-                finally:
+                    samples.setdefault("rss_mib", []).append(rss_mib(pids[side]))
+            finally:
+                for proc in procs.values():
                     proc.terminate()
+                for proc in procs.values():
                     await proc.wait()
     medians = {
         side: {key: round(statistics.median(values), 3) for key, values in samples.items()}
@@ -137,7 +137,7 @@ async def _bench(root: Path, runs: int) -> dict[str, Any]:
     bare, ours = found["bare_grpc_aio"], found["framework"]
 
     def ratio(key: str) -> float:
-        """The median of the runs' ratios: each run's pair ran back to back, so a
+        """The median of the runs' ratios: each run's pair ran side by side, so a
         machine that slows down meanwhile slows both sides of a pair alike."""
         pairs = zip(ours[key], bare[key], strict=True)
         return round(statistics.median(o / b for o, b in pairs), 3)
@@ -163,45 +163,102 @@ async def _bench(root: Path, runs: int) -> dict[str, Any]:
     }
 
 
-def _load(socket: Path, pid: int) -> dict[str, float]:
-    """Allocate of two devices: sequential p50 and the plugin's CPU per call, then
-    CLIENTS clients at once."""
+def _resource(side: str) -> str:
+    return f"bench.example/{side.replace('_', '-')}"
+
+
+async def _start(
+    kubelet: Kubelet, plugin_dir: Path, side: str
+) -> tuple[asyncio.subprocess.Process, dict[str, float]]:
+    """Start one side; the wall time from spawn to the kubelet's Register received,
+    and the CPU the plugin used until then (the same work whatever else the machine
+    runs, where wall times swing)."""
+    resource = _resource(side)
+    after = kubelet.last_event_seq
+    started = time.time()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(HERE / SIDES[side][0]), str(plugin_dir), resource, str(DEVICES)
+    )
+    try:
+        await kubelet.wait_for_resource(resource, count=DEVICES, timeout=60)
+    except BaseException:
+        proc.terminate()
+        await proc.wait()
+        raise
+    [registered] = [
+        e.time
+        for e in kubelet.events
+        if e.seq > after and e.kind == "registered" and e.resource == resource
+    ]
+    return proc, {
+        "start_to_registered_ms": (registered - started) * 1000,
+        "cpu_to_registered_ms": cpu_seconds(proc.pid) * 1000,
+    }
+
+
+def _load(sockets: dict[str, Path], pids: dict[str, int], order: list[str]) -> dict[str, Any]:
+    """Allocate of two devices on both sides, interleaved so that whatever else the
+    machine does falls on both alike: sequential calls alternating between the sides
+    (p50, and each plugin's CPU per call over the block: it serves only its own), then
+    bursts of CLIENTS clients at once, one side after the other, BURSTS times."""
     request = allocate_request(["dev-0", "dev-1"])
 
-    def client() -> tuple[grpc.Channel, pb_grpc.DevicePluginStub]:
-        channel = grpc.insecure_channel(f"unix://{socket}")
+    def client(side: str) -> tuple[grpc.Channel, Callable[[], object]]:
+        channel = grpc.insecure_channel(f"unix://{sockets[side]}")
         stub = pb_grpc.DevicePluginStub(channel)
         stub.GetDevicePluginOptions(pb.Empty(), wait_for_ready=True, timeout=30)
-        return channel, stub
+        return channel, lambda: stub.Allocate(request)
 
-    channel, stub = client()
-    with channel:
-        timed_calls(lambda: stub.Allocate(request), WARMUP_CALLS)
-        cpu = cpu_seconds(pid)
-        sequential = timed_calls(lambda: stub.Allocate(request), SEQUENTIAL_CALLS)
-        cpu = cpu_seconds(pid) - cpu
+    result: dict[str, dict[str, float]] = {side: {} for side in order}
+    channels, calls = zip(*(client(side) for side in order), strict=True)
+    try:
+        for call in calls:
+            timed_calls(call, WARMUP_CALLS)
+        cpu = {side: cpu_seconds(pids[side]) for side in order}
+        times: list[list[float]] = [[] for _ in order]
+        for _ in range(SEQUENTIAL_CALLS):
+            for index, call in enumerate(calls):
+                begun = time.perf_counter()
+                call()
+                times[index].append(time.perf_counter() - begun)
+        for index, side in enumerate(order):
+            used = cpu_seconds(pids[side]) - cpu[side]
+            result[side]["allocate_p50_ms"] = percentiles(times[index])["p50_ms"]
+            result[side]["allocate_cpu_us"] = round(used / SEQUENTIAL_CALLS * 1e6, 1)
+    finally:
+        for channel in channels:
+            channel.close()
+    elapsed = dict.fromkeys(order, 0.0)
+    for _ in range(BURSTS):
+        for side in order:
+            elapsed[side] += _burst(functools.partial(client, side))
+    for side in order:
+        result[side]["concurrent_calls_per_s"] = round(
+            BURSTS * CLIENTS * CALLS_PER_CLIENT / elapsed[side]
+        )
+    return result
+
+
+def _burst(client: Callable[[], tuple[grpc.Channel, Callable[[], object]]]) -> float:
+    """CLIENTS clients, one channel each, CALLS_PER_CLIENT calls each, all at once:
+    the seconds from the start signal to the last answer."""
     barrier = threading.Barrier(CLIENTS + 1)
 
     def hammer() -> None:
-        channel, stub = client()
+        channel, call = client()
         with channel:
-            timed_calls(lambda: stub.Allocate(request), 20)
+            timed_calls(call, 20)
             barrier.wait()
-            timed_calls(lambda: stub.Allocate(request), CALLS_PER_CLIENT)
+            timed_calls(call, CALLS_PER_CLIENT)
 
     threads = [threading.Thread(target=hammer) for _ in range(CLIENTS)]
     for thread in threads:
         thread.start()
     barrier.wait()
-    started = time.perf_counter()
+    begun = time.perf_counter()
     for thread in threads:
         thread.join()
-    elapsed = time.perf_counter() - started
-    return {
-        "allocate_p50_ms": percentiles(sequential)["p50_ms"],
-        "allocate_cpu_us": round(cpu / SEQUENTIAL_CALLS * 1e6, 1),
-        "concurrent_calls_per_s": round(CLIENTS * CALLS_PER_CLIENT / elapsed),
-    }
+    return time.perf_counter() - begun
 
 
 def summary(report: dict[str, Any]) -> str:
