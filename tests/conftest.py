@@ -17,6 +17,7 @@ import pytest
 
 from devplug.testing.controlplane import ControlPlane, how_to_provide
 from devplug.testing.realnode import MachineLock, RealNode, missing
+from tests.dra_helpers import NodeDirs
 
 ROOT = Path(__file__).resolve().parent.parent
 _NODE_LOCK = pytest.StashKey[MachineLock]()
@@ -34,6 +35,17 @@ def short_tmp() -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix="dp-"))
     try:
         yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def module_dirs() -> Iterator[NodeDirs]:
+    """The folders of a simulated node, for the scenario of one file (short paths:
+    sockets live there)."""
+    folder = Path(tempfile.mkdtemp(prefix="dp-"))
+    try:
+        yield NodeDirs(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
