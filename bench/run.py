@@ -295,6 +295,12 @@ def summary(report: dict[str, Any]) -> str:
         )
     if report.get("kubeclient", {}).get("devplug"):
         parts.append(kubeclient_summary(report["kubeclient"]))
+    if "startup" in report:
+        start = report["startup"]
+        parts.append(
+            f"serve start to all registered {start['all_registered_ms']['median']} ms, "
+            f"SIGTERM to exit {start['sigterm_to_exit_ms']['median']} ms"
+        )
     if "nvidia" in report:
         gpus = report["nvidia"]
         parts.append(

@@ -2,6 +2,7 @@
 with the kubelet (and its first device list received). A pod the kubelet admits
 before that fails with UnexpectedAdmissionError, so this is the time that matters
 after a reboot. Measured against the kubelet simulator, the packaged default config.
+And the other end: from SIGTERM to the process gone (a rolling update waits on it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ async def _startup(root: Path, runs: int) -> dict[str, Any]:
     registered: dict[str, list[float]] = {}
     listed: dict[str, list[float]] = {}
     cpu: list[float] = []
+    stops: list[float] = []
     async with Kubelet(plugin_dir, root / "startup-state", control_socket=False) as kubelet:
         for _ in range(runs):
             after = kubelet.last_event_seq
@@ -41,8 +43,10 @@ async def _startup(root: Path, runs: int) -> dict[str, Any]:
                 resources = await _all_listed(kubelet, after)
                 cpu.append(cpu_seconds(proc.pid) * 1000)
             finally:
+                stopping = time.perf_counter()
                 proc.terminate()
                 await proc.wait()
+                stops.append((time.perf_counter() - stopping) * 1000)
             for event in kubelet.events:
                 if event.seq <= after or event.resource not in resources:
                     continue
@@ -61,6 +65,7 @@ async def _startup(root: Path, runs: int) -> dict[str, Any]:
         "all_registered_ms": _stats(every),
         # CPU the daemon used until then: the same work, whatever else the machine runs.
         "cpu_to_listed_ms": _stats(cpu),
+        "sigterm_to_exit_ms": _stats(stops),
     }
 
 

@@ -11,12 +11,15 @@ import sys
 import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from devplug.testing.controlplane import ControlPlane, how_to_provide
 from devplug.testing.realnode import MachineLock, RealNode, missing
+
+if TYPE_CHECKING:
+    from tests.dra_helpers import NodeDirs
 
 ROOT = Path(__file__).resolve().parent.parent
 _NODE_LOCK = pytest.StashKey[MachineLock]()
@@ -34,6 +37,19 @@ def short_tmp() -> Iterator[Path]:
     folder = Path(tempfile.mkdtemp(prefix="dp-"))
     try:
         yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def module_dirs() -> Iterator[NodeDirs]:
+    """The folders of a simulated node, for the scenario of one file (short paths:
+    sockets live there)."""
+    from tests.dra_helpers import NodeDirs
+
+    folder = Path(tempfile.mkdtemp(prefix="dp-"))
+    try:
+        yield NodeDirs(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

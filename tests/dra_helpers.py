@@ -241,12 +241,14 @@ def claim_pod(name: str, claim: str, *, pod_claim: str = "acc") -> dict[str, Any
 
 
 @contextlib.asynccontextmanager
-async def serving(dirs: NodeDirs, config: Path) -> AsyncIterator[Kubelet]:
-    """The simulated kubelet with the real daemon serving `config`, its driver registered."""
+async def serving(dirs: NodeDirs, config: Path, *drivers: str) -> AsyncIterator[Kubelet]:
+    """The simulated kubelet with the real daemon serving `config`, its `drivers` (by
+    default DRIVER) registered."""
     async with kubelet_for(dirs) as kubelet:
         daemon = Daemon(serve_command(dirs, config), dirs.root / "daemon.log")
         try:
-            await kubelet.wait_for_registration(DRIVER)
+            for driver in drivers or (DRIVER,):
+                await kubelet.wait_for_registration(driver)
             yield kubelet
         finally:
             daemon.stop()

@@ -1,15 +1,23 @@
-"""Helpers for tests of a running `devplug serve`: its log, its HTTP endpoints."""
+"""Helpers for tests of a running `devplug serve`: its log, its HTTP endpoints; and a
+Daemon serving in-process."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
 import time
 import urllib.error
 import urllib.request
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from asyncinotify import Inotify, Mask
 
+from devplug import Daemon, Plugin
+from devplug.api.v1beta1 import api_pb2 as pb
+from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
+from devplug.ground.channel import unix_channel
 from devplug.testing.harness import PluginProcess
 
 TIMEOUT_S = 10.0
@@ -80,3 +88,24 @@ def wait_for_gone(path: Path, timeout: float = TIMEOUT_S) -> None:
             assert left > 0, f"{path} is still there"
             inotify.sync_timeout = left
             inotify.sync_get()
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    plugin_dir: Path, *plugins: Plugin
+) -> AsyncIterator[dict[str, pb_grpc.DevicePluginStub]]:
+    """Run a Daemon in-process and yield a connected stub per resource; stopped, its
+    channels closed, at the end."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(Daemon(plugins, plugin_dir).run(stop))
+    channels = {p.resource_name: unix_channel(plugin_dir / p.socket_name) for p in plugins}
+    try:
+        stubs = {name: pb_grpc.DevicePluginStub(ch) for name, ch in channels.items()}
+        for stub in stubs.values():  # connects once the socket serves: no sleeping
+            await stub.GetDevicePluginOptions(pb.Empty(), wait_for_ready=True, timeout=TIMEOUT_S)
+        yield stubs
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, TIMEOUT_S)
+        for ch in channels.values():
+            await ch.close()

@@ -11,20 +11,17 @@ import asyncio
 import contextlib
 import copy
 import uuid
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import yaml
 
 from devplug.apiserver.client import KubeApi
 from devplug.fleet.runner import FleetError, FleetRunner, Options, remove_fleet
 from devplug.fleet.spec import parse_fleet
+from tests.fleet_helpers import WAIT_S, Fleets, made, until
 
-WAIT_S = 30.0
-FAST = Options(renew_s=0.3, status_report_s=0.5)
 ACC = "example.com/acc"
 
 
@@ -61,52 +58,6 @@ def pod(name: str, pool: str, limits: dict[str, Any], **spec: Any) -> dict[str, 
     }
 
 
-@contextlib.asynccontextmanager
-async def running(
-    api: KubeApi, fleet: Any, folder: Path, options: Options = FAST
-) -> AsyncIterator[FleetRunner]:
-    runner = FleetRunner(fleet, api, folder, options)
-    stop = asyncio.Event()
-    try:
-        await runner.start()
-        task = asyncio.create_task(runner.serve(stop))
-        try:
-            yield runner
-        finally:
-            stop.set()
-            await task
-    finally:
-        await remove_fleet(api, fleet.name)
-
-
-async def until(
-    api: KubeApi,
-    path: str,
-    predicate: Callable[[dict[str, dict[str, Any]]], bool],
-    timeout: float = WAIT_S,
-) -> dict[str, dict[str, Any]]:
-    """List, then watch `path` until `predicate(objects by name)` holds."""
-
-    async def follow() -> dict[str, dict[str, Any]]:
-        listed = await api.call("GET", path)
-        objects = {o["metadata"]["name"]: o for o in listed["items"]}
-        version = listed["metadata"]["resourceVersion"]
-        while not predicate(objects):
-            async for line in api.watch(path, {"resourceVersion": version}, 60):
-                event = msgspec.json.decode(line)
-                obj = event["object"]
-                version = obj["metadata"]["resourceVersion"]
-                if event["type"] == "DELETED":
-                    objects.pop(obj["metadata"]["name"], None)
-                else:
-                    objects[obj["metadata"]["name"]] = obj
-                if predicate(objects):
-                    break
-        return objects
-
-    return await asyncio.wait_for(follow(), timeout)
-
-
 async def namespace(api: KubeApi) -> str:
     name = f"fleet-{uuid.uuid4().hex[:8]}"
     await api.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
@@ -118,10 +69,9 @@ def phase(pod: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-async def api(kubeconfig: str) -> AsyncIterator[KubeApi]:
+def api(fleets: Fleets) -> KubeApi:
     """The fleet's own client of the test run's API server."""
-    async with KubeApi.from_kubeconfig(kubeconfig) as client:
-        yield client
+    return fleets.api
 
 
 @pytest.fixture
@@ -135,35 +85,34 @@ def kubeconfig_settings(kubeconfig: str) -> dict[str, Any]:
 
 
 async def test_up_registers_nodes_with_their_devices_and_keeps_them_fresh(
-    api: KubeApi, tmp_path: Path
+    api: KubeApi, fleets: Fleets
 ) -> None:
     dra = {"name": "example.com/dracc", "mode": "dra", "virtual": 2}
     pool = acc_pool("reg", count=2)
     pool["config"]["resources"].append(dra)
-    fleet = fleet_of("reg", pool)
+    runner = await fleets.start(fleet_of("reg", pool))
 
-    async def scenario(api: KubeApi) -> Any:
-        async with running(api, fleet, tmp_path) as runner:
-            nodes = await api.call(
-                "GET", "/api/v1/nodes", params={"labelSelector": "devplug.io/fleet=reg"}
-            )
-            lease = await api.call(
-                "GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/reg-0"
-            )
-            first = lease["spec"]["renewTime"]
-            renewed = await until(
-                api,
-                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
-                lambda leases: "reg-0" in leases and leases["reg-0"]["spec"]["renewTime"] != first,
-            )
-            slices = await api.call(
-                "GET",
-                "/apis/resource.k8s.io/v1/resourceslices",
-                params={"labelSelector": "devplug.io/fleet=reg"},
-            )
-            return runner, nodes["items"], renewed["reg-0"], slices["items"]
+    listed = await api.call(
+        "GET", "/api/v1/nodes", params={"labelSelector": "devplug.io/fleet=reg"}
+    )
+    nodes = listed["items"]
+    first = await api.call(
+        "GET", "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/reg-0"
+    )
+    renewed = await until(
+        api,
+        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+        lambda leases: (
+            "reg-0" in leases and leases["reg-0"]["spec"]["renewTime"] != first["spec"]["renewTime"]
+        ),
+    )
+    lease = renewed["reg-0"]
+    slices = await api.call(
+        "GET",
+        "/apis/resource.k8s.io/v1/resourceslices",
+        params={"labelSelector": "devplug.io/fleet=reg"},
+    )
 
-    runner, nodes, lease, slices = await scenario(api)
     assert sorted(n["metadata"]["name"] for n in nodes) == ["reg-0", "reg-1"]
     node = next(n for n in nodes if n["metadata"]["name"] == "reg-0")
     assert node["status"]["capacity"] == {"cpu": "4", "memory": "8Gi", "pods": "110", ACC: "4"}
@@ -177,11 +126,11 @@ async def test_up_registers_nodes_with_their_devices_and_keeps_them_fresh(
     assert node["metadata"]["labels"]["kubernetes.io/hostname"] == "reg-0"
     assert lease["spec"]["holderIdentity"] == "reg-0"
     assert lease["metadata"]["ownerReferences"][0]["uid"] == node["metadata"]["uid"]
-    assert sorted((s["spec"]["nodeName"], len(s["spec"]["devices"])) for s in slices) == [
+    assert sorted((s["spec"]["nodeName"], len(s["spec"]["devices"])) for s in slices["items"]) == [
         ("reg-0", 2),
         ("reg-1", 2),
     ]
-    assert {s["spec"]["driver"] for s in slices} == {"dracc.example.com"}
+    assert {s["spec"]["driver"] for s in slices["items"]} == {"dracc.example.com"}
     assert runner.counters.lease_renewals >= 1
 
 
@@ -189,7 +138,7 @@ async def test_up_registers_nodes_with_their_devices_and_keeps_them_fresh(
 
 
 async def test_pods_the_scheduler_binds_run_fail_with_the_kubelets_reason_and_free_devices(
-    api: KubeApi, tmp_path: Path
+    api: KubeApi, fleets: Fleets
 ) -> None:
     gpus = {
         "name": "gpu",
@@ -197,44 +146,40 @@ async def test_pods_the_scheduler_binds_run_fail_with_the_kubelets_reason_and_fr
         "gpus": {"count": 1},
         "config": {"resources": [{"nvidia": {"replicas": 2, "failRequestsGreaterThanOne": True}}]},
     }
-    fleet = fleet_of("pods", gpus)
     gpu = "nvidia.com/gpu"
+    runner = await fleets.start(fleet_of("pods", gpus))
+    ns = await namespace(api)
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    no_taint: dict[str, Any] = {"tolerations": []}
 
-    async def scenario(api: KubeApi) -> Any:
-        async with running(api, fleet, tmp_path) as runner:
-            ns = await namespace(api)
-            pods = f"/api/v1/namespaces/{ns}/pods"
-            no_taint: dict[str, Any] = {"tolerations": []}
-            await api.call("POST", pods, pod("greedy", "gpu", {gpu: 2}, **no_taint))
-            failed = await until(api, pods, lambda p: phase(p.get("greedy", {})) == "Failed")
-            for name in ("a", "b", "c"):
-                await api.call("POST", pods, pod(name, "gpu", {gpu: 1}, **no_taint))
-            seen = await until(
-                api,
-                pods,
-                lambda p: (
-                    sum(phase(p.get(n, {})) == "Running" for n in "abc") == 2
-                    and any(
-                        c.get("reason") == "Unschedulable"
-                        for n in "abc"
-                        for c in (p.get(n, {}).get("status") or {}).get("conditions") or []
-                    )
-                ),
+    await api.call("POST", pods, pod("greedy", "gpu", {gpu: 2}, **no_taint))
+    failed = await until(api, pods, lambda p: phase(p.get("greedy", {})) == "Failed")
+    for name in ("a", "b", "c"):
+        await api.call("POST", pods, pod(name, "gpu", {gpu: 1}, **no_taint))
+    seen = await until(
+        api,
+        pods,
+        lambda p: (
+            sum(phase(p.get(n, {})) == "Running" for n in "abc") == 2
+            and any(
+                c.get("reason") == "Unschedulable"
+                for n in "abc"
+                for c in (p.get(n, {}).get("status") or {}).get("conditions") or []
             )
-            waiting = next(n for n in "abc" if phase(seen[n]) != "Running")
-            first = next(n for n in "abc" if n != waiting)
-            node = runner.nodes["gpu-0"]
-            held_before = node.devices_in_use(gpu)
-            await api.call("DELETE", f"{pods}/{first}")
-            after = await until(
-                api,
-                pods,
-                lambda p: first not in p and phase(p.get(waiting, {})) == "Running",
-            )
-            events = await api.call("GET", f"/api/v1/namespaces/{ns}/events")
-            return failed["greedy"], after, held_before, node.devices_in_use(gpu), events
+        ),
+    )
+    waiting = next(n for n in "abc" if phase(seen[n]) != "Running")
+    first = next(n for n in "abc" if n != waiting)
+    node = runner.nodes["gpu-0"]
+    before = node.devices_in_use(gpu)
+    await api.call("DELETE", f"{pods}/{first}")
+    after = await until(
+        api, pods, lambda p: first not in p and phase(p.get(waiting, {})) == "Running"
+    )
+    now = node.devices_in_use(gpu)
+    events = await api.call("GET", f"/api/v1/namespaces/{ns}/events")
 
-    greedy, after, before, now, events = await scenario(api)
+    greedy = failed["greedy"]
     assert greedy["status"]["reason"] == "UnexpectedAdmissionError"
     assert greedy["status"]["message"].startswith(
         "Pod was rejected: Allocate failed due to rpc error: code = InvalidArgument desc = "
@@ -262,51 +207,45 @@ async def test_pods_the_scheduler_binds_run_fail_with_the_kubelets_reason_and_fr
 
 
 async def test_a_dra_claim_the_scheduler_allocates_is_prepared_on_the_node(
-    api: KubeApi, tmp_path: Path
+    api: KubeApi, fleets: Fleets
 ) -> None:
     driver = f"acc-{uuid.uuid4().hex[:6]}.example.com"
     resource = {"name": "example.com/acc", "mode": "dra", "virtual": 2, "dra": {"driver": driver}}
-    pool = acc_pool("dra", config={"resources": [resource]})
-    fleet = fleet_of("dra", pool)
-
-    async def scenario(api: KubeApi) -> Any:
-        classes = "/apis/resource.k8s.io/v1/deviceclasses"
-        selector = {"cel": {"expression": f'device.driver == "{driver}"'}}
-        await api.call(
-            "POST", classes, {"metadata": {"name": driver}, "spec": {"selectors": [selector]}}
+    selector = {"cel": {"expression": f'device.driver == "{driver}"'}}
+    await fleets.enter(
+        made(
+            api,
+            "/apis/resource.k8s.io/v1/deviceclasses",
+            {"metadata": {"name": driver}, "spec": {"selectors": [selector]}},
         )
-        try:
-            async with running(api, fleet, tmp_path) as runner:
-                ns = await namespace(api)
-                claim = {
-                    "metadata": {"name": "one"},
-                    "spec": {
-                        "devices": {
-                            "requests": [{"name": "acc", "exactly": {"deviceClassName": driver}}]
-                        }
-                    },
-                }
-                claims = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
-                made = await api.call("POST", claims, claim)
-                body = pod("user", "dra", {})
-                body["spec"]["resourceClaims"] = [{"name": "acc", "resourceClaimName": "one"}]
-                body["spec"]["containers"][0]["resources"] = {"claims": [{"name": "acc"}]}
-                pods = f"/api/v1/namespaces/{ns}/pods"
-                await api.call("POST", pods, body)
-                seen = await until(api, pods, lambda p: phase(p.get("user", {})) == "Running")
-                preparer = runner.nodes["dra-0"].preparers[driver]
-                prepared = dict(preparer.prepared)
-                await api.call("DELETE", f"{pods}/user")
-                await until(api, pods, lambda p: "user" not in p)
-                await runner.wait_for(lambda: not preparer.prepared)
-                return made, seen["user"], prepared
-        finally:
-            await api.call("DELETE", f"{classes}/{driver}")
+    )
+    runner = await fleets.start(fleet_of("dra", acc_pool("dra", config={"resources": [resource]})))
+    ns = await namespace(api)
+    claim = {
+        "metadata": {"name": "one"},
+        "spec": {
+            "devices": {"requests": [{"name": "acc", "exactly": {"deviceClassName": driver}}]}
+        },
+    }
+    made_claim = await api.call(
+        "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", claim
+    )
+    body = pod("user", "dra", {})
+    body["spec"]["resourceClaims"] = [{"name": "acc", "resourceClaimName": "one"}]
+    body["spec"]["containers"][0]["resources"] = {"claims": [{"name": "acc"}]}
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    await api.call("POST", pods, body)
+    seen = await until(api, pods, lambda p: phase(p.get("user", {})) == "Running")
+    preparer = runner.nodes["dra-0"].preparers[driver]
+    prepared = dict(preparer.prepared)
+    await api.call("DELETE", f"{pods}/user")
+    await until(api, pods, lambda p: "user" not in p)
+    await runner.wait_for(lambda: not preparer.prepared)
 
-    claim, user, prepared = await scenario(api)
-    assert user["spec"]["nodeName"] == "dra-0"
-    assert list(prepared) == [claim["metadata"]["uid"]]
-    [device] = prepared[claim["metadata"]["uid"]].devices
+    uid = made_claim["metadata"]["uid"]
+    assert seen["user"]["spec"]["nodeName"] == "dra-0"
+    assert list(prepared) == [uid]
+    [device] = prepared[uid].devices
     assert (device.pool, device.device_id) in {("dra-0", "acc-0"), ("dra-0", "acc-1")}
 
 
@@ -315,7 +254,7 @@ async def test_a_dra_claim_the_scheduler_allocates_is_prepared_on_the_node(
 
 class Proxy:
     """A TCP relay to the API server that a test can cut and restore, as a network
-    partition between the fleet and its API server."""
+    partition between the fleet and its API server; cut when its context ends."""
 
     def __init__(self, target: int) -> None:
         self.target = target
@@ -324,6 +263,13 @@ class Proxy:
         self._open: set[asyncio.StreamWriter] = set()
         self._flowing = asyncio.Event()
         self._flowing.set()
+
+    async def __aenter__(self) -> Proxy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.cut()
 
     def stall(self) -> None:
         """Keep the connections open but pass nothing on: requests hang unanswered."""
@@ -360,59 +306,63 @@ class Proxy:
         self._open -= {writer, up_writer}
 
 
+class Relayed:
+    """A client of the API server through a relay the test can cut."""
+
+    def __init__(self, proxy: Proxy, api: KubeApi) -> None:
+        self.proxy = proxy
+        self.api = api
+
+
+@pytest.fixture
+async def relayed(fleets: Fleets, kubeconfig_settings: dict[str, Any], tmp_path: Path) -> Relayed:
+    """A client through a `Proxy`, for a fleet: closed, and the relay cut, after the
+    fleets the test starts."""
+    settings = copy.deepcopy(kubeconfig_settings)
+    cluster = settings["clusters"][0]["cluster"]
+    proxy = await fleets.enter(Proxy(int(cluster["server"].rsplit(":", 1)[1])))
+    cluster["server"] = f"https://127.0.0.1:{proxy.port}"
+    path = tmp_path / "relayed.kubeconfig"
+    path.write_text(yaml.safe_dump(settings))
+    return Relayed(proxy, await fleets.enter(KubeApi.from_kubeconfig(str(path))))
+
+
 async def test_an_api_server_outage_loses_no_allocation(
-    api: KubeApi, kubeconfig: str, tmp_path: Path, kubeconfig_settings: dict[str, Any]
+    api: KubeApi, fleets: Fleets, relayed: Relayed
 ) -> None:
     """The fleet's connection is cut while pods are deleted and bound behind its back;
     once it is back, the pods it held keep their devices, the deleted one's are free,
     and the new pod gets one nobody holds."""
-    fleet = fleet_of("outage", acc_pool("out", devices=3))
-    settings = copy.deepcopy(kubeconfig_settings)
-    server = settings["clusters"][0]["cluster"]["server"]
-    target = int(server.rsplit(":", 1)[1])
+    runner = await fleets.start(fleet_of("outage", acc_pool("out", devices=3)), relayed.api)
+    node = runner.nodes["out-0"]
+    ns = await namespace(api)
+    pods = f"/api/v1/namespaces/{ns}/pods"
+    for name in ("keep", "gone"):
+        await api.call("POST", pods, pod(name, "out", {ACC: 1}))
+    await until(
+        api, pods, lambda p: all(phase(p.get(n, {})) == "Running" for n in ("keep", "gone"))
+    )
 
-    async def scenario(api: KubeApi) -> Any:
-        proxy = Proxy(target)
-        await proxy.start()
-        settings["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
-        relayed = tmp_path / "relayed.kubeconfig"
-        relayed.write_text(yaml.safe_dump(settings))
-        async with (
-            KubeApi.from_kubeconfig(str(relayed)) as fleet_api,
-            running(fleet_api, fleet, tmp_path) as runner,
-        ):
-            node = runner.nodes["out-0"]
-            ns = await namespace(api)
-            pods = f"/api/v1/namespaces/{ns}/pods"
-            for name in ("keep", "gone"):
-                await api.call("POST", pods, pod(name, "out", {ACC: 1}))
-            await until(
-                api, pods, lambda p: all(phase(p.get(n, {})) == "Running" for n in ("keep", "gone"))
-            )
+    def holders() -> dict[str, list[str]]:
+        names = {uid: held.name for uid, held in node.held.items()}
+        return {
+            names[uid]: containers["main"][ACC].ids()
+            for uid, containers in node.manager.pod_devices.items()
+        }
 
-            def holders() -> dict[str, list[str]]:
-                names = {uid: held.name for uid, held in node.held.items()}
-                return {
-                    names[uid]: containers["main"][ACC].ids()
-                    for uid, containers in node.manager.pod_devices.items()
-                }
+    before = holders()
+    failures = runner.counters.lease_failures
+    await relayed.proxy.cut()
+    await runner.wait_for(lambda: runner.counters.lease_failures > failures)
+    await api.call("DELETE", f"{pods}/gone", {"gracePeriodSeconds": 0, "kind": "DeleteOptions"})
+    await api.call("POST", pods, pod("new", "out", {ACC: 1}))
+    await until(api, pods, lambda p: p.get("new", {}).get("spec", {}).get("nodeName"))
+    away = holders()
+    await relayed.proxy.start()  # the same port again
+    await until(api, pods, lambda p: phase(p.get("new", {})) == "Running")
+    await runner.wait_for(lambda: set(holders()) == {"keep", "new"})
+    after = holders()
 
-            before = holders()
-            failures = runner.counters.lease_failures
-            await proxy.cut()
-            await runner.wait_for(lambda: runner.counters.lease_failures > failures)
-            await api.call(
-                "DELETE", f"{pods}/gone", {"gracePeriodSeconds": 0, "kind": "DeleteOptions"}
-            )
-            await api.call("POST", pods, pod("new", "out", {ACC: 1}))
-            await until(api, pods, lambda p: p.get("new", {}).get("spec", {}).get("nodeName"))
-            held_while_away = holders()
-            await proxy.start()  # the same port again
-            await until(api, pods, lambda p: phase(p.get("new", {})) == "Running")
-            await runner.wait_for(lambda: set(holders()) == {"keep", "new"})
-            return before, held_while_away, holders()
-
-    before, away, after = await scenario(api)
     assert set(before) == {"keep", "gone"}
     assert away == before  # nothing is lost, nor invented, while the server is away
     assert after["keep"] == before["keep"]
@@ -420,62 +370,40 @@ async def test_an_api_server_outage_loses_no_allocation(
 
 
 async def test_down_removes_what_up_made_and_up_refuses_a_node_it_does_not_own(
-    api: KubeApi, tmp_path: Path
+    api: KubeApi, fleets: Fleets, tmp_path: Path
 ) -> None:
     fleet = fleet_of("tidy", acc_pool("tidy", count=2))
     bystander = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "tidy-bystander"}}
     # A node of a fleet node's name that someone else made: `up` must not take it over.
     squatter = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "tidy-1"}}
+    await fleets.enter(made(api, "/api/v1/nodes", bystander))
+    runner = await fleets.start(fleet, serve=False)
+    listed = await api.call(
+        "GET", "/api/v1/nodes", params={"labelSelector": "devplug.io/fleet=tidy"}
+    )
+    removed = await remove_fleet(api, "tidy")
+    await fleets.stop(runner)
+    left = await api.call("GET", "/api/v1/nodes")
+    leases = await api.call(
+        "GET",
+        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+        params={"labelSelector": "devplug.io/fleet=tidy"},
+    )
+    await fleets.enter(made(api, "/api/v1/nodes", squatter))
+    with pytest.raises(FleetError) as refused:
+        await fleets.start(fleet, folder=tmp_path / "again", serve=False)
+    after = await api.call("GET", "/api/v1/nodes")
 
-    async def scenario(api: KubeApi) -> Any:
-        await api.call("POST", "/api/v1/nodes", bystander)
-        try:
-            runner = FleetRunner(fleet, api, tmp_path, FAST)
-            await runner.start()
-            listed = await api.call(
-                "GET", "/api/v1/nodes", params={"labelSelector": "devplug.io/fleet=tidy"}
-            )
-            removed = await remove_fleet(api, "tidy")
-            for node in runner.nodes.values():
-                await node.stop()
-            left = await api.call("GET", "/api/v1/nodes")
-            leases = await api.call(
-                "GET",
-                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
-                params={"labelSelector": "devplug.io/fleet=tidy"},
-            )
-            await api.call("POST", "/api/v1/nodes", squatter)
-            try:
-                refused = FleetRunner(fleet, api, tmp_path / "again", FAST)
-                try:
-                    await refused.start()
-                except FleetError as error:
-                    problem = str(error)
-                else:
-                    problem = ""
-                after_refusal = await api.call("GET", "/api/v1/nodes")
-            finally:
-                await api.call("DELETE", "/api/v1/nodes/tidy-1")
-            return (
-                listed["items"],
-                removed,
-                left["items"],
-                leases["items"],
-                problem,
-                after_refusal["items"],
-            )
-        finally:
-            await api.call("DELETE", "/api/v1/nodes/tidy-bystander")
-
-    listed, removed, left, leases, problem, after = await scenario(api)
-    assert len(listed) == 2
+    assert len(listed["items"]) == 2
     assert removed == {"nodes": 2, "leases": 2, "resourceslices": 0, "events": 0}
-    names = {n["metadata"]["name"] for n in left}
+    names = {n["metadata"]["name"] for n in left["items"]}
     assert "tidy-bystander" in names
     assert not {"tidy-0", "tidy-1"} & names
-    assert leases == []
-    assert problem == ("node 'tidy-1' exists and is not part of fleet 'tidy': nothing was changed")
-    assert "tidy-0" not in {n["metadata"]["name"] for n in after}
+    assert leases["items"] == []
+    assert str(refused.value) == (
+        "node 'tidy-1' exists and is not part of fleet 'tidy': nothing was changed"
+    )
+    assert "tidy-0" not in {n["metadata"]["name"] for n in after["items"]}
 
 
 class Renewing(FleetRunner):
@@ -490,37 +418,18 @@ class Renewing(FleetRunner):
         await super()._renew(name)
 
 
-async def test_renewals_in_flight_end_with_the_fleet(
-    api: KubeApi, kubeconfig: str, tmp_path: Path, kubeconfig_settings: dict[str, Any]
-) -> None:
+async def test_renewals_in_flight_end_with_the_fleet(fleets: Fleets, relayed: Relayed) -> None:
     """The API server stops answering while leases are renewed: stopping the fleet ends
     the renewals in flight with it, none left to fail once its session is closed."""
-    fleet = fleet_of("stall", acc_pool("stall", count=3))
-    settings = copy.deepcopy(kubeconfig_settings)
-    target = int(settings["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
     only_leases = Options(renew_s=0.3, status_report_s=3600.0)
+    runner = await fleets.start(
+        fleet_of("stall", acc_pool("stall", count=3)), relayed.api, only_leases, Renewing
+    )
+    assert isinstance(runner, Renewing)
+    relayed.proxy.stall()
+    runner.renewing.clear()
+    await asyncio.wait_for(runner.renewing.wait(), WAIT_S)  # one that hangs
+    await fleets.stop(runner)
 
-    async def scenario(api: KubeApi) -> Any:
-        proxy = Proxy(target)
-        await proxy.start()
-        settings["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
-        relayed = tmp_path / "relayed.kubeconfig"
-        relayed.write_text(yaml.safe_dump(settings))
-        try:
-            async with KubeApi.from_kubeconfig(str(relayed)) as fleet_api:
-                runner = Renewing(fleet, fleet_api, tmp_path, only_leases)
-                stop = asyncio.Event()
-                await runner.start()
-                serving = asyncio.create_task(runner.serve(stop))
-                proxy.stall()
-                runner.renewing.clear()
-                await asyncio.wait_for(runner.renewing.wait(), WAIT_S)  # one that hangs
-                stop.set()
-                await serving
-                others = asyncio.all_tasks() - {asyncio.current_task()}  # not this test's
-                return [t for t in others if "_renew" in repr(t.get_coro())]
-        finally:
-            await proxy.cut()
-            await remove_fleet(api, fleet.name)
-
-    assert await scenario(api) == []
+    others = asyncio.all_tasks() - {asyncio.current_task()}  # not this test's
+    assert [t for t in others if "_renew" in repr(t.get_coro())] == []

@@ -9,18 +9,15 @@ control-plane binaries are absent.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import yaml
 
-from devplug.apiserver.client import KubeApi
-from devplug.fleet.runner import FleetRunner, Options, remove_fleet
+from devplug.fleet.runner import Options
 from devplug.fleet.spec import parse_fleet
 from devplug.testing.components import (
     Component,
@@ -31,6 +28,7 @@ from devplug.testing.components import (
     scheduler_summary,
 )
 from devplug.testing.controlplane import how_to_provide
+from tests.fleet_helpers import Fleets, made, until
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = 20
@@ -95,101 +93,60 @@ def gpu_pod(name: str, scheduler: str) -> dict[str, Any]:
     }
 
 
-async def follow(
-    api: KubeApi, path: str, enough: Any, params: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """List, then watch `path` until `enough(objects by name)` holds."""
-
-    async def watch() -> dict[str, Any]:
-        listed = await api.call("GET", path, params=params)
-        objects = {o["metadata"]["name"]: o for o in listed["items"]}
-        version = listed["metadata"]["resourceVersion"]
-        while not enough(objects):
-            async for line in api.watch(path, {**(params or {}), "resourceVersion": version}, 60):
-                event = msgspec.json.decode(line)
-                obj = event["object"]
-                version = obj["metadata"]["resourceVersion"]
-                if event["type"] in ("ADDED", "MODIFIED"):
-                    objects[obj["metadata"]["name"]] = obj
-                if enough(objects):
-                    break
-        return objects
-
-    return await asyncio.wait_for(watch(), WAIT_S)
-
-
 def running(pod: dict[str, Any]) -> bool:
     return bool((pod.get("status") or {}).get("phase") == "Running")
 
 
 async def test_every_claim_from_a_template_is_allocated_by_the_scheduler_and_prepared_on_its_node(
-    kubeconfig: str, parts: Parts, tmp_path: Path
+    fleets: Fleets, parts: Parts, tmp_path: Path
 ) -> None:
     name = parts.name
     driver = f"gpu-{name}.devplug.io"
-    fleet = fleet_of(name, driver)
     resource = "/apis/resource.k8s.io/v1"
-
-    async def scenario(api: KubeApi) -> dict[str, Any]:
-        selector = {"cel": {"expression": f'device.driver == "{driver}"'}}
-        await api.call(
-            "POST",
+    api = fleets.api
+    selector = {"cel": {"expression": f'device.driver == "{driver}"'}}
+    await fleets.enter(
+        made(
+            api,
             f"{resource}/deviceclasses",
             {"metadata": {"name": driver}, "spec": {"selectors": [selector]}},
         )
-        await api.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
-        request = {"name": "gpu", "exactly": {"deviceClassName": driver}}
-        template = {"devices": {"requests": [request]}}
-        await api.call(
-            "POST",
-            f"{resource}/namespaces/{name}/resourceclaimtemplates",
-            {"metadata": {"name": "one-gpu"}, "spec": {"spec": template}},
-        )
-        runner = FleetRunner(fleet, api, tmp_path / "fleet", Options())
-        stop = asyncio.Event()
-        pods = f"/api/v1/namespaces/{name}/pods"
-        try:
-            await runner.start()
-            serving = asyncio.create_task(runner.serve(stop))
-            slices = await follow(
-                api,
-                f"{resource}/resourceslices",
-                lambda found: len({s["spec"]["nodeName"] for s in found.values()}) == NODES,
-                {"fieldSelector": f"spec.driver={driver}"},
-            )
-            for index in range(PODS):
-                await api.call("POST", pods, gpu_pod(f"p{index}", name))
-            bound = await follow(api, pods, lambda found: sum(map(running, found.values())) == PODS)
-            claims = await api.call("GET", f"{resource}/namespaces/{name}/resourceclaims")
-            prepared = {
-                node: dict(found.preparers[driver].prepared)
-                for node, found in runner.nodes.items()
-                if driver in found.preparers
-            }
-            await api.call("DELETE", pods, params={"gracePeriodSeconds": "0"})
-            stop.set()
-            await serving
-            return {
-                "slices": slices,
-                "pods": bound,
-                "claims": {c["metadata"]["name"]: c for c in claims["items"]},
-                "prepared": prepared,
-                "counters": runner.counters,
-            }
-        finally:
-            stop.set()
-            await remove_fleet(api, fleet.name)
-            await api.call("DELETE", f"{resource}/deviceclasses/{driver}")
-
-    async def main() -> dict[str, Any]:
-        async with KubeApi.from_kubeconfig(kubeconfig) as api:
-            return await scenario(api)
-
-    seen = await main()
+    )
+    await api.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    request = {"name": "gpu", "exactly": {"deviceClassName": driver}}
+    template = {"devices": {"requests": [request]}}
+    await api.call(
+        "POST",
+        f"{resource}/namespaces/{name}/resourceclaimtemplates",
+        {"metadata": {"name": "one-gpu"}, "spec": {"spec": template}},
+    )
+    runner = await fleets.start(
+        fleet_of(name, driver), options=Options(), folder=tmp_path / "fleet"
+    )
+    slices = await until(
+        api,
+        f"{resource}/resourceslices",
+        lambda found: len({s["spec"]["nodeName"] for s in found.values()}) == NODES,
+        WAIT_S,
+        {"fieldSelector": f"spec.driver={driver}"},
+    )
+    pods = f"/api/v1/namespaces/{name}/pods"
+    for index in range(PODS):
+        await api.call("POST", pods, gpu_pod(f"p{index}", name))
+    bound = await until(api, pods, lambda found: sum(map(running, found.values())) == PODS, WAIT_S)
+    claims = await api.call("GET", f"{resource}/namespaces/{name}/resourceclaims")
+    prepared = {
+        node: dict(found.preparers[driver].prepared)
+        for node, found in runner.nodes.items()
+        if driver in found.preparers
+    }
+    await api.call("DELETE", pods, params={"gracePeriodSeconds": "0"})
+    await fleets.stop(runner)
+    by_name = {c["metadata"]["name"]: c for c in claims["items"]}
 
     # Every node published its GPUs, in a pool of its own name.
     published: dict[str, set[str]] = {}
-    for found in seen["slices"].values():
+    for found in slices.values():
         spec = found["spec"]
         assert spec["pool"]["name"] == spec["nodeName"]
         published.setdefault(spec["nodeName"], set()).update(d["name"] for d in spec["devices"])
@@ -200,10 +157,10 @@ async def test_every_claim_from_a_template_is_allocated_by_the_scheduler_and_pre
     # allocated by the scheduler to a device its node published, reserved for it,
     # and prepared by that node with that device.
     taken = set()
-    for pod in seen["pods"].values():
+    for pod in bound.values():
         node, uid = pod["spec"]["nodeName"], pod["metadata"]["uid"]
         [entry] = pod["status"]["resourceClaimStatuses"]
-        claim = seen["claims"][entry["resourceClaimName"]]
+        claim = by_name[entry["resourceClaimName"]]
         owner = claim["metadata"]["ownerReferences"][0]
         assert (owner["kind"], owner["uid"]) == ("Pod", uid)
         assert claim["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == "gpu"
@@ -211,13 +168,13 @@ async def test_every_claim_from_a_template_is_allocated_by_the_scheduler_and_pre
         assert (result["driver"], result["pool"]) == (driver, node)
         assert result["device"] in published[node]
         assert [r["uid"] for r in claim["status"]["reservedFor"]] == [uid]
-        [device] = seen["prepared"][node][claim["metadata"]["uid"]].devices
+        [device] = prepared[node][claim["metadata"]["uid"]].devices
         assert (device.pool, device.device) == (node, result["device"])
         taken.add((node, result["device"]))
-    assert len(seen["pods"]) == PODS
+    assert len(bound) == PODS
     assert len(taken) == PODS  # no GPU given twice: every GPU of the fleet, once
-    assert seen["counters"].admitted == PODS
-    assert seen["counters"].claims_prepared == PODS
+    assert runner.counters.admitted == PODS
+    assert runner.counters.claims_prepared == PODS
 
     # What the benchmark reads beside its own figures.
     scheduler = scheduler_summary(parse_metrics(parts.scheduler.metrics()), name)
@@ -230,5 +187,5 @@ async def test_every_claim_from_a_template_is_allocated_by_the_scheduler_and_pre
     client = client_summary(parse_metrics(parts.scheduler.metrics()))
     assert client["requests"]["PUT"] >= PODS  # the claims' allocations
     assert client["rate_limiter_wait_s"] is not None
-    made = claim_controller_summary(parse_metrics(parts.claims.metrics()))
-    assert made["creates_total{admin_access=false,status=success}"] == PODS
+    created = claim_controller_summary(parse_metrics(parts.claims.metrics()))
+    assert created["creates_total{admin_access=false,status=success}"] == PODS

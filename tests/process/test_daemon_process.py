@@ -8,7 +8,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -18,6 +17,7 @@ from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.ground.channel import FAST_RECONNECT
 
 ROOT = Path(__file__).resolve().parents[2]
+STOP_S = 10.0  # a stop takes well under a second; only a failure waits this long
 
 
 def readme_plugin() -> str:
@@ -60,12 +60,11 @@ def test_readme_plugin_serves_and_stops_cleanly_on_sigterm(tmp_path: Path) -> No
             spec = answer.container_responses[0].devices[0]
             assert (spec.host_path, spec.permissions) == (str(nodes / "widget1"), "rw")
             assert answer.container_responses[0].envs["WIDGETS"] == "widget1"
-            started = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             assert list(stream) == []  # the stream ends cleanly...
             assert stream.code() == grpc.StatusCode.OK  # ...with OK
-            assert proc.wait(timeout=2) == 0
-            assert time.monotonic() - started < 2
+            # How fast it goes: the benchmark's `startup` section, SIGTERM to exit.
+            assert proc.wait(timeout=STOP_S) == 0
         assert not socket.exists()
     finally:
         if proc.poll() is None:
@@ -91,7 +90,7 @@ def test_sigint_also_stops(tmp_path: Path) -> None:
                 pb.Empty(), wait_for_ready=True, timeout=10
             )
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=2) == 0
+        assert proc.wait(timeout=STOP_S) == 0
         assert not socket.exists()
     finally:
         if proc.poll() is None:
@@ -123,7 +122,7 @@ def test_serve_stays_lean(short_tmp: Path) -> None:
         assert "_ssl." not in maps
         assert not marker.exists()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=5) == 0
+        assert proc.wait(timeout=STOP_S) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import stat
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -16,28 +15,9 @@ from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework import observe
 from devplug.ground.channel import unix_channel
+from tests.serve_helpers import serving
 
 TIMEOUT = 10
-
-
-@contextlib.asynccontextmanager
-async def serving(
-    plugin_dir: Path, *plugins: Plugin
-) -> AsyncIterator[dict[str, pb_grpc.DevicePluginStub]]:
-    """Run a Daemon and yield a connected stub per resource."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(Daemon(plugins, plugin_dir).run(stop))
-    channels = {p.resource_name: unix_channel(plugin_dir / p.socket_name) for p in plugins}
-    try:
-        stubs = {name: pb_grpc.DevicePluginStub(ch) for name, ch in channels.items()}
-        for stub in stubs.values():  # connects once the socket serves: no sleeping
-            await stub.GetDevicePluginOptions(pb.Empty(), wait_for_ready=True, timeout=TIMEOUT)
-        yield stubs
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, TIMEOUT)
-        for ch in channels.values():
-            await ch.close()
 
 
 def gpu(i: int, numa: int, healthy: bool = True) -> Device:

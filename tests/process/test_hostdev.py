@@ -1,29 +1,23 @@
 """Host device plugins on real device nodes: health by existence, new glob matches,
-allocation content, and how fast a removed node turns Unhealthy on the wire."""
+allocation content, and a removed node reported Unhealthy on the wire (how fast: the
+benchmark's `health` section)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import shutil
 import stat
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import grpc
 import pytest
 
 from devplug.api.v1beta1 import api_pb2 as pb
-from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
-from devplug.framework.daemon import Daemon
 from devplug.framework.device import Device
-from devplug.ground.dirwatch import DirWatcher
 from devplug.sources import HostDevicePlugin, build_plugins, parse_config
-
-log = logging.getLogger(__name__)
+from tests.serve_helpers import serving
 
 TIMEOUT_S = 5.0  # for events that come in milliseconds; only a failure waits this long
 
@@ -68,14 +62,12 @@ async def scanning(plugin: HostDevicePlugin) -> AsyncIterator[asyncio.Task[None]
         await asyncio.gather(task, published, return_exceptions=True)
 
 
-async def until(plugin: HostDevicePlugin, condition: Callable[[], bool]) -> float:
-    """Wait, on the plugin's change events, until `condition()` holds; the seconds it took."""
-    start = time.perf_counter()
+async def until(plugin: HostDevicePlugin, condition: Callable[[], bool]) -> None:
+    """Wait, on the plugin's change events, until `condition()` holds."""
     generation = plugin.generation
     async with asyncio.timeout(TIMEOUT_S):
         while not condition():
             generation = await plugin.wait_changed(generation)
-    return time.perf_counter() - start
 
 
 async def test_removed_node_turns_unhealthy_and_back(tmp_path: Path) -> None:
@@ -91,17 +83,13 @@ async def test_removed_node_turns_unhealthy_and_back(tmp_path: Path) -> None:
 
     async with scanning(plugin):
         assert [d.healthy for d in by_path(plugin).values()] == [True, True]
-        start = time.perf_counter()
         os.unlink(node0)
         await until(plugin, lambda: not by_path(plugin)[node0].healthy)
-        latency = time.perf_counter() - start
         # It stays in the list, the other device is untouched.
         assert list(by_path(plugin)) == [node0, node1]
         assert by_path(plugin)[node1].healthy
         mknod(Path(node0))
         await until(plugin, lambda: by_path(plugin)[node0].healthy)
-    log.info("removal to Unhealthy: %.2f ms", latency * 1000)
-    assert latency < 1.0
 
 
 async def test_glob_matches_come_and_stay(tmp_path: Path) -> None:
@@ -208,51 +196,26 @@ async def test_allocate_gives_nodes_mounts_env_and_ids(tmp_path: Path) -> None:
         assert edits.cdi_devices == ["example.com/gpu=all"]
 
 
-async def test_list_and_watch_reports_a_removed_node_within_a_second(tmp_path: Path) -> None:
+async def test_list_and_watch_reports_a_removed_node_unhealthy(tmp_path: Path) -> None:
     mknod(tmp_path / "dev0")
     plugin = host_plugin(resource(f"      - paths: [{{path: '{tmp_path}/dev*'}}]\n"))
     plugin_dir = tmp_path / "plugins"
     plugin_dir.mkdir()
-    socket = plugin_dir / plugin.socket_name
 
-    async def scenario() -> float:
-        ready = asyncio.Event()
-        watcher = DirWatcher(lambda _, name: ready.set() if name == socket.name else None)
-        watcher.watch(plugin_dir)
-        watching = asyncio.create_task(watcher.run())
-        stop = asyncio.Event()
-        daemon = asyncio.create_task(Daemon([plugin], plugin_dir).run(stop))
-        try:
-            async with asyncio.timeout(TIMEOUT_S):
-                if not socket.exists():
-                    await ready.wait()
-            async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-                stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty())
-                async with asyncio.timeout(TIMEOUT_S):
-                    first = await stream.read()
-                assert isinstance(first, pb.ListAndWatchResponse)
-                assert [d.health for d in first.devices] == ["Healthy"]
-                start = time.perf_counter()
-                os.unlink(tmp_path / "dev0")
-                async with asyncio.timeout(TIMEOUT_S):
-                    while True:
-                        response = await stream.read()
-                        assert isinstance(response, pb.ListAndWatchResponse)
-                        if [d.health for d in response.devices] == ["Unhealthy"]:
-                            break
-                latency = time.perf_counter() - start
-                stream.cancel()
-            return latency
-        finally:
-            stop.set()
-            await daemon
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
-            watcher.close()
-
-    latency = await scenario()
-    log.info("removal to Unhealthy in ListAndWatch: %.2f ms", latency * 1000)
-    assert latency < 1.0
+    async with serving(plugin_dir, plugin) as stubs:
+        stream = stubs[plugin.resource_name].ListAndWatch(pb.Empty())
+        async with asyncio.timeout(TIMEOUT_S):
+            first = await stream.read()
+        assert isinstance(first, pb.ListAndWatchResponse)
+        assert [d.health for d in first.devices] == ["Healthy"]
+        os.unlink(tmp_path / "dev0")
+        async with asyncio.timeout(TIMEOUT_S):
+            while True:
+                response = await stream.read()
+                assert isinstance(response, pb.ListAndWatchResponse)
+                if [d.health for d in response.devices] == ["Unhealthy"]:
+                    break
+        stream.cancel()
 
 
 async def test_optional_nodes_and_required_mounts_follow_the_host(tmp_path: Path) -> None:

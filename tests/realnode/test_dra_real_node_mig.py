@@ -4,7 +4,10 @@ of the node, the real scheduler allocating, the real kubelet preparing (the GPU 
 compute instance made on the fake NVML), and containerd 2.3 applying each claim's CDI
 devices. The fake host's nodes are character devices with the driver's numbers in a temp
 folder, the config's `devRoot`, so every container is checked inside: its MIG UUID, its
-GPU node and the two capability nodes of its own instance, and nothing of another's."""
+GPU node and the two capability nodes of its own instance, and nothing of another's.
+
+The story runs once (a module-scoped fixture records what happened); each test checks
+one behaviour of it."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,21 +136,40 @@ def expected(host: FakeGpuHost, start: int) -> tuple[str, dict[str, tuple[int, i
     return compute["uuid"], nodes
 
 
-def check(real_node: RealNode, host: FakeGpuHost, ns: str, pod: dict[str, Any]) -> str:
-    """The pod's container sees the MIG device its claim was allocated: returns its UUID."""
+Seen = tuple[str, dict[str, tuple[int, int]]]  # a MIG UUID and nodes' numbers
+
+
+@dataclass(frozen=True)
+class Inside:
+    """What a container of a claim saw, beside what it must see."""
+
+    seen: Seen
+    expected: Seen
+
+
+def inside(real_node: RealNode, host: FakeGpuHost, ns: str, pod: dict[str, Any]) -> Inside:
+    """What the pod's container sees, and the MIG device its claim was allocated."""
     [result] = allocated(real_node, ns, claim_of(pod))["status"]["allocation"]["devices"]["results"]
     [start] = [s for s in (0, 4) if result["device"] == mig_name("3g.20gb", s)]
-    uuid, nodes = expected(host, start)
-    assert seen_inside(real_node, ns, pod["metadata"]["name"]) == (uuid, nodes)
-    assert nodes["/dev/nvidia0"][0] == 195
-    return uuid
+    return Inside(seen_inside(real_node, ns, pod["metadata"]["name"]), expected(host, start))
 
 
-def run_pods(
-    real_node: RealNode, host: FakeGpuHost, ns: str, template: dict[str, Any]
-) -> list[str]:
+@dataclass(frozen=True)
+class Story:
     """Three pods of the template: two get the GPU's two 3g.20gb placements, the third
-    waits; one goes and the third gets its placement. Their claims' UIDs."""
+    waits; one goes and the third gets its placement; then every pod goes."""
+
+    waiting_reason: str  # why the third waits
+    first: Inside  # the containers of the two that ran
+    second: Inside
+    spec_left: bool  # the CDI spec of the first's claim, once it left the API
+    third: Inside  # the container of the one that waited, once it runs
+    instances_left: list[Any]  # GPU 0's instances once every claim is unprepared
+    mig_modes: tuple[int, int]  # both GPUs', once devplug stopped
+
+
+def run_pods(real_node: RealNode, host: FakeGpuHost, ns: str, template: dict[str, Any]) -> Story:
+    """The story up to its last pod's deletion (the fields it knows by then)."""
     real_node.create({**template, "metadata": {**template["metadata"], "namespace": ns}})
     for name in PODS:
         real_node.create(mig_pod(real_node, name, ns))
@@ -159,21 +182,30 @@ def run_pods(
     # A 3g.20gb sits at memory slice 0 or 4: two fit, the third never overlaps them.
     first, second = sorted(n for n in PODS if pod_ready(state[n]))
     [waiting] = set(PODS) - {first, second}
-    assert "cannot allocate all claims" in str(unschedulable(state[waiting]))
-    kept = check(real_node, host, ns, state[second])
-    assert check(real_node, host, ns, state[first]) != kept
+    reason = str(unschedulable(state[waiting]))
+    seen_second = inside(real_node, host, ns, state[second])
+    seen_first = inside(real_node, host, ns, state[first])
 
     # One goes: unprepared (its instance destroyed, its spec removed) before it leaves
     # the API; the waiting pod gets its placement, which NVML makes only once free.
     uids = [allocated(real_node, ns, claim_of(state[n]))["metadata"]["uid"] for n in PODS]
     real_node.kubectl("delete", "pod", "-n", ns, first, "--wait=true")
-    assert not (CDI_DIR / f"{DRIVER}-{uids[PODS.index(first)]}.json").exists()
-    assert check(real_node, host, ns, real_node.wait_pod(ns, waiting)) != kept
-    return uids
+    left = (CDI_DIR / f"{DRIVER}-{uids[PODS.index(first)]}.json").exists()
+    third = inside(real_node, host, ns, real_node.wait_pod(ns, waiting))
+
+    # The pods gone (before the namespace, which is quicker to delete empty), every
+    # claim is unprepared: no spec, no instance left.
+    real_node.kubectl("delete", "pods", "--all", "-n", ns, "--wait=true")
+    for uid in uids:
+        wait_file(CDI_DIR / f"{DRIVER}-{uid}.json", lambda text: text is None)
+    host.reload()
+    instances = host.gpu(0).get("gpuInstances", [])
+    return Story(reason, seen_first, seen_second, left, third, instances, (-1, -1))
 
 
-@pytest.mark.timeout(300)
-def test_mig_partitions_reach_the_containers(real_node: RealNode) -> None:
+@pytest.fixture(scope="module")
+def story(real_node: RealNode) -> Story:
+    """The story, run once on the node, on two A100s (GPU 0 in MIG mode)."""
     from kubernetes import client
 
     resource = client.ResourceV1Api(real_node.api)
@@ -184,14 +216,39 @@ def test_mig_partitions_reach_the_containers(real_node: RealNode) -> None:
         resource.create_device_class(device_class)
         try:
             with serving(real_node, Path(tmp), host), real_node.namespace("mig") as ns:
-                uids = run_pods(real_node, host, ns, template)
-                # The pods gone (before the namespace, which is quicker to delete empty),
-                # every claim is unprepared: no spec, no instance left.
-                real_node.kubectl("delete", "pods", "--all", "-n", ns, "--wait=true")
-                for uid in uids:
-                    wait_file(CDI_DIR / f"{DRIVER}-{uid}.json", lambda text: text is None)
-                host.reload()
-                assert host.gpu(0).get("gpuInstances", []) == []
-            assert (host.gpu(0)["migMode"], host.gpu(1)["migMode"]) == (1, 0)  # never changed
+                told = run_pods(real_node, host, ns, template)
+            return replace(told, mig_modes=(host.gpu(0)["migMode"], host.gpu(1)["migMode"]))
         finally:
             resource.delete_device_class(DRIVER)
+
+
+def test_a_third_3g_pod_waits_while_two_run(story: Story) -> None:
+    assert "cannot allocate all claims" in story.waiting_reason
+
+
+def test_a_container_sees_its_mig_device_and_only_its_own_instances_nodes(story: Story) -> None:
+    for container in (story.first, story.second):
+        assert container.seen == container.expected
+        assert container.expected[1]["/dev/nvidia0"][0] == 195
+
+
+def test_the_two_running_pods_get_different_mig_devices(story: Story) -> None:
+    assert story.first.expected[0] != story.second.expected[0]
+
+
+def test_a_deleted_pods_claim_is_unprepared_before_it_leaves_the_api(story: Story) -> None:
+    assert not story.spec_left
+
+
+def test_the_waiting_pod_gets_the_freed_placement(story: Story) -> None:
+    assert story.third.seen == story.third.expected
+    assert story.third.expected[1]["/dev/nvidia0"][0] == 195
+    assert story.third.expected[0] != story.second.expected[0]
+
+
+def test_every_claim_is_unprepared_once_its_pod_is_gone(story: Story) -> None:
+    assert story.instances_left == []
+
+
+def test_the_mig_mode_of_either_gpu_is_never_changed(story: Story) -> None:
+    assert story.mig_modes == (1, 0)

@@ -5,7 +5,8 @@ with a ResourceClaimTemplate, and a pod asking the driver's extended resource by
 count with no claim. The containers see the device nodes and env of the CDI specs, and
 their device metadata files;
 deleted pods are unprepared; after kubelet restarts (SIGTERM and SIGKILL) the slices
-the kubelet wipes at start are back and new claims are prepared.
+the kubelet wipes at start are back and new claims are prepared; and a rolling update
+of deploy/dra (run once, each test checking one behaviour of it) loses nothing.
 
 Skipped, saying what to provide, where the node cannot run (see tests/conftest.py).
 """
@@ -302,14 +303,28 @@ def test_after_a_kubelet_restart_the_slices_are_back_and_claims_are_prepared(
         dra.gone(ns, "again", again["status"]["resourceClaimStatuses"][0]["resourceClaimName"])
 
 
-@pytest.mark.slow
-def test_a_rolling_update_with_surge_loses_nothing(
-    real_node: RealNode, real_node_image: str, tmp_path: Path
-) -> None:
-    """deploy/dra updated while a claim is prepared and a new claim arrives: the new
-    devplug pod starts beside the old one (surge), the kubelet calls the newer, the
-    claim prepared by the old pod is kept and unprepared by the new one, the new claim
-    is prepared, and no slice of the node is deleted meanwhile."""
+@dataclass(frozen=True)
+class RollingUpdate:
+    """deploy/dra updated while a claim ('before') is prepared and a new claim
+    ('during') arrives; then the pod of 'before' deleted."""
+
+    first: str  # the devplug pod before the update
+    second: str  # the devplug pod after it
+    spec_before: bool  # the CDI spec of 'before' was there before the update
+    most_running: int  # the most devplug pods Ready at once
+    during_ready: bool
+    before_ready: bool  # once the update rolled out
+    spec_kept: bool  # the CDI spec of 'before', once the update rolled out
+    spec_gone: bool  # the same, once its pod was deleted
+    unprepared_by_second: bool  # the new devplug pod's log says it unprepared the claim
+    slices_deleted: list[str]  # the node's slices deleted meanwhile
+
+
+@pytest.fixture(scope="module")
+def rolling_update(
+    real_node: RealNode, real_node_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> RollingUpdate:
+    """The update, run once, watching the node's slices and devplug's pods throughout."""
     import threading
     import uuid
 
@@ -329,8 +344,8 @@ def test_a_rolling_update_with_surge_loses_nothing(
     stopped = threading.Event()
 
     def follow(list_call: Any, seen: Callable[[str, Any], None], **selector: str) -> None:
-        """Every event until the test ends. A watch the API server ends with an error (a
-        504 "Too large resource version" while the kubelet restarts) is started again
+        """Every event until the story ends. A watch the API server ends with an error
+        (a 504 "Too large resource version" while the kubelet restarts) is started again
         from a new list, so that no deletion goes unseen and `deleted == []` means it."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
@@ -339,7 +354,7 @@ def test_a_rolling_update_with_surge_loses_nothing(
             w: Any = watch.Watch()  # type: ignore[no-untyped-call]
             watchers.append(w)
             try:
-                with contextlib.suppress(HTTPError, OSError, ValueError):  # ends with the test
+                with contextlib.suppress(HTTPError, OSError, ValueError):  # ends with the story
                     for event in w.stream(list_call, **selector):
                         seen(event["type"], event["object"])
             except ApiException:
@@ -362,8 +377,9 @@ def test_a_rolling_update_with_surge_loses_nothing(
 
     template = claim_template("fake")
     template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = fake
+    folder = tmp_path_factory.mktemp("surge")
     with (
-        deployed(node, overlay(tmp_path / "dra", "dra", node)) as first,
+        deployed(node, overlay(folder / "dra", "dra", node)) as first,
         node.namespace("surge") as ns,
     ):
         resource.create_namespaced_resource_claim_template(ns, template)
@@ -372,7 +388,7 @@ def test_a_rolling_update_with_surge_loses_nothing(
         claim = before["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
         uid = resource.read_namespaced_resource_claim(claim, ns).metadata.uid
         spec = CDI_DIR / f"{fake}-{uid}.json"
-        assert spec.exists()
+        spec_before = spec.exists()
         for target, args in (
             (resource.list_resource_slice, {"field_selector": f"spec.nodeName={node.node_name}"}),
             (
@@ -389,17 +405,66 @@ def test_a_rolling_update_with_surge_loses_nothing(
         )
         node.create(claimed("during", ns))
         second = node.rolled_out(NAMESPACE, "devplug")
-        assert second != first
-        assert most[0] == 2  # the new pod Ready beside the old one: a surge
-        assert pod_ready(node.wait_pod(ns, "during"))
-        assert pod_ready(node.wait_pod(ns, "before"))  # kept its device throughout
-        assert spec.exists()
+        during_ready = pod_ready(node.wait_pod(ns, "during"))
+        before_ready = pod_ready(node.wait_pod(ns, "before"))
+        spec_kept = spec.exists()
         # The new pod unprepares what the old one prepared.
         client.CoreV1Api(node.api).delete_namespaced_pod("before", ns, grace_period_seconds=0)
-        wait_for_gone(spec, timeout=60)
+        with contextlib.suppress(AssertionError):  # told by spec_gone
+            wait_for_gone(spec, timeout=60)
+        spec_gone = not spec.exists()
         log = node.kubectl("logs", "-n", NAMESPACE, second).stdout
-        assert f"unprepared claim {ns}/{claim}" in log
     stopped.set()
     for w in watchers:
         w.stop()
-    assert deleted == []
+    return RollingUpdate(
+        first,
+        second,
+        spec_before,
+        most[0],
+        during_ready,
+        before_ready,
+        spec_kept,
+        spec_gone,
+        f"unprepared claim {ns}/{claim}" in log,
+        deleted,
+    )
+
+
+@pytest.mark.slow
+def test_a_rolling_update_starts_a_new_devplug_pod(rolling_update: RollingUpdate) -> None:
+    assert rolling_update.spec_before  # the claim was prepared by the old pod
+    assert rolling_update.second != rolling_update.first
+
+
+@pytest.mark.slow
+def test_the_new_devplug_pod_is_ready_beside_the_old_one(rolling_update: RollingUpdate) -> None:
+    assert rolling_update.most_running == 2  # a surge
+
+
+@pytest.mark.slow
+def test_a_claim_arriving_during_the_update_is_prepared(rolling_update: RollingUpdate) -> None:
+    assert rolling_update.during_ready
+
+
+@pytest.mark.slow
+def test_a_claim_prepared_before_the_update_keeps_its_device_throughout(
+    rolling_update: RollingUpdate,
+) -> None:
+    assert rolling_update.before_ready
+    assert rolling_update.spec_kept
+
+
+@pytest.mark.slow
+def test_the_new_devplug_pod_unprepares_what_the_old_one_prepared(
+    rolling_update: RollingUpdate,
+) -> None:
+    assert rolling_update.spec_gone
+    assert rolling_update.unprepared_by_second
+
+
+@pytest.mark.slow
+def test_no_slice_of_the_node_is_deleted_during_the_update(
+    rolling_update: RollingUpdate,
+) -> None:
+    assert rolling_update.slices_deleted == []

@@ -11,8 +11,6 @@ claim allocated) builds it once, in module-scoped fixtures on the module's loop.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -104,17 +102,6 @@ def module_namespace(api: Any) -> Iterator[str]:
 def dirs(short_tmp: Path) -> NodeDirs:
     """The folders of the simulated node, for one test."""
     return NodeDirs(short_tmp)
-
-
-@pytest.fixture(scope="module")
-def module_dirs() -> Iterator[NodeDirs]:
-    """The folders of the simulated node, for the scenario of one file (short paths:
-    sockets live there)."""
-    folder = Path(tempfile.mkdtemp(prefix="dp-"))
-    try:
-        yield NodeDirs(folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
