@@ -144,6 +144,27 @@ async def test_allocate_of_ten_thousand_devices(tmp_path: Path) -> None:
         assert response.container_responses[0].envs["IDS"].split(",") == ids
 
 
+async def test_the_default_hook_with_an_ids_variable_no_runtime_takes_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The framework's own hook is trusted to build what a runtime takes, except for the
+    IDs' variable a plugin names: a name with '=' is refused, never sent."""
+    plugin = Plugin("example.com/named", devices=[Device("d0")])
+    plugin.ids_env = "IDS=ALL"
+    async with serving(tmp_path, plugin) as stubs:
+        await expect_error(
+            stubs["example.com/named"].Allocate(
+                pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=["d0"])]
+                ),
+                timeout=TIMEOUT,
+            ),
+            grpc.StatusCode.INTERNAL,
+            "Plugin.allocate",
+            "'IDS=ALL'",
+        )
+
+
 async def test_list_and_watch_streams_full_lists(tmp_path: Path) -> None:
     plugin = gpus()
     async with serving(tmp_path, plugin) as stubs:

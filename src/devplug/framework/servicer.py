@@ -23,6 +23,7 @@ from devplug.framework import observe
 from devplug.framework.device import ContainerEdits, Device, edits_problem
 from devplug.framework.observe import show_ids
 from devplug.framework.plugin import AllocationError, Plugin
+from devplug.kube.containers import env_problem
 
 log = logging.getLogger("devplug.plugin")
 
@@ -93,6 +94,12 @@ def resolve(plugin: Plugin, ids: Sequence[str], *, need_healthy: bool = True) ->
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def __init__(self, plugin: Plugin) -> None:
         self.plugin = plugin
+        # The framework's own allocate hook builds its edits from Devices, checked when
+        # made, and the IDs' variable, checked here: only a plugin's own hook has its
+        # answer checked on every Allocate.
+        self._check_edits = type(plugin).allocate is not Plugin.allocate or (
+            plugin.ids_env is not None and env_problem(plugin.ids_env, "") is not None
+        )
         self._closing = asyncio.Event()
         self._wire_generation = -1
         self._wire_list = pb.ListAndWatchResponse()
@@ -263,7 +270,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                         f"container request {index}: {error}", error.code
                     ) from None
                 edits = await self.plugin.allocate(devices)
-                if problem := edits_problem(edits):
+                if self._check_edits and (problem := edits_problem(edits)):
                     raise AllocationError(
                         f"{hook(self.plugin, 'allocate')} {problem}", grpc.StatusCode.INTERNAL
                     )
