@@ -74,6 +74,7 @@ SEQUENTIAL_CALLS = 1000
 CLIENTS = 8
 CALLS_PER_CLIENT = 100
 BURSTS = 3
+WARMUP_PER_CLIENT = 20
 HERE = Path(__file__).resolve().parent
 SIDES = {
     # side: (script, socket name of its resource)
@@ -229,13 +230,18 @@ def _load(sockets: dict[str, Path], pids: dict[str, int], order: list[str]) -> d
         for channel in channels:
             channel.close()
     elapsed = dict.fromkeys(order, 0.0)
+    used = dict.fromkeys(order, 0.0)
     for _ in range(BURSTS):
         for side in order:
+            cpu_before = cpu_seconds(pids[side])
             elapsed[side] += _burst(functools.partial(client, side))
+            used[side] += cpu_seconds(pids[side]) - cpu_before
+    calls = BURSTS * CLIENTS * (CALLS_PER_CLIENT + WARMUP_PER_CLIENT)
     for side in order:
         result[side]["concurrent_calls_per_s"] = round(
             BURSTS * CLIENTS * CALLS_PER_CLIENT / elapsed[side]
         )
+        result[side]["concurrent_cpu_us"] = round(used[side] / calls * 1e6, 1)
     return result
 
 
@@ -247,7 +253,7 @@ def _burst(client: Callable[[], tuple[grpc.Channel, Callable[[], object]]]) -> f
     def hammer() -> None:
         channel, call = client()
         with channel:
-            timed_calls(call, 20)
+            timed_calls(call, WARMUP_PER_CLIENT)
             barrier.wait()
             timed_calls(call, CALLS_PER_CLIENT)
 

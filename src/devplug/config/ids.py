@@ -14,8 +14,10 @@ from devplug.api.constants import MAX_DEVICE_ID_LENGTH
 # Replicas of a device shared by several containers are named '<device>::<k>'.
 REPLICA_SEPARATOR = "::"
 
-_UNSAFE_ID_CHARS = re.compile(r"[\s,]|[^\x20-\x7e]")
-_ENV_UNSAFE = re.compile(r"[^A-Za-z0-9]")
+# Patterns are compiled on first use (re keeps them): a plugin daemon starts without
+# compiling those it never needs.
+_UNSAFE_ID_CHARS = r"[\s,]|[^\x20-\x7e]"
+_ENV_UNSAFE = r"[^A-Za-z0-9]"
 
 
 def device_id_problem(device_id: str) -> str | None:
@@ -36,7 +38,7 @@ def path_device_id(path: str) -> str:
     """
     path = posixpath.normpath(path)
     stem = path.removeprefix("/dev/") if path.startswith("/dev/") else path.lstrip("/")
-    return _UNSAFE_ID_CHARS.sub("_", stem.replace("/", "-")) or "root"
+    return re.sub(_UNSAFE_ID_CHARS, "_", stem.replace("/", "-")) or "root"
 
 
 def virtual_device_id(resource_name: str, index: int) -> str:
@@ -69,9 +71,14 @@ def physical_id(device_id: str) -> str:
     return device_id.partition(REPLICA_SEPARATOR)[0]
 
 
+def env_word(text: str) -> str:
+    """`text` as part of an env variable's name: 'example.com/kvm' -> 'EXAMPLE_COM_KVM'."""
+    return re.sub(_ENV_UNSAFE, "_", text).upper()
+
+
 def ids_env_name(resource_name: str) -> str:
     """'example.com/kvm' -> 'DEVPLUG_EXAMPLE_COM_KVM'."""
-    return "DEVPLUG_" + _ENV_UNSAFE.sub("_", resource_name).upper()
+    return "DEVPLUG_" + env_word(resource_name)
 
 
 def pci_resource_env(resource_name: str) -> str:

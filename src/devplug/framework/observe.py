@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 log = logging.getLogger("devplug.events")
 
@@ -42,13 +42,15 @@ PLACEMENTS = ("followed", "unmatched", "refused")
 RESULTS = ("ok", "error")
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(NamedTuple):
+    """One thing that happened to a resource. (A NamedTuple: a fifth of a frozen
+    dataclass's cost to define, paid at every daemon's start.)"""
+
     kind: str
     resource: str
     message: str
     level: int = logging.INFO
-    fields: Mapping[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, Any] = MappingProxyType({})
 
 
 Observer = Callable[[Event], None]

@@ -12,15 +12,16 @@ CdiMode = Literal["deviceSpecs", "cdi", "both"]
 CDI_MODES: tuple[CdiMode, ...] = ("deviceSpecs", "cdi", "both")
 
 # The CDI parser's rules for the two parts of a kind and for device names.
-_VENDOR = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-_CLASS = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_-]*[A-Za-z0-9])?$")
-_CDI_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*=[A-Za-z0-9_.:-]+$")
+# Compiled on first use (re keeps them), not at every start.
+_VENDOR = r"^[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$"
+_CLASS = r"^[A-Za-z0-9](?:[A-Za-z0-9_-]*[A-Za-z0-9])?$"
+_CDI_NAME = r"^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*=[A-Za-z0-9_.:-]+$"
 
 
 def kind_problem(kind: str) -> str | None:
     """Why `kind` is not a CDI kind ('vendor.com/class'), or None."""
     vendor, slash, cls = kind.partition("/")
-    if not slash or not _VENDOR.match(vendor) or not _CLASS.match(cls):
+    if not slash or not re.match(_VENDOR, vendor) or not re.match(_CLASS, cls):
         return (
             f"CDI kind {kind!r} must be 'vendor/class': a vendor of [A-Za-z0-9_.-] and a class "
             "of [A-Za-z0-9_-], each starting and ending with a letter or digit"
@@ -36,6 +37,6 @@ def default_kind(resource_name: str) -> str:
 
 
 def cdi_name_problem(name: str) -> str | None:
-    if _CDI_NAME.match(name):
+    if re.match(_CDI_NAME, name):
         return None
     return f"CDI device name {name!r} is not fully qualified ('vendor.com/class=name')"

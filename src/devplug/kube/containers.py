@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import re
 
-_PERMISSIONS = re.compile(r"^(?!.*(.).*\1)[rwm]{1,3}$")
+# Compiled on first use (re keeps them), not at every start.
+_PERMISSIONS = r"^(?!.*(.).*\1)[rwm]{1,3}$"
 
 
 def permissions_problem(permissions: str) -> str | None:
-    if _PERMISSIONS.match(permissions):
+    if re.match(_PERMISSIONS, permissions):
         return None
     return f"permissions {permissions!r} must combine r, w and m, each at most once"
 

@@ -14,27 +14,30 @@ MAX_DNS_SUBDOMAIN = 253
 MAX_QUALIFIED_NAME_PART = 63
 MAX_LABEL_VALUE = 63
 
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_VALUE_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+# Compiled on first use (re keeps them), not at every start.
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_QUALIFIED_NAME_PART = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_VALUE_UNSAFE = r"[^A-Za-z0-9_.-]+"
 
 
 def is_dns_label(name: str) -> bool:
     """At most 63 of a-z, 0-9 and '-', starting and ending with a letter or digit."""
-    return len(name) <= MAX_DNS_LABEL and _DNS1123_LABEL.fullmatch(name) is not None
+    return len(name) <= MAX_DNS_LABEL and re.fullmatch(_DNS1123_LABEL, name) is not None
 
 
 def is_dns_subdomain(name: str, max_length: int = MAX_DNS_SUBDOMAIN) -> bool:
     """DNS labels joined by '.', at most `max_length` in all (253 unless a field says
     less, as DRA driver names do)."""
-    return len(name) <= max_length and _DNS1123_SUBDOMAIN.fullmatch(name) is not None
+    return len(name) <= max_length and re.fullmatch(_DNS1123_SUBDOMAIN, name) is not None
 
 
 def is_qualified_name_part(name: str) -> bool:
     """The name of a qualified name (after the optional 'prefix/'): 1-63 of
     [A-Za-z0-9-_.], starting and ending with a letter or digit."""
-    return len(name) <= MAX_QUALIFIED_NAME_PART and _QUALIFIED_NAME_PART.fullmatch(name) is not None
+    if len(name) > MAX_QUALIFIED_NAME_PART:
+        return False
+    return re.fullmatch(_QUALIFIED_NAME_PART, name) is not None
 
 
 def is_label_value(value: str) -> bool:
@@ -45,7 +48,7 @@ def is_label_value(value: str) -> bool:
 def label_value(text: str) -> str:
     """`text` as a valid label value: other characters become '-', at most 63, starting
     and ending with a letter or digit ('Alveo U280 ' -> 'Alveo-U280')."""
-    return _VALUE_UNSAFE.sub("-", text)[:MAX_LABEL_VALUE].strip("-_.")
+    return re.sub(_VALUE_UNSAFE, "-", text)[:MAX_LABEL_VALUE].strip("-_.")
 
 
 _NATIVE_NAMESPACE = "kubernetes.io/"

@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from devplug.config.ids import env_word
 from devplug.framework import cdi
 from devplug.framework.device import ContainerEdits, Device, Mount
 from devplug.framework.dra import metadata
@@ -41,7 +41,6 @@ log = logging.getLogger("devplug.dra.prepare")
 CHECKPOINT_FILE = "prepared-claims.json"
 LOCK_FILE = "serialize.lock"  # held by the instance preparing or unpreparing
 CDI_CLASS = "claim"
-_ENV_UNSAFE = re.compile(r"[^A-Za-z0-9]")
 
 
 class PreparedDevice(msgspec.Struct, frozen=True):
@@ -395,11 +394,11 @@ def _device_edits(
         device_edits = ContainerEdits(nodes=list(device.nodes), mounts=list(device.mounts))
         own_nodes.update(n.container_path for n in device.nodes)
         own_mounts.update(m.container_path for m in device.mounts)
-        label = _ENV_UNSAFE.sub("_", pick.offer.name).upper()
+        label = env_word(pick.offer.name)
         if pick.share_id:
             device_edits.env[f"DEVPLUG_DRA_SHARE_{label}"] = pick.share_id
             for capacity, amount in pick.consumed.items():
-                key = _ENV_UNSAFE.sub("_", capacity.rpartition("/")[2]).upper()
+                key = env_word(capacity.rpartition("/")[2])
                 device_edits.env[f"DEVPLUG_DRA_SHARE_{label}_{key}"] = amount
         if not device_edits.nodes and not device_edits.mounts and not device_edits.env:
             # CDI refuses a device without edits: name the device in the env.
