@@ -5,43 +5,34 @@ each started RUNS times, interleaved, against the kubelet simulator.
 Per run and side: start to registered (process spawned to the kubelet's Register
 received) and the CPU the plugin used until then, Allocate latency (sequential, one
 grpcio client) and the plugin's CPU per call, Allocate throughput (8 clients at once,
-one channel each) and RSS after the load. The report gives each side's median over
-the runs and the framework's ratio to the floor, the median of each run's pair; the
-targets are ratios, since on a shared machine only a side-by-side comparison means
-anything (and CPU times swing less than wall times there).
+one channel each) and the CPU per call under it, and RSS after the load. Both sides run
+at once and are measured side by side: each is started first in every other run,
+sequential calls alternate between them, and the 8-client bursts take turns, each side
+first in every other round (the side that goes second shares the machine with the
+other's closing connections). The report gives each side's median over the runs and the framework's
+ratio to the floor, the median of the runs' ratios.
 
-Where the framework's time goes, profiled against bare.py (py-spy over a whole run,
-cProfile and `-X importtime` on each side's start, each module's import timed after
-bare.py's own):
+Where the framework's time went, and what was done (callgrind's instruction counts for
+the start, the CPU each process used per call for Allocate):
 
-- Start to registered is almost all imports: grpc, protobuf and asyncio on both sides,
-  about 200 ms of CPU on a loaded machine; the framework's own run to registration is
-  a few ms more than bare.py's (its watchdog thread, the folder watch, the hidden
-  socket name linked into place, the connection checked before Register).
-- What the framework imported beyond bare.py was pathlib, with urllib.parse and
-  ipaddress behind it: 0.65 MiB and 6-8 ms of CPU at every start, for paths the
-  daemon held as Path. The daemon, its endpoints, the registration and the unix-socket
-  helpers now hold str (`Daemon.plugin_dir` and `Endpoint.socket_path` stay Paths,
-  built when read); the framework's extra import CPU fell from 29-42 ms to 17-19 ms
-  (min and median of 12 starts). What is left: ctypes for inotify (0.38 MiB, ~3 ms),
-  the dataclasses of Device, its edits, Limits and Event (~5 ms to build the classes)
-  and the framework's own modules.
-- Allocate: the generated handler called in-process (request decoded, handler,
-  response encoded) costs ~33 us against bare.py's ~23 us (best of 7 x 20,000 calls),
-  the difference being the checks the framework makes (IDs known, unique and healthy;
-  the hook's edits checked); the plugin's CPU per call through gRPC is 700-860 us on
-  either side on this machine, so the difference is about 1 % of it (py-spy, native
-  frames: the handler is 5 % of the event loop thread's samples, bare.py's 2 %; the
-  rest is gRPC's own and the same on both sides): the Allocate ratios (p50, CPU, 8
-  clients) move by more than that from one run to the next here.
-
-Measured before and after in one run (5 pairs, machine load average 11-13 on 2
-cores, the framework before this change run from its own source tree): start to
-registered 1.18x -> 1.04x (CPU 1.26x -> 1.04x), RSS +1.5 MiB -> +1.0 MiB. Three runs of
-this bench after it, at load 12-16: Allocate p50 0.97-1.16x, 8 clients 0.91-1.26x, start
-to registered 0.89-1.40x (CPU 1.04-1.26x), RSS +0.8 to +1.0 MiB: the start's CPU ratio
-is where the framework still stands above the floor (ctypes, the dataclasses and its
-own modules, ~20 ms of imports).
+- Allocate: a timer the watchdog kept pending in the loop (its 0.25 s heartbeat) made
+  every turn of the loop wait in the kernel with a timeout, ~3 % of an Allocate's CPU.
+  The watchdog's thread now asks the loop for the heartbeat instead. The framework's
+  default allocate hook no longer has its answer checked again on every call (it is
+  built from Devices checked when made), and virtual devices merge nothing. What is
+  left is the framework's checks of the request (IDs known, unique and healthy), ~3 us
+  in-process against bare.py's ~6 us handler: 1-3 % of the CPU per call through gRPC.
+- Start to registered is almost all imports, grpc, protobuf and asyncio on both sides
+  (~100 ms of a ~125 ms start on a quiet machine). The framework's own imports were
+  13 % more instructions than bare.py's whole start; 9 % now: its regular expressions
+  are compiled on first use, and Event, Limits, DeviceNode and Mount are NamedTuples
+  (a frozen dataclass costs ~0.6 ms to define, a NamedTuple ~0.12 ms). What is left:
+  ctypes for inotify (~2 % of the start), Device and ContainerEdits (dataclasses, ~1.5
+  %) and the framework's own ~25 modules. Earlier, pathlib (with urllib.parse and
+  ipaddress) was dropped from the daemon's imports: the daemon holds paths as str.
+- The machine's own swings are larger than what is left: one side's 8-client
+  throughput ranges over 20 % across the runs of one bench, and a run's pair can differ
+  by 10 % either way.
 """
 
 from __future__ import annotations
@@ -67,13 +58,13 @@ from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 if TYPE_CHECKING:
     from devplug.simulator import Kubelet
 
-RUNS = 7
+RUNS = 8  # even: each side started first as often
 DEVICES = 16
 WARMUP_CALLS = 200
 SEQUENTIAL_CALLS = 1000
 CLIENTS = 8
 CALLS_PER_CLIENT = 100
-BURSTS = 3
+BURSTS = 4  # even: each side first as often
 WARMUP_PER_CLIENT = 20
 HERE = Path(__file__).resolve().parent
 SIDES = {
@@ -231,8 +222,10 @@ def _load(sockets: dict[str, Path], pids: dict[str, int], order: list[str]) -> d
             channel.close()
     elapsed = dict.fromkeys(order, 0.0)
     used = dict.fromkeys(order, 0.0)
-    for _ in range(BURSTS):
-        for side in order:
+    for burst in range(BURSTS):
+        # Each side goes first in every other round: the side that goes second shares
+        # the machine with the other's closing connections.
+        for side in order if burst % 2 == 0 else order[::-1]:
             cpu_before = cpu_seconds(pids[side])
             elapsed[side] += _burst(functools.partial(client, side))
             used[side] += cpu_seconds(pids[side]) - cpu_before
