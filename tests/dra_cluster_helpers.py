@@ -44,6 +44,13 @@ def device_class_made(api: Any, body: dict[str, Any]) -> Iterator[dict[str, Any]
         resource.delete_device_class(body["metadata"]["name"])
 
 
+def resources(api: Any) -> Any:
+    """The resource.k8s.io/v1 API of the official client on `api`."""
+    from kubernetes import client
+
+    return client.ResourceV1Api(api)
+
+
 @contextlib.contextmanager
 def fresh_namespace(api: Any) -> Iterator[str]:
     """A fresh namespace; afterwards its pods and claims are gone and their devices

@@ -31,6 +31,7 @@ from tests.dra_cluster_helpers import (
     pod_from,
     published_by,
     release,
+    resources,
     scheduled_message,
 )
 from tests.dra_helpers import NodeDirs
@@ -39,12 +40,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 DRIVER = "gpu.devplug.io"
 SHARES = ("m0", "m1", "m2", "odd")  # three of 10 GiB, one of 1500 MiB
-
-
-def resources(api: Any) -> Any:
-    from kubernetes import client
-
-    return client.ResourceV1Api(api)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from tests.dra_cluster_helpers import (
     pending,
     pod_from,
     published_by,
+    resources,
     scheduled_message,
     variant,
 )
@@ -37,12 +38,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 DRIVER = "mig.devplug.io"
 HALVES = ("half-a", "half-b")
-
-
-def resources(api: Any) -> Any:
-    from kubernetes import client
-
-    return client.ResourceV1Api(api)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from tests.dra_cluster_helpers import (
     pod_from,
     published_by,
     release,
+    resources,
     scheduled_message,
     variant,
 )
@@ -39,12 +40,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 DRIVER = "region.devplug.io"
 HALVES = ("half-0", "half-1", "half-2")  # pods of the claims h0, h1, h2
-
-
-def resources(api: Any) -> Any:
-    from kubernetes import client
-
-    return client.ResourceV1Api(api)
 
 
 def slots(results: list[dict[str, Any]]) -> set[int]:
