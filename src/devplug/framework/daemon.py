@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 from collections.abc import Sequence
@@ -129,10 +128,6 @@ class Daemon:
         for service in self.services:
             tasks.add(asyncio.create_task(service.run(self), name=type(service).__name__))
         stopping = asyncio.create_task(stop.wait())
-        # What start-up made (modules, classes, the plugins) lives as long as the
-        # process: out of every later collection, which then walks only what serving
-        # makes (`make bench`, "floor": ~1 % of an Allocate's CPU).
-        gc.freeze()
         watchdog = LoopWatchdog()  # a hook that blocks the loop is said, with its name
         watchdog.start()
         try:

@@ -210,7 +210,10 @@ def merge_edits(devices: Sequence[Device]) -> ContainerEdits:
     values joined by commas in device order ("0,1"), the convention of the
     VISIBLE_DEVICES-style variables runtimes read.
     """
-    if not any(d.nodes or d.mounts or d.env or d.annotations or d.cdi_devices for d in devices):
+    for device in devices:
+        if device.nodes or device.mounts or device.env or device.annotations or device.cdi_devices:
+            break
+    else:
         return ContainerEdits()  # virtual devices, on every Allocate: nothing to merge
     nodes: dict[str, DeviceNode] = {}
     mounts: dict[str, Mount] = {}

@@ -80,14 +80,16 @@ def resolve(plugin: Plugin, ids: Sequence[str], *, need_healthy: bool = True) ->
     except KeyError:
         unknown = [i for i in ids if i not in table]
         raise AllocationError(f"unknown device IDs: {show_ids(unknown)}") from None
-    if len(set(ids)) != len(ids):
+    if len(ids) > 1 and len(set(ids)) != len(ids):
         twice = sorted(i for i, n in Counter(ids).items() if n > 1)
         raise AllocationError(f"device IDs requested more than once: {show_ids(twice)}")
-    if need_healthy and not all(d.healthy for d in devices):
-        sick = [d.id for d in devices if not d.healthy]
-        raise AllocationError(
-            f"unhealthy devices: {show_ids(sick)}", grpc.StatusCode.FAILED_PRECONDITION
-        )
+    if need_healthy:
+        for device in devices:  # a loop, not all(): this runs on every Allocate
+            if not device.healthy:
+                sick = [d.id for d in devices if not d.healthy]
+                raise AllocationError(
+                    f"unhealthy devices: {show_ids(sick)}", grpc.StatusCode.FAILED_PRECONDITION
+                )
     return devices
 
 
