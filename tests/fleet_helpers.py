@@ -1,5 +1,5 @@
 """What a fleet test starts, and how it waits on the API server: the `fleets` fixture's
-`Fleets`, and `until` that follows a list's watch."""
+`Fleets`, and `until` that follows a collection through devplug's informer."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
-import msgspec
-
 from devplug.apiserver.client import KubeApi
+from devplug.apiserver.informer import Informer
 from devplug.fleet.runner import FleetRunner, Options, remove_fleet
 from devplug.fleet.spec import Fleet
 
@@ -78,26 +77,28 @@ async def until(
     timeout: float = WAIT_S,
     params: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """List, then watch `path` until `predicate(objects by name)` holds."""
-
-    async def follow() -> dict[str, dict[str, Any]]:
-        listed = await api.call("GET", path, params=params)
-        objects = {o["metadata"]["name"]: o for o in listed["items"]}
-        version = listed["metadata"]["resourceVersion"]
-        while not predicate(objects):
-            async for line in api.watch(path, {**(params or {}), "resourceVersion": version}, 60):
-                event = msgspec.json.decode(line)
-                obj = event["object"]
-                version = obj["metadata"]["resourceVersion"]
-                if event["type"] == "DELETED":
-                    objects.pop(obj["metadata"]["name"], None)
-                else:
-                    objects[obj["metadata"]["name"]] = obj
+    """The objects at `path` (by name) once `predicate` holds for them, as devplug's
+    informer keeps them: a watch the server ends, or a watch cache behind the list, is
+    its concern, not each test's."""
+    changed = asyncio.Event()
+    informer = Informer(
+        api,
+        path,
+        params=params,
+        on_list=lambda _items: changed.set(),
+        on_event=lambda _kind, _obj: changed.set(),
+    )
+    informer.start()
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                await changed.wait()
+                changed.clear()
+                objects = {o["metadata"]["name"]: o for o in informer.objects.values()}
                 if predicate(objects):
-                    break
-        return objects
-
-    return await asyncio.wait_for(follow(), timeout)
+                    return objects
+    finally:
+        await informer.stop()
 
 
 @contextlib.asynccontextmanager
