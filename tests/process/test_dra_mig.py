@@ -18,7 +18,7 @@ from devplug.fakes.gpus import FakeGpuHost, gpu, gpu_uuid
 from devplug.simulator.results import REASON_UNSCHEDULABLE
 from devplug.sources import ConfigError, parse_config
 from tests.dra_helpers import NODE, Daemon, NodeDirs, kubelet_for, serve_command
-from tests.process.test_dra_partitions import claim, pod, prepare, unprepare
+from tests.process.test_dra_partitions_node import claim, pod, prepare, unprepare
 
 DRIVER = "gpu.devplug.io"
 A100 = "A100-SXM4-40GB"
