@@ -247,12 +247,20 @@ class Serve:
             rss_kib=rss,
         )
 
-    async def settled(self, baseline: Snapshot | None = None, probes: int = 8) -> Snapshot:
+    async def settled(
+        self, baseline: Snapshot | None = None, probes: int = 8, patience_s: float = 5.0
+    ) -> Snapshot:
         """The lowest counts over a few probes: a connection a peer just closed leaves
-        the daemon's fd table a moment later (each probe is a round trip through the
-        daemon's loop). Stops early once nothing is above `baseline`."""
+        the daemon's fd table a moment later, and the task of an RPC whose answer the
+        client already has ends once gRPC's poller thread has run, later on a busy
+        machine (each probe is a round trip through the daemon's loop). With a
+        `baseline`, stops once nothing is above it, and goes on probing past `probes`
+        for up to `patience_s` while something is: only a leak outlasts that."""
         best: Snapshot | None = None
-        for _ in range(probes):
+        deadline = time.monotonic() + patience_s
+        count = 0
+        while count < probes or (baseline is not None and time.monotonic() < deadline):
+            count += 1
             snap = await self.snapshot()
             if best is not None:
                 snap = Snapshot(
@@ -957,6 +965,7 @@ async def concurrent_clients(root: Path, calls_per_client: int, clients: int = 1
     ):
         status = await kubelet.wait_for_resource(NODE, count=8, timeout=WAIT_S)
         before = await serve.settled()
+        serve.baseline_names = serve.task_names()
         ids = sorted(d.id for d in status.devices)
         node_of = {i: str(dev / i.split("-")[-1].split(":")[0]) for i in ids}
         flapping_ids = {i for i in ids if "fault0" in i}
@@ -1027,6 +1036,8 @@ async def concurrent_clients(root: Path, calls_per_client: int, clients: int = 1
         restore(nodes[0])
         await kubelet.wait_for_resource(NODE, count=8, timeout=WAIT_S)
         out.growth = before.growth(await serve.settled(before))
+        if out.growth["tasks"] > 0:
+            out.notes.append(f"tasks {serve.baseline_names} -> {serve.task_names()}")
     out.wall_s = time.monotonic() - started
     return out
 

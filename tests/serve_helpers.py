@@ -90,22 +90,33 @@ def wait_for_gone(path: Path, timeout: float = TIMEOUT_S) -> None:
             inotify.sync_get()
 
 
+class Stubs(dict[str, pb_grpc.DevicePluginStub]):
+    """A connected stub per resource, and the in-process daemon behind them."""
+
+    def __init__(self, stop: asyncio.Event, task: asyncio.Task[None]) -> None:
+        super().__init__()
+        self._stop, self._task = stop, task
+
+    async def shutdown(self) -> None:
+        """Stop the daemon with the channels still open: what its streams end with can
+        then be read (closing a channel cancels the calls it has not finished)."""
+        self._stop.set()
+        await asyncio.wait_for(self._task, TIMEOUT_S)
+
+
 @contextlib.asynccontextmanager
-async def serving(
-    plugin_dir: Path, *plugins: Plugin
-) -> AsyncIterator[dict[str, pb_grpc.DevicePluginStub]]:
+async def serving(plugin_dir: Path, *plugins: Plugin) -> AsyncIterator[Stubs]:
     """Run a Daemon in-process and yield a connected stub per resource; stopped, its
     channels closed, at the end."""
     stop = asyncio.Event()
-    task = asyncio.create_task(Daemon(plugins, plugin_dir).run(stop))
+    stubs = Stubs(stop, asyncio.create_task(Daemon(plugins, plugin_dir).run(stop)))
     channels = {p.resource_name: unix_channel(plugin_dir / p.socket_name) for p in plugins}
     try:
-        stubs = {name: pb_grpc.DevicePluginStub(ch) for name, ch in channels.items()}
+        stubs.update((name, pb_grpc.DevicePluginStub(ch)) for name, ch in channels.items())
         for stub in stubs.values():  # connects once the socket serves: no sleeping
             await stub.GetDevicePluginOptions(pb.Empty(), wait_for_ready=True, timeout=TIMEOUT_S)
         yield stubs
     finally:
-        stop.set()
-        await asyncio.wait_for(task, TIMEOUT_S)
+        await stubs.shutdown()
         for ch in channels.values():
             await ch.close()

@@ -192,10 +192,11 @@ async def test_list_and_watch_streams_full_lists(tmp_path: Path) -> None:
         for stream in streams:
             update = await stream.read()
             assert [d.ID for d in update.devices] == ["gpu0", "gpu5"]
-    # Shutdown ends every stream with OK, not an error.
-    for stream in streams:
-        assert await stream.read() is grpc.aio.EOF
-        assert await stream.code() == grpc.StatusCode.OK
+        # Shutdown ends every stream with OK, not an error.
+        await stubs.shutdown()
+        for stream in streams:
+            assert await stream.read() is grpc.aio.EOF
+            assert await stream.code() == grpc.StatusCode.OK
 
 
 async def test_preferred_allocation(tmp_path: Path) -> None:
