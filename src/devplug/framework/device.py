@@ -201,6 +201,14 @@ def edits_problem(edits: object) -> str | None:
     return None
 
 
+def any_edits(devices: Sequence[Device]) -> bool:
+    """Whether any of `devices` gives a container something (virtual devices do not)."""
+    for device in devices:  # a loop, not any(): this runs on every Allocate
+        if device.nodes or device.mounts or device.env or device.annotations or device.cdi_devices:
+            return True
+    return False
+
+
 def merge_edits(devices: Sequence[Device]) -> ContainerEdits:
     """Combine the edits of several devices into one container's edits.
 
@@ -210,10 +218,7 @@ def merge_edits(devices: Sequence[Device]) -> ContainerEdits:
     values joined by commas in device order ("0,1"), the convention of the
     VISIBLE_DEVICES-style variables runtimes read.
     """
-    for device in devices:
-        if device.nodes or device.mounts or device.env or device.annotations or device.cdi_devices:
-            break
-    else:
+    if not any_edits(devices):
         return ContainerEdits()  # virtual devices, on every Allocate: nothing to merge
     nodes: dict[str, DeviceNode] = {}
     mounts: dict[str, Mount] = {}

@@ -19,7 +19,7 @@ from devplug.api.constants import KUBELET_SOCKET
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework import observe
-from devplug.framework.malformed import add_guarded
+from devplug.framework.malformed import add_decoding_safely
 from devplug.framework.plugin import Plugin
 from devplug.framework.registration import NotAnswering, Superseded, register
 from devplug.framework.servicer import DevicePluginServicer
@@ -209,7 +209,7 @@ class Endpoint:
         servicer = DevicePluginServicer(self.plugin)
         server = UnixServer(
             self._socket_path,
-            lambda s: add_guarded(pb_grpc.add_DevicePluginServicer_to_server, servicer, s),
+            lambda s: add_decoding_safely(pb_grpc.add_DevicePluginServicer_to_server, servicer, s),
             self.plugin.limits.server_options(),
         )
         self._server, self._servicer = server, servicer  # first: stop() reaches it

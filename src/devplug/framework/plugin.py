@@ -124,7 +124,10 @@ class Plugin:
         self.publish(self._initial)
 
     async def allocate(self, devices: Sequence[Device]) -> ContainerEdits:
-        """What one container needs for `devices` (validated: known, unique, healthy)."""
+        """What one container needs for `devices` (validated: known, unique, healthy).
+
+        Unless a subclass overrides it, the servicer writes this same answer straight
+        into the response (`DevicePluginServicer._default_answer`)."""
         edits = merge_edits(devices)
         if self.ids_env:
             edits.env[self.ids_env] = ",".join([d.id for d in devices])
