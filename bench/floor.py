@@ -1,38 +1,44 @@
 """devplug's framework beside the Python floor: the same device plugin written on
 `devplug.run` (bench/framework_plugin.py) and straight on grpc.aio (bench/bare.py),
-each started RUNS times, interleaved, against the kubelet simulator.
+run side by side RUNS times against the kubelet simulator.
 
 Per run and side: start to registered (process spawned to the kubelet's Register
-received) and the CPU the plugin used until then, Allocate latency (sequential, one
-grpcio client) and the plugin's CPU per call, Allocate throughput (8 clients at once,
-one channel each) and the CPU per call under it, and RSS after the load. Both sides run
-at once and are measured side by side: each is started first in every other run,
-sequential calls alternate between them, and the 8-client bursts take turns, each side
-first in every other round (the side that goes second shares the machine with the
-other's closing connections). The report gives each side's median over the runs and the framework's
-ratio to the floor, the median of the runs' ratios.
+received) and the CPU the plugin used until then, STARTS times; Allocate latency
+(sequential, one grpcio client) and the plugin's CPU per call; Allocate throughput (8
+clients at once, one channel each) and the CPU per call under it; RSS after the load.
+Both sides are measured side by side: each is started first in every other run, the
+starts take turns, sequential calls alternate between the sides, and the 8-client
+bursts take turns, each side first in every other round (the side that goes second
+shares the machine with the other's closing connections). CPU is read per thread from
+schedstat, to the nanosecond. The report gives each side's median and the framework's
+ratio to the floor, the median of the pairs' ratios.
 
-Where the framework's time went, and what was done (callgrind's instruction counts for
-the start, the CPU each process used per call for Allocate):
+Where the framework's time went, and what was done (callgrind's instruction counts, the
+CPU each process used per call):
 
 - Allocate: a timer the watchdog kept pending in the loop (its 0.25 s heartbeat) made
-  every turn of the loop wait in the kernel with a timeout, ~3 % of an Allocate's CPU.
-  The watchdog's thread now asks the loop for the heartbeat instead. The framework's
-  default allocate hook no longer has its answer checked again on every call (it is
-  built from Devices checked when made), and virtual devices merge nothing. What is
-  left is the framework's checks of the request (IDs known, unique and healthy), ~3 us
-  in-process against bare.py's ~6 us handler: 1-3 % of the CPU per call through gRPC.
-- Start to registered is almost all imports, grpc, protobuf and asyncio on both sides
-  (~100 ms of a ~125 ms start on a quiet machine). The framework's own imports were
-  13 % more instructions than bare.py's whole start; 9 % now: its regular expressions
-  are compiled on first use, and Event, Limits, DeviceNode and Mount are NamedTuples
-  (a frozen dataclass costs ~0.6 ms to define, a NamedTuple ~0.12 ms). What is left:
-  ctypes for inotify (~2 % of the start), Device and ContainerEdits (dataclasses, ~1.5
-  %) and the framework's own ~25 modules. Earlier, pathlib (with urllib.parse and
-  ipaddress) was dropped from the daemon's imports: the daemon holds paths as str.
-- The machine's own swings are larger than what is left: one side's 8-client
-  throughput ranges over 20 % across the runs of one bench, and a run's pair can differ
-  by 10 % either way.
+  every turn of the loop wait in the kernel with a timeout, ~3 % of an Allocate's CPU;
+  the watchdog's thread now asks the loop for the heartbeat instead. In-process, the
+  handler cost 19.6k instructions per call more than bare.py's (35k): the framework's
+  default answer went through ContainerEdits and was checked again, the request's IDs
+  were read by iterating protobuf's repeated fields (ten times the cost of indexing
+  them), and a coroutine wrapped every handler to refuse undecodable requests. The
+  default answer is now written straight into the response, the IDs are read once by
+  index, and the servicer refuses an undecodable request itself: 1.3k instructions
+  more than bare.py per call, for the checks that the IDs are known, unique and
+  healthy and that the request is within its limits.
+- Start to registered is almost all imports, grpc, protobuf and asyncio on both sides.
+  The framework's own imports cost 35M instructions above bare.py's (of ~350M to
+  registered), now 17M: Device and ContainerEdits are written out instead of
+  dataclasses (defining them cost 9.7M, importing dataclasses 2.8M), and the folder
+  watch (ctypes, 7M) is set up once an endpoint has made its first try, while the
+  kubelet dials back, and then looks at the folder again. Earlier: regular expressions
+  compiled on first use, NamedTuples for Event, Limits, DeviceNode and Mount, and the
+  daemon's paths held as str (no pathlib). What is left is the framework's own ~23
+  modules.
+- The machine's own swings are larger than what is left: with 4 bursts per side and
+  run, the ratio of one run's pair swung by 9 % (standard deviation) between two copies
+  of the same plugin; with 16, by 2 %. Start to registered swings by ~10 % per pair.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from common import allocate_request, cpu_seconds, percentiles, rss_mib, timed_calls
+from common import allocate_request, percentiles, rss_mib, thread_cpu_seconds, timed_calls
 
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
@@ -59,12 +65,13 @@ if TYPE_CHECKING:
     from devplug.simulator import Kubelet
 
 RUNS = 8  # even: each side started first as often
+STARTS = 3  # per run and side, taking turns: the start is measured thrice as often
 DEVICES = 16
 WARMUP_CALLS = 200
 SEQUENTIAL_CALLS = 1000
 CLIENTS = 8
 CALLS_PER_CLIENT = 100
-BURSTS = 4  # even: each side first as often
+BURSTS = 16  # even: each side first as often (4 were too few: see above)
 WARMUP_PER_CLIENT = 20
 HERE = Path(__file__).resolve().parent
 SIDES = {
@@ -101,11 +108,18 @@ async def _bench(root: Path, runs: int) -> dict[str, Any]:
             order = list(SIDES) if run % 2 else list(reversed(SIDES))
             procs: dict[str, asyncio.subprocess.Process] = {}
             try:
-                started: dict[str, dict[str, float]] = {}
-                for side in order:
-                    procs[side], started[side] = await _start(kubelet, plugin_dir, side)
+                started: dict[str, dict[str, list[float]]] = {side: {} for side in order}
+                for start in range(STARTS):
+                    for side in order:
+                        if side in procs:  # the last start of each side serves the load
+                            procs[side].terminate()
+                            await procs[side].wait()
+                        procs[side], times = await _start(kubelet, plugin_dir, side, start)
+                        for key, value in times.items():
+                            started[side].setdefault(key, []).append(value)
                 sockets = {
-                    side: plugin_dir / SIDES[side][1].format(_resource(side).replace("/", "-"))
+                    side: plugin_dir
+                    / SIDES[side][1].format(_resource(side, STARTS - 1).replace("/", "-"))
                     for side in order
                 }
                 pids = {side: proc.pid for side, proc in procs.items()}
@@ -114,7 +128,9 @@ async def _bench(root: Path, runs: int) -> dict[str, Any]:
                     continue
                 for side in order:
                     samples = found[side]
-                    for key, value in {**started[side], **load[side]}.items():
+                    for key, values in started[side].items():
+                        samples.setdefault(key, []).extend(values)
+                    for key, value in load[side].items():
                         samples.setdefault(key, []).append(value)
                     samples.setdefault("rss_mib", []).append(rss_mib(pids[side]))
             finally:
@@ -155,17 +171,18 @@ async def _bench(root: Path, runs: int) -> dict[str, Any]:
     }
 
 
-def _resource(side: str) -> str:
-    return f"bench.example/{side.replace('_', '-')}"
+def _resource(side: str, start: int = 0) -> str:
+    return f"bench.example/{side.replace('_', '-')}{start or ''}"
 
 
 async def _start(
-    kubelet: Kubelet, plugin_dir: Path, side: str
+    kubelet: Kubelet, plugin_dir: Path, side: str, start: int = 0
 ) -> tuple[asyncio.subprocess.Process, dict[str, float]]:
     """Start one side; the wall time from spawn to the kubelet's Register received,
     and the CPU the plugin used until then (the same work whatever else the machine
-    runs, where wall times swing)."""
-    resource = _resource(side)
+    runs, where wall times swing). Each start of a run serves a resource of its own:
+    the kubelet keeps the last start's devices apart from the one before it."""
+    resource = _resource(side, start)
     after = kubelet.last_event_seq
     started = time.time()
     proc = await asyncio.create_subprocess_exec(
@@ -184,7 +201,7 @@ async def _start(
     ]
     return proc, {
         "start_to_registered_ms": (registered - started) * 1000,
-        "cpu_to_registered_ms": cpu_seconds(proc.pid) * 1000,
+        "cpu_to_registered_ms": thread_cpu_seconds(proc.pid) * 1000,
     }
 
 
@@ -206,7 +223,7 @@ def _load(sockets: dict[str, Path], pids: dict[str, int], order: list[str]) -> d
     try:
         for call in calls:
             timed_calls(call, WARMUP_CALLS)
-        cpu = {side: cpu_seconds(pids[side]) for side in order}
+        cpu = {side: thread_cpu_seconds(pids[side]) for side in order}
         times: list[list[float]] = [[] for _ in order]
         for _ in range(SEQUENTIAL_CALLS):
             for index, call in enumerate(calls):
@@ -214,7 +231,7 @@ def _load(sockets: dict[str, Path], pids: dict[str, int], order: list[str]) -> d
                 call()
                 times[index].append(time.perf_counter() - begun)
         for index, side in enumerate(order):
-            used = cpu_seconds(pids[side]) - cpu[side]
+            used = thread_cpu_seconds(pids[side]) - cpu[side]
             result[side]["allocate_p50_ms"] = percentiles(times[index])["p50_ms"]
             result[side]["allocate_cpu_us"] = round(used / SEQUENTIAL_CALLS * 1e6, 1)
     finally:
@@ -226,9 +243,9 @@ def _load(sockets: dict[str, Path], pids: dict[str, int], order: list[str]) -> d
         # Each side goes first in every other round: the side that goes second shares
         # the machine with the other's closing connections.
         for side in order if burst % 2 == 0 else order[::-1]:
-            cpu_before = cpu_seconds(pids[side])
+            cpu_before = thread_cpu_seconds(pids[side])
             elapsed[side] += _burst(functools.partial(client, side))
-            used[side] += cpu_seconds(pids[side]) - cpu_before
+            used[side] += thread_cpu_seconds(pids[side]) - cpu_before
     calls = BURSTS * CLIENTS * (CALLS_PER_CLIENT + WARMUP_PER_CLIENT)
     for side in order:
         result[side]["concurrent_calls_per_s"] = round(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from pathlib import Path
 
 import pytest
 
-from devplug import Device, DeviceNode, Mount, merge_edits
+from devplug import ContainerEdits, Device, DeviceNode, Mount, merge_edits
 from devplug.config.ids import device_id_problem
 from devplug.framework.preferred import prefer_numa_local
 from devplug.ground.files import remove_quietly, write_atomic
@@ -72,6 +74,39 @@ def test_device_defaults_and_immutability() -> None:
     assert device == Device("a", nodes=[DeviceNode("/dev/a")], env={"K": "v"}, numa_nodes=[0, 1])
     assert device.with_health(False).healthy is False
     assert device.with_health(True) is device
+    with pytest.raises(AttributeError, match="immutable"):
+        device.healthy = False  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="immutable"):
+        del device.env
+
+
+def test_a_replaced_device_is_checked_as_a_new_one() -> None:
+    device = Device("a", env={"K": "v"}, attributes={"model": "x"})
+    moved = device.replace(id="b", numa_nodes=[1])
+    assert (moved.id, moved.numa_nodes, dict(moved.env)) == ("b", (1,), {"K": "v"})
+    assert (device.id, device.numa_nodes) == ("a", ())
+    with pytest.raises(ValueError, match="NUMA"):
+        device.replace(numa_nodes=[-1])
+    with pytest.raises(TypeError):
+        device.replace(colour="red")
+
+
+def test_a_device_pickles_and_shows_its_fields() -> None:
+    device = Device("a", nodes=[DeviceNode("/dev/a")], env={"K": "v"}, health_reason="")
+    assert pickle.loads(pickle.dumps(device)) == device
+    copied = copy.deepcopy(device)
+    assert copied == device
+    assert copied is not device
+    assert repr(device).startswith("Device(id='a', healthy=True, numa_nodes=(), nodes=(")
+
+
+def test_container_edits_compare_by_value() -> None:
+    edits = ContainerEdits(env={"K": "v"}, cdi_devices=["vendor.com/dev=a"])
+    assert edits == ContainerEdits({"K": "v"}, [], [], {}, ["vendor.com/dev=a"])
+    assert edits != ContainerEdits(env={"K": "w"})
+    assert ContainerEdits().env is not ContainerEdits().env  # each its own
+    edits.mounts.append(Mount("/lib/x"))
+    assert "mounts=[Mount(host_path='/lib/x'" in repr(edits)
 
 
 def test_merge_edits_dedups_and_joins() -> None:

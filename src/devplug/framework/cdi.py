@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -106,5 +105,5 @@ def apply_mode(
         return edits
     names = dict.fromkeys([*edits.cdi_devices, *(qualified_name(kind, d.id) for d in devices)])
     if mode == "cdi":
-        return replace(edits, nodes=[], mounts=[], cdi_devices=list(names))
-    return replace(edits, cdi_devices=list(names))
+        return ContainerEdits(edits.env, [], [], edits.annotations, list(names))
+    return ContainerEdits(edits.env, edits.mounts, edits.nodes, edits.annotations, list(names))

@@ -14,7 +14,6 @@ from devplug.framework.endpoint import Endpoint
 from devplug.framework.generation import Generation
 from devplug.framework.plugin import Plugin
 from devplug.framework.watchdog import LoopWatchdog
-from devplug.ground.dirwatch import DirWatcher
 from devplug.ground.signals import stop_on_signals
 from devplug.ground.unixserver import StrPath
 
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
 
     from devplug.framework.dra.driver import DriverBinding
     from devplug.framework.dra.service import DraSettings
+    from devplug.ground.dirwatch import DirWatcher
 
 log = logging.getLogger("devplug.daemon")
 
@@ -71,13 +71,15 @@ class Daemon:
         # A str, not a Path: pathlib (and what it imports) stays unloaded in a plugin
         # daemon, 0.6 MiB and milliseconds of every start (`make bench`, "floor").
         self._plugin_dir = os.fspath(plugin_dir) or "."
-        self.endpoints = [Endpoint(p, self._plugin_dir) for p in plugins]
+        self._tried = asyncio.Event()  # an endpoint has made its first try
+        self.endpoints = [Endpoint(p, self._plugin_dir, self._tried) for p in plugins]
         self._watched = {KUBELET_SOCKET, *(p.socket_name for p in plugins)}
         self.services = list(services)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._plugin_tasks: dict[str, list[asyncio.Task[Any]]] = {}
         self._tasks_changed = asyncio.Event()
         self._plugins_generation = Generation()
+        self._watcher: DirWatcher[str] | None = None  # from the first turn of `run`
 
     @property
     def plugin_dir(self) -> Path:
@@ -107,24 +109,23 @@ class Daemon:
                 os.makedirs(self._plugin_dir, mode=0o750, exist_ok=True)
             except OSError as error:
                 log.error("cannot create the plugin folder %s: %s", self._plugin_dir, error)
-            self._watcher.watch(self._plugin_dir)
+            if self._watcher is not None:
+                self._watcher.watch(self._plugin_dir)
         for endpoint in self.endpoints:
             endpoint.wake()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set or a plugin's scan fails (which is raised)."""
         await _make_folder(self._plugin_dir, stop)
-        self._watcher = DirWatcher(self._on_folder_event)
-        self._watcher.watch(self._plugin_dir)
         kubelet = os.path.join(self._plugin_dir, KUBELET_SOCKET)
         if not _exists(kubelet):
             log.info(
                 "waiting for the kubelet: no %s yet; the plugins register when it appears", kubelet
             )
         tasks = self._tasks
-        tasks.add(asyncio.create_task(self._watcher.run(), name="dirwatch"))
         for endpoint in self.endpoints:
             self._start_endpoint(endpoint)
+        tasks.add(asyncio.create_task(self._watch_folder(), name="dirwatch"))
         for service in self.services:
             tasks.add(asyncio.create_task(service.run(self), name=type(service).__name__))
         stopping = asyncio.create_task(stop.wait())
@@ -151,9 +152,25 @@ class Daemon:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await asyncio.gather(*(e.stop() for e in self.endpoints))
-            self._watcher.close()
+            if self._watcher is not None:
+                self._watcher.close()
             watchdog.stop()
             log.info("stopped")
+
+    async def _watch_folder(self) -> None:
+        """Watch the folder once an endpoint has made its first try (registered, or no
+        kubelet to register with yet), then have every endpoint look again: what
+        changed before the watch (a kubelet restarted, a socket wiped) is seen in that
+        look, what changes after it comes as an event. inotify's setup (ctypes, ~3 % of
+        a start) so runs while the kubelet dials back, not before the Register."""
+        await self._tried.wait()
+        from devplug.ground.dirwatch import DirWatcher
+
+        self._watcher = watcher = DirWatcher(self._on_folder_event)
+        watcher.watch(self._plugin_dir)
+        for endpoint in self.endpoints:
+            endpoint.wake()
+        await watcher.run()
 
     def _start_endpoint(self, endpoint: Endpoint) -> None:
         started = [
@@ -169,7 +186,7 @@ class Daemon:
         as its scan publishes."""
         if plugin.resource_name in self._plugin_tasks:
             raise ValueError(f"{plugin.resource_name} is served already")
-        endpoint = Endpoint(plugin, self._plugin_dir)
+        endpoint = Endpoint(plugin, self._plugin_dir, self._tried)
         self.endpoints.append(endpoint)
         self._watched.add(plugin.socket_name)
         self._start_endpoint(endpoint)

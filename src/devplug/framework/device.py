@@ -7,10 +7,9 @@ of the chosen devices; a plugin only has to describe its hardware.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import NamedTuple, Self
+from typing import Any, NamedTuple, Self
 
 from devplug.config.ids import device_id_problem
 from devplug.kube.cdi import cdi_name_problem
@@ -64,43 +63,84 @@ def _frozen_map(values: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(values))
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+_FIELDS = (
+    "id",
+    "healthy",
+    "numa_nodes",
+    "nodes",
+    "mounts",
+    "env",
+    "annotations",
+    "cdi_devices",
+    "attributes",
+    "health_reason",
+)
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+def _repr(obj: object, names: Sequence[str]) -> str:
+    shown = ", ".join(f"{name}={getattr(obj, name)!r}" for name in names)
+    return f"{type(obj).__name__}({shown})"
+
+
 class Device:
     """One schedulable unit of a resource, with what a container needs to use it.
 
     `healthy=False` keeps the device in the list (the kubelet counts it in capacity but
     not in allocatable) instead of making it vanish, which is what the kubelet expects
     of a device that failed.
+
+    Immutable: a changed device is a new one (`with_health`). Written out rather than
+    as a frozen dataclass, which costs every daemon's start ~1 ms to define.
     """
 
+    __slots__ = _FIELDS
+    __match_args__ = _FIELDS
+
     id: str
-    healthy: bool = True
-    numa_nodes: tuple[int, ...] = ()
-    nodes: tuple[DeviceNode, ...] = ()
-    mounts: tuple[Mount, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    cdi_devices: tuple[str, ...] = ()
+    healthy: bool
+    numa_nodes: tuple[int, ...]
+    nodes: tuple[DeviceNode, ...]
+    mounts: tuple[Mount, ...]
+    env: Mapping[str, str]
+    annotations: Mapping[str, str]
+    cdi_devices: tuple[str, ...]
     # What the device is, for people and schedulers rather than containers: model,
     # vendor, PCI address, serial, memory... Feeds node labels, per-model pools and
     # DRA slice attributes; never sent to the kubelet.
-    attributes: Mapping[str, Attribute] = field(default_factory=dict)
+    attributes: Mapping[str, Attribute]
     # Why an unhealthy device is so, in a few words ('Xid 79', 'node gone'): the value
     # of its DRA taint and the message of the DRA health stream; never sent to the
     # kubelet's device-plugin API, which knows no reasons.
-    health_reason: str = ""
+    health_reason: str
 
-    def __post_init__(self) -> None:
-        if problem := device_id_problem(self.id):
+    def __init__(
+        self,
+        id: str,
+        healthy: bool = True,
+        numa_nodes: Iterable[int] = (),
+        nodes: Iterable[DeviceNode] = (),
+        mounts: Iterable[Mount] = (),
+        env: Mapping[str, str] = _EMPTY,
+        annotations: Mapping[str, str] = _EMPTY,
+        cdi_devices: Iterable[str] = (),
+        attributes: Mapping[str, Attribute] = _EMPTY,
+        health_reason: str = "",
+    ) -> None:
+        if problem := device_id_problem(id):
             raise ValueError(problem)
         # Accept any iterable from callers, store immutable values.
-        object.__setattr__(self, "numa_nodes", tuple(sorted(set(self.numa_nodes))))
-        object.__setattr__(self, "nodes", tuple(self.nodes))
-        object.__setattr__(self, "mounts", tuple(self.mounts))
-        object.__setattr__(self, "cdi_devices", tuple(self.cdi_devices))
-        object.__setattr__(self, "env", _frozen_map(self.env))
-        object.__setattr__(self, "annotations", _frozen_map(self.annotations))
-        object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
+        put = object.__setattr__
+        put(self, "id", id)
+        put(self, "healthy", healthy)
+        put(self, "numa_nodes", tuple(sorted(set(numa_nodes))))
+        put(self, "nodes", tuple(nodes))
+        put(self, "mounts", tuple(mounts))
+        put(self, "env", _frozen_map(env))
+        put(self, "annotations", _frozen_map(annotations))
+        put(self, "cdi_devices", tuple(cdi_devices))
+        put(self, "attributes", MappingProxyType(dict(attributes)))
+        put(self, "health_reason", health_reason)
         for name in self.cdi_devices:
             if problem := cdi_name_problem(name):
                 raise ValueError(problem)
@@ -109,6 +149,28 @@ class Device:
                 raise ValueError(f"device {self.id!r}: {problem}")
         if any(n < 0 for n in self.numa_nodes):
             raise ValueError(f"device {self.id!r}: NUMA node IDs must be >= 0")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"cannot assign to field {name!r}: a Device is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r}: a Device is immutable")
+
+    def __repr__(self) -> str:
+        return _repr(self, _FIELDS)
+
+    def replace(self, **changes: Any) -> Device:
+        """This device with `changes` to its fields, checked as a new one is."""
+        values = {name: getattr(self, name) for name in _FIELDS}
+        values.update(changes)
+        return Device(**values)
+
+    __replace__ = replace  # copy.replace (Python 3.13+)
+
+    def __reduce__(self) -> tuple[type[Device], tuple[object, ...]]:
+        # Plain dicts for the read-only views, which pickle and deepcopy refuse.
+        values = (getattr(self, name) for name in _FIELDS)
+        return (Device, tuple(dict(v) if isinstance(v, MappingProxyType) else v for v in values))
 
     def with_health(self, healthy: bool, reason: str = "") -> Device:
         reason = "" if healthy else reason
@@ -150,19 +212,43 @@ class Device:
         )
 
 
-@dataclass(slots=True)
+_EDIT_FIELDS = ("env", "mounts", "nodes", "annotations", "cdi_devices")
+
+
 class ContainerEdits:
     """What one container gets: the framework's form of a ContainerAllocateResponse.
 
     Returned by `Plugin.allocate`; a custom hook usually takes the default result
-    from `super().allocate(...)` and adds to it.
+    from `super().allocate(...)` and adds to it. (Written out rather than as a
+    dataclass for the same reason as Device.)
     """
 
-    env: dict[str, str] = field(default_factory=dict)
-    mounts: list[Mount] = field(default_factory=list)
-    nodes: list[DeviceNode] = field(default_factory=list)
-    annotations: dict[str, str] = field(default_factory=dict)
-    cdi_devices: list[str] = field(default_factory=list)
+    __slots__ = _EDIT_FIELDS
+    __match_args__ = _EDIT_FIELDS
+
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        mounts: list[Mount] | None = None,
+        nodes: list[DeviceNode] | None = None,
+        annotations: dict[str, str] | None = None,
+        cdi_devices: list[str] | None = None,
+    ) -> None:
+        self.env: dict[str, str] = {} if env is None else env
+        self.mounts: list[Mount] = [] if mounts is None else mounts
+        self.nodes: list[DeviceNode] = [] if nodes is None else nodes
+        self.annotations: dict[str, str] = {} if annotations is None else annotations
+        self.cdi_devices: list[str] = [] if cdi_devices is None else cdi_devices
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ContainerEdits):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _EDIT_FIELDS)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass with eq is
+
+    def __repr__(self) -> str:
+        return _repr(self, _EDIT_FIELDS)
 
 
 _EDIT_PARTS = (

@@ -46,8 +46,13 @@ STOP_GRACE_S = 1.0
 
 
 class Endpoint:
-    def __init__(self, plugin: Plugin, plugin_dir: StrPath) -> None:
+    def __init__(
+        self, plugin: Plugin, plugin_dir: StrPath, tried: asyncio.Event | None = None
+    ) -> None:
         self.plugin = plugin
+        # Set once each look at the folder is done (registered, or nothing to register
+        # with yet): the daemon's folder watch waits for the first.
+        self.tried = tried if tried is not None else asyncio.Event()
         # Paths as str: pathlib stays unloaded in a plugin daemon (see the properties).
         self._plugin_dir = os.fspath(plugin_dir) or "."
         self._socket_path = os.path.join(self._plugin_dir, plugin.socket_name)
@@ -74,6 +79,7 @@ class Endpoint:
         while True:
             self._wake.clear()
             await self._reconcile()
+            self.tried.set()
             await self._wake.wait()
 
     async def _reconcile(self) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -120,8 +120,7 @@ def partition_device(device: Device, partition: Partition) -> Device:
     """The device the containers of a claim get for `partition` of `device`: its
     nodes and mounts, its env and the partition's, its attributes and the partition's,
     under an ID of its own."""
-    return replace(
-        device,
+    return device.replace(
         id=partition_id(device.id, partition.name),
         env={**device.env, **partition.env},
         attributes={**device.attributes, **partition.attributes},
