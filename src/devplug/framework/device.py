@@ -63,18 +63,6 @@ def _frozen_map(values: Mapping[str, str]) -> Mapping[str, str]:
     return MappingProxyType(dict(values))
 
 
-_FIELDS = (
-    "id",
-    "healthy",
-    "numa_nodes",
-    "nodes",
-    "mounts",
-    "env",
-    "annotations",
-    "cdi_devices",
-    "attributes",
-    "health_reason",
-)
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
@@ -90,12 +78,23 @@ class Device:
     not in allocatable) instead of making it vanish, which is what the kubelet expects
     of a device that failed.
 
-    Immutable: a changed device is a new one (`with_health`). Written out rather than
+    Immutable: a changed device is a new one (`replace`, `with_health`). Written out rather than
     as a frozen dataclass, which costs every daemon's start ~1 ms to define.
     """
 
-    __slots__ = _FIELDS
-    __match_args__ = _FIELDS
+    __match_args__ = (
+        "id",
+        "healthy",
+        "numa_nodes",
+        "nodes",
+        "mounts",
+        "env",
+        "annotations",
+        "cdi_devices",
+        "attributes",
+        "health_reason",
+    )
+    __slots__ = __match_args__
 
     id: str
     healthy: bool
@@ -157,11 +156,11 @@ class Device:
         raise AttributeError(f"cannot delete field {name!r}: a Device is immutable")
 
     def __repr__(self) -> str:
-        return _repr(self, _FIELDS)
+        return _repr(self, self.__match_args__)
 
     def replace(self, **changes: Any) -> Device:
         """This device with `changes` to its fields, checked as a new one is."""
-        values = {name: getattr(self, name) for name in _FIELDS}
+        values = {name: getattr(self, name) for name in self.__match_args__}
         values.update(changes)
         return Device(**values)
 
@@ -169,7 +168,7 @@ class Device:
 
     def __reduce__(self) -> tuple[type[Device], tuple[object, ...]]:
         # Plain dicts for the read-only views, which pickle and deepcopy refuse.
-        values = (getattr(self, name) for name in _FIELDS)
+        values = (getattr(self, name) for name in self.__match_args__)
         return (Device, tuple(dict(v) if isinstance(v, MappingProxyType) else v for v in values))
 
     def with_health(self, healthy: bool, reason: str = "") -> Device:
@@ -212,9 +211,6 @@ class Device:
         )
 
 
-_EDIT_FIELDS = ("env", "mounts", "nodes", "annotations", "cdi_devices")
-
-
 class ContainerEdits:
     """What one container gets: the framework's form of a ContainerAllocateResponse.
 
@@ -223,8 +219,8 @@ class ContainerEdits:
     dataclass for the same reason as Device.)
     """
 
-    __slots__ = _EDIT_FIELDS
-    __match_args__ = _EDIT_FIELDS
+    __match_args__ = ("env", "mounts", "nodes", "annotations", "cdi_devices")
+    __slots__ = __match_args__
 
     def __init__(
         self,
@@ -243,12 +239,12 @@ class ContainerEdits:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ContainerEdits):
             return NotImplemented
-        return all(getattr(self, name) == getattr(other, name) for name in _EDIT_FIELDS)
+        return all(getattr(self, name) == getattr(other, name) for name in self.__match_args__)
 
     __hash__ = None  # type: ignore[assignment]  # mutable, as a dataclass with eq is
 
     def __repr__(self) -> str:
-        return _repr(self, _EDIT_FIELDS)
+        return _repr(self, self.__match_args__)
 
 
 _EDIT_PARTS = (
