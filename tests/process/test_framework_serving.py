@@ -14,6 +14,7 @@ from devplug import AllocationError, ContainerEdits, Daemon, Device, DeviceNode,
 from devplug.api.v1beta1 import api_pb2 as pb
 from devplug.api.v1beta1 import api_pb2_grpc as pb_grpc
 from devplug.framework import observe
+from devplug.framework.servicer import edits_to_wire
 from devplug.ground.channel import unix_channel
 from tests.serve_helpers import serving
 
@@ -94,6 +95,21 @@ async def test_allocate_merges_device_edits(tmp_path: Path) -> None:
         ]
         assert empty == pb.ContainerAllocateResponse()
         assert dict(third.envs)["GPU_IDS"] == "gpu1"
+
+
+async def test_the_served_default_answer_is_what_plugin_allocate_returns(tmp_path: Path) -> None:
+    # The servicer writes the default hook's answer straight into the response; a
+    # subclass calling super().allocate() must get the very same edits.
+    cards = gpus()
+    virtual = Gpus(resource_name="example.com/virtual", devices=[Device("v0"), Device("v1")])
+    async with serving(tmp_path, cards, virtual) as stubs:
+        for plugin, ids in ((cards, ["gpu0", "gpu2"]), (cards, ["gpu1"]), (virtual, ["v1", "v0"])):
+            request = pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)]
+            )
+            response = await stubs[plugin.resource_name].Allocate(request)
+            wanted = edits_to_wire(await plugin.allocate([plugin.devices[i] for i in ids]))
+            assert list(response.container_responses) == [wanted], ids
 
 
 async def test_allocate_bad_inputs_keep_the_daemon_serving(

@@ -279,8 +279,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         plugin = self.plugin
         answers = response.container_responses
         try:
-            if count > plugin.limits.max_ids_per_request:
-                self._check_id_count(count)
+            self._check_id_count(count)
             for index, ids in enumerate(asked):
                 if not ids:
                     answers.add()
@@ -324,7 +323,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self, devices: Sequence[Device], ids: Sequence[str], into: pb.ContainerAllocateResponse
     ) -> None:
         """What `Plugin.allocate` answers (the devices' merged edits, the IDs in
-        `ids_env`), written straight into the response: no ContainerEdits between."""
+        `ids_env`), written straight into the response with no ContainerEdits between:
+        going through them cost a quarter of an Allocate's handler (callgrind).
+        `test_the_served_default_answer_is_what_plugin_allocate_returns` holds the two
+        to the same answer."""
         if any_edits(devices):
             edits_to_wire(merge_edits(devices), into)
         if self.plugin.ids_env:
@@ -355,8 +357,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
     def _check_id_count(self, count: int, at_least: int = 0) -> None:
-        limit = max(self.plugin.limits.max_ids_per_request, at_least)
-        if count > limit:
+        limit = self.plugin.limits.max_ids_per_request
+        if count > limit and count > at_least:  # on every Allocate: no max()
+            limit = max(limit, at_least)
             raise AllocationError(
                 f"{count} device IDs in one request, the limit "
                 f"(limits.maxIdsPerRequest) is {limit}",
