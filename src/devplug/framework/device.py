@@ -175,18 +175,7 @@ class Device:
         reason = "" if healthy else reason
         if healthy == self.healthy and reason == self.health_reason:
             return self
-        return Device(
-            self.id,
-            healthy,
-            self.numa_nodes,
-            self.nodes,
-            self.mounts,
-            self.env,
-            self.annotations,
-            self.cdi_devices,
-            self.attributes,
-            reason,
-        )
+        return self.replace(healthy=healthy, health_reason=reason)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Device):

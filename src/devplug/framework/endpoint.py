@@ -46,13 +46,11 @@ STOP_GRACE_S = 1.0
 
 
 class Endpoint:
-    def __init__(
-        self, plugin: Plugin, plugin_dir: StrPath, tried: asyncio.Event | None = None
-    ) -> None:
+    def __init__(self, plugin: Plugin, plugin_dir: StrPath, tried: asyncio.Event) -> None:
         self.plugin = plugin
         # Set once each look at the folder is done (registered, or nothing to register
-        # with yet): the daemon's folder watch waits for the first.
-        self.tried = tried if tried is not None else asyncio.Event()
+        # with yet): the daemon's folder watch waits for the first of any endpoint.
+        self.tried = tried
         # Paths as str: pathlib stays unloaded in a plugin daemon (see the properties).
         self._plugin_dir = os.fspath(plugin_dir) or "."
         self._socket_path = os.path.join(self._plugin_dir, plugin.socket_name)
