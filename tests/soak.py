@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 logging.getLogger("devplug").setLevel(logging.CRITICAL)
 
-from faults import SCENARIOS, Outcome, table  # noqa: E402
+from fault_harness import Outcome  # noqa: E402
+from faults import SCENARIOS, table  # noqa: E402
 
 ITERATIONS = {
     "restart_storm": 200,

@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from faults import FOLDER_TROUBLES, SCENARIOS, Outcome
+from fault_folder import FOLDER_TROUBLES
+from fault_harness import Outcome
+from faults import SCENARIOS
 
 
 def clean(outcome: Outcome) -> None:

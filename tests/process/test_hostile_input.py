@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from faults import grpc_headers
+from fault_kubelet import grpc_headers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from faults import (
+from fault_harness import (
     NODE,
     VIRT,
     WAIT_S,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from faults import WAIT_S, Serve, new_kubelet, serving
+from fault_harness import WAIT_S, Serve, new_kubelet, serving
 
 from devplug.sources import load_default_config
 
